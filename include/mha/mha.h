@@ -1,0 +1,17 @@
+// mha/mha.h: everything a user of the library needs, in one include.
+//
+//   #include <mha/mha.h>
+//   mha::MultiHeadAttention attention(100, 5, 0.5f);
+//   mha::Tensor X({2, 4, 100}, 1.0f), Y({2, 6, 100}, 1.0f);
+//   mha::Tensor out = attention(X, Y, Y, mha::ValidLens::per_batch({3, 2}));
+#pragma once
+
+#include "mha/attention.h"
+#include "mha/error.h"
+#include "mha/linear.h"
+#include "mha/multihead.h"
+#include "mha/random.h"
+#include "mha/safetensors.h"
+#include "mha/tensor.h"
+#include "mha/valid_lens.h"
+#include "mha/version.h"

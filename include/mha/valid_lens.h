@@ -1,0 +1,51 @@
+// mha/valid_lens.h: the seed's valid_lens, as a value type.
+//
+// The seed accepts valid_lens as None, a (B,) tensor (one length per batch
+// row, shared by all of that row's queries) or a (B, Q) tensor (one length per
+// query). Query q of row b may attend to key k only if float(k) < length, so a
+// fractional length 2.5 keeps keys 0, 1 and 2, a length >= K masks nothing and
+// a length of 0 masks every key (which, with the seed's -1e6 fill, gives
+// uniform weights over all K keys). Lengths are stored as float32, which is
+// what PyTorch compares them in.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mha/tensor.h"
+
+namespace mha {
+
+class ValidLens {
+ public:
+  enum class Kind { None, PerBatch, PerQuery };
+
+  ValidLens() = default;  // no masking
+  static ValidLens none() { return {}; }
+  // lens:[B]: every query of row b sees keys k < lens[b].
+  static ValidLens per_batch(std::vector<float> lens);
+  // lens:[B,Q] row-major: query q of row b sees keys k < lens[b*Q + q].
+  static ValidLens per_query(int64_t batch, int64_t queries, std::vector<float> lens);
+  // A (B,) or (B, Q) tensor; anything else is an error.
+  static ValidLens from_tensor(const Tensor& lens);
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  const Shape& shape() const { return shape_; }
+  const std::vector<float>& values() const { return lens_; }
+  const float* data() const { return lens_.empty() ? nullptr : lens_.data(); }
+
+  // The length seen by query q of batch row b (+infinity when there is none).
+  float at(int64_t b, int64_t q) const;
+
+  // Throws mha::Error naming `op` unless the shape fits a call with `batch`
+  // rows and `queries` queries, and every length is a finite number >= 0.
+  void check(const char* op, int64_t batch, int64_t queries) const;
+
+ private:
+  Kind kind_ = Kind::None;
+  Shape shape_;
+  std::vector<float> lens_;
+};
+
+}  // namespace mha

@@ -1,0 +1,194 @@
+// python/module.cpp: the mha Python module (mha._core), a thin layer over the
+// C++ library. Arrays come in as numpy arrays of any real dtype (converted to
+// float32, C order) and go out as new float32 numpy arrays. mha::Error becomes
+// ValueError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "mha/mha.h"
+
+namespace py = pybind11;
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+namespace {
+
+mha::Tensor to_tensor(const FloatArray& a) {
+  mha::Shape shape(a.shape(), a.shape() + a.ndim());
+  std::vector<float> values(a.data(), a.data() + a.size());
+  return mha::Tensor(std::move(shape), std::move(values));
+}
+
+py::array_t<float> to_numpy(const mha::Tensor& t) {
+  py::array_t<float> out(std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()));
+  if (t.numel()) std::memcpy(out.mutable_data(), t.data(), static_cast<size_t>(t.numel()) * 4);
+  return out;
+}
+
+mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
+  if (obj.is_none()) return {};
+  FloatArray a = FloatArray::ensure(obj);
+  if (!a) mha::fail(op, "valid_lens: cannot be read as a numeric array");
+  if (a.ndim() != 1 && a.ndim() != 2) {
+    mha::Shape s(a.shape(), a.shape() + a.ndim());
+    mha::fail(op, "valid_lens: shape ", mha::shape_str(s), " is neither (B,) nor (B, Q)");
+  }
+  return mha::ValidLens::from_tensor(to_tensor(a));
+}
+
+mha::StateDict to_state_dict(const py::dict& d) {
+  mha::StateDict s;
+  for (auto [k, v] : d) s[py::cast<std::string>(k)] = to_tensor(FloatArray::ensure(v));
+  return s;
+}
+
+py::dict to_dict(const std::map<std::string, mha::Tensor>& s) {
+  py::dict d;
+  for (const auto& [k, v] : s) d[py::str(k)] = to_numpy(v);
+  return d;
+}
+
+py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
+  std::vector<py::ssize_t> shape(raw.shape.begin(), raw.shape.end());
+  auto make = [&](auto tag) {
+    using T = decltype(tag);
+    py::array_t<T> out(shape);
+    if (!raw.bytes.empty()) std::memcpy(out.mutable_data(), raw.bytes.data(), raw.bytes.size());
+    return py::array(out);
+  };
+  switch (raw.dtype) {
+    case mha::DType::F64: return make(double{});
+    case mha::DType::F32: return make(float{});
+    case mha::DType::I64: return make(int64_t{});
+    case mha::DType::I32: return make(int32_t{});
+    case mha::DType::I16: return make(int16_t{});
+    case mha::DType::I8: return make(int8_t{});
+    case mha::DType::U8: return make(uint8_t{});
+    case mha::DType::BOOL: return make(bool{});
+    case mha::DType::F16:
+    case mha::DType::BF16: return to_numpy(mha::to_float_tensor(raw, name));
+  }
+  return py::none();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
+  m.attr("__version__") = mha::kVersion;
+
+  py::enum_<mha::AttentionKernel>(m, "Kernel", "Which implementation computes attention.")
+      .value("REFERENCE", mha::AttentionKernel::Reference, "plain loops, the yardstick")
+      .value("BLAS", mha::AttentionKernel::Blas, "per-head BLAS products through a (Q, K) matrix");
+
+  m.def(
+      "masked_softmax",
+      [](const FloatArray& X, const py::object& valid_lens) {
+        return to_numpy(mha::masked_softmax(to_tensor(X), to_valid_lens(valid_lens, "masked_softmax")));
+      },
+      py::arg("X"), py::arg("valid_lens") = py::none(),
+      "masked_softmax(X, valid_lens=None) -> (N, Q, K)\n\n"
+      "X: (N, Q, K) scores; valid_lens: None, (N,) or (N, Q). Keys k with k >= length\n"
+      "are replaced by -1e6 before the softmax over the last axis (the seed's rule).");
+
+  py::class_<mha::DotProductAttention>(m, "DotProductAttention",
+                                       "The seed's scaled dot-product attention with dropout.")
+      .def(py::init<float, uint64_t>(), py::arg("dropout") = 0.0f, py::arg("seed") = 0)
+      .def(
+          "__call__",
+          [](mha::DotProductAttention& self, const FloatArray& q, const FloatArray& k,
+             const FloatArray& v, const py::object& vl) {
+            mha::Tensor tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+            mha::ValidLens lens = to_valid_lens(vl, "DotProductAttention.forward");
+            mha::Tensor out;
+            {
+              py::gil_scoped_release release;
+              out = self.forward(tq, tk, tv, lens);
+            }
+            return to_numpy(out);
+          },
+          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
+          "(queries (N,Q,d), keys (N,K,d), values (N,K,dv), valid_lens None|(N,)|(N,Q)) -> (N,Q,dv)")
+      .def("train", [](mha::DotProductAttention& s, bool on) -> mha::DotProductAttention& { s.train(on); return s; },
+           py::arg("mode") = true, py::return_value_policy::reference)
+      .def("eval", [](mha::DotProductAttention& s) -> mha::DotProductAttention& { s.eval(); return s; },
+           py::return_value_policy::reference)
+      .def_property_readonly("training", &mha::DotProductAttention::training)
+      .def_property_readonly("attention_weights",
+                             [](const mha::DotProductAttention& s) { return to_numpy(s.attention_weights()); },
+                             "(N, Q, K) weights of the last call, before dropout");
+
+  py::class_<mha::MultiHeadAttention>(m, "MultiHeadAttention", R"doc(
+The seed's multi-head attention.
+
+MultiHeadAttention(num_hiddens, num_heads, dropout=0.0, bias=False, seed=0)
+
+Called as m(queries, keys, values, valid_lens=None) with
+  queries (B, Q, Dq), keys (B, K, Dk), values (B, K, Dv)   (any real dtype, used as float32)
+  valid_lens None, (B,) or (B, Q)
+it returns the output (B, Q, num_hiddens) as float32. The input widths are
+fixed by the first call (lazy layers). A new module is in training mode, as a
+torch.nn.Module is: dropout acts on the attention weights until .eval().
+)doc")
+      .def(py::init<int64_t, int64_t, float, bool, uint64_t>(), py::arg("num_hiddens"),
+           py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias") = false,
+           py::arg("seed") = 0)
+      .def(
+          "__call__",
+          [](mha::MultiHeadAttention& self, const FloatArray& q, const FloatArray& k,
+             const FloatArray& v, const py::object& vl) {
+            mha::Tensor tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+            mha::ValidLens lens = to_valid_lens(vl, "MultiHeadAttention.forward");
+            mha::Tensor out;
+            {
+              py::gil_scoped_release release;
+              out = self.forward(tq, tk, tv, lens);
+            }
+            return to_numpy(out);
+          },
+          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
+          "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q)) -> (B,Q,num_hiddens)")
+      .def("train", [](mha::MultiHeadAttention& s, bool on) -> mha::MultiHeadAttention& { s.train(on); return s; },
+           py::arg("mode") = true, py::return_value_policy::reference, "Training mode (dropout on); returns self.")
+      .def("eval", [](mha::MultiHeadAttention& s) -> mha::MultiHeadAttention& { s.eval(); return s; },
+           py::return_value_policy::reference, "Evaluation mode (dropout off); returns self.")
+      .def_property_readonly("training", &mha::MultiHeadAttention::training)
+      .def_property_readonly(
+          "attention_weights",
+          [](const mha::MultiHeadAttention& s) { return to_numpy(s.attention_weights()); },
+          "(B, num_heads, Q, K) softmax weights of the last call, before dropout")
+      .def("state_dict", [](const mha::MultiHeadAttention& s) { return to_dict(s.state_dict()); },
+           "Parameters by the seed's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
+      .def("load_state_dict",
+           [](mha::MultiHeadAttention& s, const py::dict& d) { s.load_state_dict(to_state_dict(d)); },
+           py::arg("state_dict"),
+           "Load parameters by the seed's names; every name must be present, shapes must fit.")
+      .def_property("kernel", &mha::MultiHeadAttention::kernel, &mha::MultiHeadAttention::set_kernel,
+                    "The attention implementation (mha.Kernel)")
+      .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
+      .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
+      .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)
+      .def_property_readonly("bias", &mha::MultiHeadAttention::has_bias);
+
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const py::dict& tensors, const std::map<std::string, std::string>& meta) {
+        mha::save_safetensors(path, to_state_dict(tensors), meta);
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
+      "Write a dict of arrays (stored as float32) to a safetensors file, atomically.");
+  m.def(
+      "load_safetensors",
+      [](const std::string& path) {
+        const mha::SafetensorsFile f = mha::read_safetensors(path);
+        py::dict d;
+        for (const auto& [name, raw] : f.tensors) d[py::str(name)] = raw_to_numpy(raw, name);
+        return d;
+      },
+      py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
+  m.def(
+      "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
+      py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
+}

@@ -1,0 +1,21 @@
+// src/cpu/blas.h: the one place mha calls the BLAS (OpenBLAS, cblas).
+//
+// Row-major single-precision products. Dimensions are int64 here and checked
+// against the BLAS's 32-bit int before the call.
+#pragma once
+
+#include <cstdint>
+
+namespace mha::cpu {
+
+// C:[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A):[M,K], op(B):[K,N].
+// lda, ldb, ldc are row strides in elements of A, B and C as stored.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc);
+
+// Threads the BLAS uses for one product (OpenBLAS's own pool).
+int blas_threads();
+void set_blas_threads(int n);
+
+}  // namespace mha::cpu

@@ -1,0 +1,12 @@
+#include "kernels/dispatch.h"
+
+namespace mha::kernels {
+
+void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
+  switch (kernel) {
+    case AttentionKernel::Reference: attention_forward_reference(p); return;
+    case AttentionKernel::Blas: attention_forward_blas(p); return;
+  }
+}
+
+}  // namespace mha::kernels

@@ -1,0 +1,80 @@
+#include "mha/linear.h"
+
+#include <cmath>
+
+#include "cpu/blas.h"
+#include "mha/error.h"
+
+namespace mha {
+
+LazyLinear::LazyLinear(int64_t out_features, bool bias)
+    : out_features_(out_features), has_bias_(bias) {
+  if (out_features <= 0)
+    fail("LazyLinear", "out_features: ", out_features, " is not a positive width");
+}
+
+void LazyLinear::initialize(int64_t in_features, Generator& gen, const char* op) {
+  if (in_features <= 0) fail(op, "input width ", in_features, " is not positive");
+  if (initialized()) {
+    if (in_features != in_features_)
+      fail(op, "input width ", in_features, " differs from the width ", in_features_,
+           " this layer was initialised with");
+    return;
+  }
+  // PyTorch: kaiming_uniform_(a=sqrt(5)) for the weight, which is
+  // U(-1/sqrt(in), 1/sqrt(in)); the bias uses the same bound.
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
+  Tensor w({out_features_, in_features});
+  for (float& x : w.values()) x = gen.uniform(-bound, bound);
+  Tensor b;
+  if (has_bias_) {
+    b = Tensor({out_features_});
+    for (float& x : b.values()) x = gen.uniform(-bound, bound);
+  }
+  weight_ = std::move(w);
+  bias_ = std::move(b);
+  in_features_ = in_features;
+}
+
+Tensor LazyLinear::forward(const Tensor& x, Generator& gen, const char* op) {
+  if (x.dim() < 1) fail(op, "input: a scalar has no feature axis");
+  const int64_t in = x.size(-1);
+  initialize(in, gen, op);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features_;
+  Tensor y(out_shape);
+  forward_rows(x.data(), x.numel() / in, y.data(), out_features_);
+  return y;
+}
+
+void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy) const {
+  // y = b + x W^T, as PyTorch's addmm: W is (out, in) row-major, so
+  // op(B) = W^T with trans_b, and the bias enters as C with beta = 1.
+  if (has_bias_) {
+    const float* b = bias_.data();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < out_features_; ++j) y[r * ldy + j] = b[j];
+  }
+  cpu::sgemm(false, true, rows, out_features_, in_features_, 1.0f, x, in_features_,
+             weight_.data(), in_features_, has_bias_ ? 1.0f : 0.0f, y, ldy);
+}
+
+void LazyLinear::set_weight(const Tensor& w, const char* op) {
+  if (w.dim() != 2 || w.size(0) != out_features_ || w.size(1) <= 0)
+    fail(op, "weight: shape ", shape_str(w.shape()), " is not (", out_features_, ", in)");
+  if (initialized() && w.size(1) != in_features_)
+    fail(op, "weight: shape ", shape_str(w.shape()), " differs from the initialised ",
+         shape_str({out_features_, in_features_}));
+  weight_ = w;
+  in_features_ = w.size(1);
+  if (has_bias_ && bias_.empty()) bias_ = Tensor({out_features_});
+}
+
+void LazyLinear::set_bias(const Tensor& b, const char* op) {
+  if (!has_bias_) fail(op, "bias: this layer was built without a bias");
+  if (b.dim() != 1 || b.size(0) != out_features_)
+    fail(op, "bias: shape ", shape_str(b.shape()), " is not ", shape_str({out_features_}));
+  bias_ = b;
+}
+
+}  // namespace mha

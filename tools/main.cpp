@@ -1,0 +1,25 @@
+// The mha command-line tool: `mha <command> --help` describes each command.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "mha/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mha: multi-head attention, exact to the seed's PyTorch code"};
+  app.set_version_flag("--version", std::string("mha ") + mha::kVersion);
+  app.require_subcommand(1);
+  mha::tools::add_demo_command(app);
+  mha::tools::add_run_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::string cmd = "mha";
+    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    std::fprintf(stderr, "%s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+  return 0;
+}
