@@ -83,6 +83,12 @@ def test_run_errors_leave_no_output(mha_tool, tmp_path):
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
     expect_error(good, "not valid JSON", weights_path=broken)
+    misshapen = tmp_path / "misshapen.safetensors"
+    state = state_dict_numpy(make_seed_module(8, 2, 4, 4, 4, bias=False))
+    spec.write(misshapen, {**state, "W_o.weight": np.ones((8, 5), np.float32)})
+    expect_error(good, "W_o.weight: shape (8, 5) is not (8, 8)", weights_path=misshapen)
+    spec.write(misshapen, {k: v for k, v in state.items() if k != "W_v.weight"})
+    expect_error(good, "missing parameter 'W_v.weight'", weights_path=misshapen)
     empty = tmp_path / "empty.safetensors"
     empty.write_bytes(b"")
     expect_error(good, "too short", weights_path=empty)
