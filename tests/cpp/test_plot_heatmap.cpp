@@ -84,8 +84,11 @@ TEST(PlotHeatmap, MaskedCellsCarryTheMaskColour) {
     for (int64_t q = 0; q < 6; ++q)
       for (int64_t k = 0; k < 6; ++k) {
         const Rgb px = r.at_cell(0, static_cast<int>(c), q, k);
-        if (k > q) EXPECT_EQ(px, kMaskColor) << q << ", " << k;
-        else EXPECT_NE(px, kMaskColor) << q << ", " << k;
+        if (k > q) {
+          EXPECT_EQ(px, kMaskColor) << q << ", " << k;
+        } else {
+          EXPECT_NE(px, kMaskColor) << q << ", " << k;
+        }
       }
   // The legend swatch shows the same colour.
   const Box& s = r.h.layout.mask_swatch;
@@ -112,8 +115,12 @@ TEST(PlotHeatmap, PanelsAppearInRowMajorOrder) {
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < C; ++j) {
       const Box& p = panels[i * C + j];
-      if (j > 0) EXPECT_GT(p.x, panels[i * C + j - 1].x + panels[i * C + j - 1].w);  // left to right
-      if (i > 0) EXPECT_GT(p.y, panels[(i - 1) * C + j].y + panels[(i - 1) * C + j].h);  // top to bottom
+      if (j > 0) {
+        EXPECT_GT(p.x, panels[i * C + j - 1].x + panels[i * C + j - 1].w);  // left to right
+      }
+      if (i > 0) {
+        EXPECT_GT(p.y, panels[(i - 1) * C + j].y + panels[(i - 1) * C + j].h);  // top to bottom
+      }
       for (int64_t q = 0; q < 3; ++q)
         for (int64_t k = 0; k < 5; ++k)
           EXPECT_NEAR(colormap_inverse(r.at_cell(i, j, q, k)), double(i * C + j) / (R * C - 1),
