@@ -35,8 +35,15 @@ void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& vali
   const int64_t Q = w.size(2), K = w.size(3);
   const Tensor head0({Q, K}, std::vector<float>(rows_head0.data(), rows_head0.data() + Q * K));
   const float top = *std::max_element(w.values().begin(), w.values().end());
-  std::printf("\nhead 0 of batch row 0, shaded '%s' from 0 to %.4f, '//' masked:\n", plot::kShadeRamp, top);
-  std::printf("%s", plot::shade_matrix(head0, 0.0, top > 0 ? top : 1.0).c_str());
+  std::printf("\nhead 0 of batch row 0 as text: '%s' shades 0 .. %.4f, '//' is masked\n", plot::kShadeRamp, top);
+  std::printf("           keys 0..%lld\n", static_cast<long long>(K - 1));
+  const std::string shaded = plot::shade_matrix(head0, 0.0, top > 0 ? top : 1.0);
+  size_t start = 0;
+  for (int64_t q = 0; q < Q; ++q) {
+    const size_t end = shaded.find('\n', start);
+    std::printf("  query %lld  |%s|\n", static_cast<long long>(q), shaded.substr(start, end - start).c_str());
+    start = end + 1;
+  }
 }
 
 void run_demo(const DemoOptions& opt) {
