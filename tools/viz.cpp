@@ -122,7 +122,7 @@ void run_viz(const VizOptions& opt) {
   if (!opt.layout_json.empty()) write_layout(opt, s, h);
   plot::write_png(opt.out, h.image);
   const plot::HeatmapLayout& L = h.layout;
-  std::printf("wrote %s (%d x %d pixels): %d batch row(s) x %d head(s), each %lld queries x %lld keys",
+  std::printf("wrote %s (%d x %d pixels): %d batch row(s) x %d head(s), each %lld x %lld (queries x keys)",
               opt.out.c_str(), h.image.width, h.image.height, L.rows, L.cols,
               static_cast<long long>(L.queries), static_cast<long long>(L.keys));
   if (L.q_block > 1 || L.k_block > 1)
