@@ -11,6 +11,7 @@
 #include "mha/mha.h"
 
 namespace py = pybind11;
+void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 namespace {
@@ -188,6 +189,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
         return d;
       },
       py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
+  add_plot_bindings(m);
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");

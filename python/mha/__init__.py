@@ -16,3 +16,5 @@ from ._core import (  # noqa: F401
     safetensors_metadata,
     save_safetensors,
 )
+from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
+from .plot import show_heatmaps  # noqa: F401
