@@ -1,6 +1,6 @@
 // mha/torch_mha.h: torch.nn.MultiheadAttention, loaded from its state dict.
 //
-//   // PyTorch: torch.save-free, e.g. safetensors.torch.save_file(m.state_dict(), "m.safetensors")
+//   // PyTorch side: the module's state_dict() saved as safetensors (F32).
 //   mha::TorchMhaOptions o;
 //   o.batch_first = false;                    // as the PyTorch module was built
 //   auto attn = mha::TorchMultiheadAttention::from_safetensors("m.safetensors", /*num_heads=*/8, o);
