@@ -28,11 +28,28 @@ RTOL = 1e-5
 SCALE_ATOL = 1e-6
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    # The cases are tiny: PyTorch's thread pool costs more than it saves on
+    # two shared cores.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# Worst |ours - peer| / max|peer| seen, per comparison (printed with pytest -s).
+WORST = {}
+
+
 def assert_close(got, want, what, weights=False):
     want = np.asarray(want, dtype=np.float64)
     scale = 1.0 if weights else max(np.max(np.abs(want), initial=0.0), 1e-30)
-    excess = np.abs(got - want) - (RTOL * np.abs(want) + SCALE_ATOL * scale)
+    err = np.abs(got - want)
+    excess = err - (RTOL * np.abs(want) + SCALE_ATOL * scale)
     assert not np.any(excess > 0), f"{what}: worst excess {excess.max():.3g} (scale {scale:.3g})"
+    key = what.split(" E")[0]
+    WORST[key] = max(WORST.get(key, 0.0), float(np.max(err, initial=0.0)) / scale)
 
 
 def causal_arg(c):
@@ -94,7 +111,7 @@ def run_case(rng, path, grouped=False, kernel=None):
 def test_parity_with_nn_multihead_attention_on_random_cases(tmp_path):
     rng = np.random.default_rng(1313)
     seen = collections.Counter()
-    for _ in range(300):
+    for _ in range(500):
         c, finite = run_case(rng, str(tmp_path / "w.safetensors"))
         seen.update([f"kpm {c.kpm_kind}", f"attn {c.attn_kind}", f"causal {c.causal}",
                      f"batch_first {c.batch_first}", f"weights {c.need_weights}",
@@ -103,8 +120,9 @@ def test_parity_with_nn_multihead_attention_on_random_cases(tmp_path):
                                     ("unbatched", c.unbatched), ("no bias", not c.bias),
                                     ("kdim", c.kdim != c.E), ("fully masked", not finite.all()),
                                     ("Q != K", c.L != c.S)] if on)
+    print("\nworst |ours - peer| / max|peer|:", {k: f"{v:.2e}" for k, v in sorted(WORST.items())})
     # Every option, and rows PyTorch gives NaN for, drawn many times.
-    assert min(seen.values()) >= 20, seen
+    assert min(seen.values()) >= 40, seen
     assert len(seen) == 26, seen  # 19 option values + 7 flags
 
 
@@ -114,10 +132,10 @@ def test_grouped_query_attention_matches_torch_with_repeated_kv_heads(tmp_path):
     # and the float64 reference that repeats the projected kv heads.
     rng = np.random.default_rng(99)
     grouped = 0
-    for _ in range(120):
+    for _ in range(200):
         c, _ = run_case(rng, str(tmp_path / "w.safetensors"), grouped=True)
         grouped += c.Hkv < c.H
-    assert grouped >= 60
+    assert grouped >= 100
 
 
 @pytest.mark.parametrize("kernel", [mha.Kernel.REFERENCE, mha.Kernel.BLAS])

@@ -58,9 +58,11 @@ def reference_mha(state, num_heads, query, key, value, *, num_kv_heads=None,
         k = torch.cat([k, k.new_zeros(B, 1, Ekv)], dim=1)
         v = torch.cat([v, v.new_zeros(B, 1, Ekv)], dim=1)
     qh = split_heads(q, H)
-    # Grouped heads: kv head g serves query heads g*(H/Hkv) .. (g+1)*(H/Hkv)-1.
-    kh = split_heads(k, Hkv).repeat_interleave(H // Hkv, dim=1)
-    vh = split_heads(v, Hkv).repeat_interleave(H // Hkv, dim=1)
+    # Grouped heads: kv head g serves query heads g*(H/Hkv) .. (g+1)*(H/Hkv)-1
+    # (repeat_interleave over the head axis, written as an index).
+    serves = torch.arange(H).div(H // Hkv, rounding_mode="floor")
+    kh = split_heads(k, Hkv)[:, serves]
+    vh = split_heads(v, Hkv)[:, serves]
     scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
     if bias is not None:
         scores = scores + bias
