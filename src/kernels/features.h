@@ -31,19 +31,21 @@ enum Feature : uint32_t {
 };
 inline constexpr uint32_t kAllFeatures = (1u << 8) - 1;
 
-// The options `p` sets away from the seed's defaults.
-inline uint32_t features_used(const AttentionForward& p) {
+// The options set away from the seed's defaults, by masks and head counts
+// (usable for a backward parameter struct carrying the same MaskOptions).
+inline uint32_t features_used(const MaskOptions& m, int64_t H, int64_t Hkv) {
   uint32_t f = 0;
-  if (p.key_keep) f |= kKeyKeep;
-  if (p.key_bias) f |= kKeyBias;
-  if (p.pair_keep) f |= kPairKeep;
-  if (p.pair_bias) f |= kPairBias;
-  if (p.causal != Causal::None) f |= kCausal;
-  if (p.fill == MaskFill::NegInf) f |= kNegInfFill;
-  if (p.fully_masked == FullyMaskedRows::Zeros) f |= kZerosForMasked;
-  if (p.Hkv() != p.H()) f |= kGroupedHeads;
+  if (m.key_keep) f |= kKeyKeep;
+  if (m.key_bias) f |= kKeyBias;
+  if (m.pair_keep) f |= kPairKeep;
+  if (m.pair_bias) f |= kPairBias;
+  if (m.causal != Causal::None) f |= kCausal;
+  if (m.fill == MaskFill::NegInf) f |= kNegInfFill;
+  if (m.fully_masked == FullyMaskedRows::Zeros) f |= kZerosForMasked;
+  if (Hkv != H) f |= kGroupedHeads;
   return f;
 }
+inline uint32_t features_used(const AttentionForward& p) { return features_used(p.masks, p.H(), p.Hkv()); }
 
 // The options each kernel implements. A kernel added to AttentionKernel and
 // not listed here supports none of them (the switch falls through to 0), so

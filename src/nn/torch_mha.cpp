@@ -160,8 +160,8 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
     p.weights = weights.data();
   }
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  p.fill = kernels::MaskFill::NegInf;
-  p.fully_masked = fully_masked_;
+  p.masks.fill = kernels::MaskFill::NegInf;
+  p.masks.fully_masked = fully_masked_;
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
 
   // --- masks; appended keys always take part ---
@@ -169,20 +169,20 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   std::vector<uint8_t> key_keep, pair_keep;
   std::vector<float> key_bias, pair_bias;
   if (kpm.is_keep())
-    p.key_keep = extra ? (key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1)).data()
+    p.masks.key_keep = extra ? (key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1)).data()
                        : kpm.keep_data();
   if (kpm.is_additive())
-    p.key_bias = extra ? (key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f)).data()
+    p.masks.key_bias = extra ? (key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f)).data()
                        : kpm.bias_data();
   const int64_t slices = am3 ? am.shape()[0] : 1;  // (Q, K) slices of attn_mask
   if (am3) {
-    p.pair_stride_h = g.Q * g.Kt;
-    p.pair_stride_b = H * g.Q * g.Kt;
+    p.masks.pair_stride_h = g.Q * g.Kt;
+    p.masks.pair_stride_b = H * g.Q * g.Kt;
   }
   if (!extra) {
-    p.pair_keep = am.keep_data();
-    p.pair_bias = am.bias_data();
-    p.causal = call.causal;
+    p.masks.pair_keep = am.keep_data();
+    p.masks.pair_bias = am.bias_data();
+    p.masks.causal = call.causal;
   } else {
     // The kernel's causal limit would count the appended keys, so the causal
     // pattern over the K given keys joins the pair mask instead.
@@ -199,8 +199,8 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
             else pair_keep[at] = 0;
           }
     }
-    if (!pair_keep.empty()) p.pair_keep = pair_keep.data();
-    if (!pair_bias.empty()) p.pair_bias = pair_bias.data();
+    if (!pair_keep.empty()) p.masks.pair_keep = pair_keep.data();
+    if (!pair_bias.empty()) p.masks.pair_bias = pair_bias.data();
   }
 
   kernels::attention_forward(kernels::kernel_for(kernel_, p), p);

@@ -40,7 +40,7 @@ struct Tiny {
     p.v = v.view().split_heads(1);
     p.out = out.view().split_heads(1);
     p.weights = w.data();
-    p.fill = kernels::MaskFill::NegInf;
+    p.masks.fill = kernels::MaskFill::NegInf;
   }
   void run(AttentionKernel kernel) { kernels::attention_forward(kernel, p); }
   // Checks query row i's weights against `expected` (unnormalised; all zero
@@ -66,13 +66,13 @@ TEST(MaskKernels, KeyKeepAndKeyBias) {
   for (AttentionKernel kernel : kKernels) {
     Tiny t(1, 3);
     const uint8_t keep[] = {1, 0, 1};
-    t.p.key_keep = keep;
+    t.p.masks.key_keep = keep;
     t.run(kernel);
     t.expect_row(0, {1, 0, e * e}, "key_keep");
 
     Tiny a(1, 3);
     const float bias[] = {0.0f, -INFINITY, std::log(2.0f)};
-    a.p.key_bias = bias;
+    a.p.masks.key_bias = bias;
     a.run(kernel);
     a.expect_row(0, {1, 0, 2 * e * e}, "key_bias");
   }
@@ -83,7 +83,7 @@ TEST(MaskKernels, PairMasksBroadcastAndPerHead) {
     // A (Q, K) keep mask shared by all (b, h): row 0 keeps keys 1, 2; row 1 key 0.
     Tiny t(2, 3);
     const uint8_t keep[] = {0, 1, 1, 1, 0, 0};
-    t.p.pair_keep = keep;
+    t.p.masks.pair_keep = keep;
     t.run(kernel);
     t.expect_row(0, {0, e, e * e}, "pair_keep row 0");
     t.expect_row(1, {1, 0, 0}, "pair_keep row 1");
@@ -103,9 +103,9 @@ TEST(MaskKernels, PairMasksBroadcastAndPerHead) {
     p.v = v.view().split_heads(2);
     p.out = out.view().split_heads(2);
     p.weights = w.data();
-    p.pair_bias = bias;
-    p.pair_stride_h = 2;
-    p.pair_stride_b = 4;
+    p.masks.pair_bias = bias;
+    p.masks.pair_stride_h = 2;
+    p.masks.pair_stride_b = 4;
     kernels::attention_forward(kernel, p);
     EXPECT_NEAR(w.at({0, 0, 0, 1}), e / (1 + e), 1e-6);    // head 0: scores 0, 1
     EXPECT_NEAR(w.at({0, 1, 0, 1}), 0.5, 1e-6);            // head 1: scores 0, 1 - 1
@@ -116,21 +116,21 @@ TEST(MaskKernels, PairMasksBroadcastAndPerHead) {
 TEST(MaskKernels, CausalAlignments) {
   for (AttentionKernel kernel : kKernels) {
     Tiny tl(2, 3);
-    tl.p.causal = Causal::TopLeft;  // query i sees keys j <= i
+    tl.p.masks.causal = Causal::TopLeft;  // query i sees keys j <= i
     tl.run(kernel);
     tl.expect_row(0, {1, 0, 0}, "top-left");
     tl.expect_row(1, {1, e, 0}, "top-left");
 
     Tiny br(2, 3);
-    br.p.causal = Causal::BottomRight;  // query i sees keys j <= i + 1
+    br.p.masks.causal = Causal::BottomRight;  // query i sees keys j <= i + 1
     br.run(kernel);
     br.expect_row(0, {1, e, 0}, "bottom-right");
     br.expect_row(1, {1, e, e * e}, "bottom-right");
 
     // More queries than keys: bottom-right leaves query 0 no key at all.
     Tiny tall(3, 2);
-    tall.p.causal = Causal::BottomRight;
-    tall.p.fully_masked = FullyMaskedRows::Zeros;
+    tall.p.masks.causal = Causal::BottomRight;
+    tall.p.masks.fully_masked = FullyMaskedRows::Zeros;
     tall.run(kernel);
     tall.expect_row(0, {0, 0}, "bottom-right, Q > K");
     tall.expect_row(1, {1, 0}, "bottom-right, Q > K");
@@ -148,17 +148,17 @@ TEST(MaskKernels, FullyMaskedRowsFollowThePolicyAndNeverGiveNaN) {
         // Masked by a boolean mask ...
         Tiny t(1, 3);
         const uint8_t none[] = {0, 0, 0};
-        t.p.key_keep = none;
-        t.p.fill = fill;
-        t.p.fully_masked = policy;
+        t.p.masks.key_keep = none;
+        t.p.masks.fill = fill;
+        t.p.masks.fully_masked = policy;
         t.run(kernel);
         t.expect_row(0, want, "every key masked");
         // ... or by -inf on every key, which PyTorch turns into NaN.
         Tiny a(1, 3);
         const float minus_inf[] = {-INFINITY, -INFINITY, -INFINITY};
-        a.p.key_bias = minus_inf;
-        a.p.fill = fill;
-        a.p.fully_masked = policy;
+        a.p.masks.key_bias = minus_inf;
+        a.p.masks.fill = fill;
+        a.p.masks.fully_masked = policy;
         a.run(kernel);
         a.expect_row(0, want, "every score -inf");
         // ... or by a zero valid length (the seed's own case).
@@ -166,8 +166,8 @@ TEST(MaskKernels, FullyMaskedRowsFollowThePolicyAndNeverGiveNaN) {
         const float zero = 0.0f;
         l.p.length_kind = kernels::LengthKind::PerBatch;
         l.p.lens = &zero;
-        l.p.fill = fill;
-        l.p.fully_masked = policy;
+        l.p.masks.fill = fill;
+        l.p.masks.fully_masked = policy;
         l.run(kernel);
         l.expect_row(0, want, "valid length 0");
       }
@@ -183,14 +183,14 @@ TEST(MaskKernels, SeedFillAndNegInfFillDifferWhereTheSeedSaysSo) {
     const float bias[] = {-2e6f, -2e6f, 0.0f};
     const uint8_t keep[] = {1, 1, 0};
     Tiny seed(1, 3);
-    seed.p.key_bias = bias;
-    seed.p.key_keep = keep;
-    seed.p.fill = kernels::MaskFill::Seed;
+    seed.p.masks.key_bias = bias;
+    seed.p.masks.key_keep = keep;
+    seed.p.masks.fill = kernels::MaskFill::Seed;
     seed.run(kernel);
     seed.expect_row(0, {0, 0, 1}, "seed fill");
     Tiny neg(1, 3);
-    neg.p.key_bias = bias;
-    neg.p.key_keep = keep;
+    neg.p.masks.key_bias = bias;
+    neg.p.masks.key_keep = keep;
     neg.run(kernel);
     neg.expect_row(0, {1, e, 0}, "-inf fill");
   }
@@ -205,8 +205,8 @@ TEST(MaskKernels, LengthsAndMasksCombine) {
     const uint8_t keep[] = {1, 0, 1, 1};
     t.p.length_kind = kernels::LengthKind::PerQuery;
     t.p.lens = lens;
-    t.p.key_keep = keep;
-    t.p.causal = Causal::BottomRight;
+    t.p.masks.key_keep = keep;
+    t.p.masks.causal = Causal::BottomRight;
     t.run(kernel);
     t.expect_row(0, {1, 0, e * e, 0}, "lengths + keep + causal");
     t.expect_row(1, {1, 0, 0, 0}, "lengths + keep + causal");
@@ -266,25 +266,25 @@ struct RandomCase {
     auto bias_value = [&] { return coin(0.2) ? -INFINITY : gen.uniform(-3, 3); };
     if (coin(0.5)) {
       for (int64_t x = 0; x < B * K; ++x) key_keep.push_back(coin(0.7));
-      p.key_keep = key_keep.data();
+      p.masks.key_keep = key_keep.data();
     }
     if (coin(0.4)) {
       for (int64_t x = 0; x < B * K; ++x) key_bias.push_back(bias_value());
-      p.key_bias = key_bias.data();
+      p.masks.key_bias = key_bias.data();
     }
     const int pair_kind = static_cast<int>(gen.below(3));  // none, (Q,K), (B*H,Q,K)
     if (pair_kind) {
       const int64_t n = pair_kind == 1 ? Q * K : B * H * Q * K;
       if (pair_kind == 2) {
-        p.pair_stride_h = Q * K;
-        p.pair_stride_b = H * Q * K;
+        p.masks.pair_stride_h = Q * K;
+        p.masks.pair_stride_b = H * Q * K;
       }
       if (coin(0.5)) {
         for (int64_t x = 0; x < n; ++x) pair_keep.push_back(coin(0.8));
-        p.pair_keep = pair_keep.data();
+        p.masks.pair_keep = pair_keep.data();
       } else {
         for (int64_t x = 0; x < n; ++x) pair_bias.push_back(bias_value());
-        p.pair_bias = pair_bias.data();
+        p.masks.pair_bias = pair_bias.data();
       }
     }
     if (coin(0.3)) {
@@ -292,9 +292,9 @@ struct RandomCase {
       p.length_kind = kernels::LengthKind::PerQuery;
       p.lens = lens.data();
     }
-    p.causal = static_cast<Causal>(gen.below(3));
-    p.fill = coin(0.5) ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
-    p.fully_masked = coin(0.5) ? FullyMaskedRows::Uniform : FullyMaskedRows::Zeros;
+    p.masks.causal = static_cast<Causal>(gen.below(3));
+    p.masks.fill = coin(0.5) ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
+    p.masks.fully_masked = coin(0.5) ? FullyMaskedRows::Uniform : FullyMaskedRows::Zeros;
     if (trial % 4 == 0) p.dropout = {0.25f, gen.next()};
   }
 
@@ -350,11 +350,11 @@ TEST(KernelFeatures, UsedOptionsAndFallback) {
   EXPECT_EQ(kernels::features_used(p), uint32_t{kernels::kGroupedHeads});
   const uint8_t keep[2] = {1, 1};
   const float bias[2] = {0, 0};
-  p.key_keep = keep;
-  p.pair_bias = bias;
-  p.causal = Causal::BottomRight;
-  p.fill = kernels::MaskFill::NegInf;
-  p.fully_masked = FullyMaskedRows::Zeros;
+  p.masks.key_keep = keep;
+  p.masks.pair_bias = bias;
+  p.masks.causal = Causal::BottomRight;
+  p.masks.fill = kernels::MaskFill::NegInf;
+  p.masks.fully_masked = FullyMaskedRows::Zeros;
   EXPECT_EQ(kernels::features_used(p),
             uint32_t{kernels::kGroupedHeads | kernels::kKeyKeep | kernels::kPairBias |
                      kernels::kCausal | kernels::kNegInfFill | kernels::kZerosForMasked});

@@ -17,6 +17,7 @@ void attention_forward_reference(const AttentionForward& p) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = p.kv_head(h);  // grouped heads share k and v
       for (int64_t i = 0; i < Q; ++i) {
+        const MaskOptions& m = p.masks;
         const float* q = p.q.ptr(b, h, i);
         const float len = p.length(b, i);
         // scores = q . k / sqrt(d) (+ additive masks); masked keys get the fill.
@@ -27,20 +28,20 @@ void attention_forward_reference(const AttentionForward& p) {
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
           float s = static_cast<float>(dot) / p.scale_divisor;
-          if (p.key_bias) s += p.key_bias[b * K + j];
-          if (p.pair_bias) s += p.pair_bias[p.pair_offset(b, h, i) + j];
+          if (m.key_bias) s += m.key_bias[b * K + j];
+          if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
           bool keep = static_cast<float>(j) < len;
-          if (p.key_keep && !p.key_keep[b * K + j]) keep = false;
-          if (p.pair_keep && !p.pair_keep[p.pair_offset(b, h, i) + j]) keep = false;
-          if (j > p.causal_last_key(i)) keep = false;
-          if (!keep) s = p.fill_value();
+          if (m.key_keep && !m.key_keep[b * K + j]) keep = false;
+          if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
+          if (j > m.causal_last_key(i, Q, K)) keep = false;
+          if (!keep) s = m.fill_value();
           if (keep && s != -INFINITY) ++live;
           w[j] = s;
           row_max = std::fmax(row_max, s);
         }
         if (live == 0) {
           // No key takes part: the caller's policy, never exp(-inf - -inf).
-          const float fill = p.fully_masked == FullyMaskedRows::Uniform
+          const float fill = m.fully_masked == FullyMaskedRows::Uniform
                                  ? static_cast<float>(1.0 / static_cast<double>(K))
                                  : 0.0f;
           for (int64_t j = 0; j < K; ++j) w[j] = fill;
