@@ -160,8 +160,12 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
     p.weights = weights.data();
   }
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  p.masks.fill = kernels::MaskFill::NegInf;
-  p.masks.fully_masked = fully_masked_;
+  // The fill and the policy only matter where something masks; leaving them
+  // at their defaults otherwise lets a kernel without them run the plain case.
+  if (!call.key_padding_mask.is_none() || !call.attn_mask.is_none() || call.causal != Causal::None) {
+    p.masks.fill = kernels::MaskFill::NegInf;
+    p.masks.fully_masked = fully_masked_;
+  }
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
 
   // --- masks; appended keys always take part ---
