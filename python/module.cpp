@@ -12,6 +12,7 @@
 
 namespace py = pybind11;
 void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
+void bind_torch(py::module_& m);  // python/bind_torch.cpp: the PyTorch drop-in
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 namespace {
@@ -193,4 +194,6 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
+
+  bind_torch(m);
 }

@@ -8,6 +8,14 @@
 """
 from ._core import (  # noqa: F401
     __version__,
+    Causal,
+    FullyMaskedRows,
+    Mask,
+    TorchMultiheadAttention,
+    mask_from_sdpa,
+    mask_from_torch_mha,
+    mask_to_sdpa,
+    mask_to_torch_mha,
     DotProductAttention,
     Kernel,
     MultiHeadAttention,
