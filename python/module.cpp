@@ -75,6 +75,10 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 }  // namespace
 
+namespace mha::python {
+void bind_training(py::module_& m);  // train_bindings.cpp
+}  // namespace mha::python
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
   m.attr("__version__") = mha::kVersion;
@@ -191,4 +195,5 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
+  mha::python::bind_training(m);
 }

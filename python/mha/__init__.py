@@ -16,3 +16,4 @@ from ._core import (  # noqa: F401
     safetensors_metadata,
     save_safetensors,
 )
+from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
