@@ -7,11 +7,18 @@
 #pragma once
 
 #include "mha/attention.h"
+#include "mha/checkpoint.h"
 #include "mha/error.h"
 #include "mha/linear.h"
+#include "mha/loss.h"
+#include "mha/model.h"
 #include "mha/multihead.h"
+#include "mha/optim.h"
+#include "mha/parameter.h"
 #include "mha/random.h"
 #include "mha/safetensors.h"
+#include "mha/task.h"
 #include "mha/tensor.h"
+#include "mha/trainer.h"
 #include "mha/valid_lens.h"
 #include "mha/version.h"

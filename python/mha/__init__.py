@@ -16,4 +16,12 @@ from ._core import (  # noqa: F401
     safetensors_metadata,
     save_safetensors,
 )
+# Training (issue 3): the model, its task and loss, checkpoints, optimisers.
+from ._core import (  # noqa: F401,E402
+    AttentionModel,
+    OffsetPairTask,
+    Positions,
+    cross_entropy,
+    load_checkpoint,
+)
 from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
