@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "cpu/blas.h"
@@ -35,7 +36,15 @@ struct TrainOptions {
   std::string plot;
   std::string resume;
   bool steps_given = false;
+  std::vector<std::string> config_options_given;  // options a resumed run takes from its checkpoint
 };
+
+// Options that set the training config; a resumed run takes them from its
+// checkpoint, so giving one with --resume is refused rather than ignored.
+const char* const kConfigOptions[] = {
+    "--seed", "--batch", "--layers", "--heads", "--hiddens", "--dropout", "--bias", "--positions",
+    "--optimizer", "--lr", "--momentum", "--weight-decay", "--clip", "--vocab", "--near", "--far",
+    "--min-len", "--max-len", "--eval-every", "--eval-size"};
 
 void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& history) {
   FILE* f = std::fopen(path.c_str(), "w");
@@ -52,7 +61,9 @@ void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& hi
 // ---- PLOT HOOK -------------------------------------------------------------
 // The one place the PNG of the curves is drawn: the loss (per step) and the
 // held-out accuracy (per evaluation) against the step, as a line chart from
-// mha/plot.h once that library is merged. Until then --plot is refused.
+// mha/plot.h once that library is merged (then set kCanPlot to true).
+// Until then --plot is refused before training starts.
+constexpr bool kCanPlot = false;
 void write_curves_png(const std::string& path, const std::vector<TrainPoint>& history) {
   (void)history;
   fail(kOp, "--plot '", path, "': this build has no plotting library (mha/plot.h); the curves are in the CSV");
@@ -66,9 +77,13 @@ void run_train(TrainOptions& opt) {
   // products (and so the loss curve) are the same from run to run.
   cpu::set_blas_threads(opt.threads);
   if (opt.target <= 0 || opt.target > 1) fail(kOp, "--target: ", opt.target, " is not in (0, 1]");
+  if (!opt.plot.empty() && !kCanPlot) write_curves_png(opt.plot, {});  // refuses now, not after training
 
   std::unique_ptr<Trainer> trainer;
   if (!opt.resume.empty()) {
+    if (!opt.config_options_given.empty())
+      fail(kOp, opt.config_options_given.front(), ": a resumed run takes its config from the checkpoint '",
+           opt.resume, "'; only --steps, --threads and the output options may be given");
     trainer = Trainer::load(opt.resume);
     if (opt.steps_given) trainer->set_total_steps(cfg.steps);
   } else {
@@ -186,6 +201,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", opt->resume, "Continue from this checkpoint (its config wins)")->check(CLI::ExistingFile);
   cmd->callback([opt, cmd] {
     opt->steps_given = cmd->count("--steps") > 0;
+    for (const char* name : kConfigOptions)
+      if (cmd->count(name) > 0) opt->config_options_given.push_back(name);
     run_train(*opt);
   });
 }

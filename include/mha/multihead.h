@@ -92,7 +92,8 @@ class MultiHeadAttention {
   const StateDict& grads();
   // Replaces gradients by name (names and shapes as grads()).
   void set_grads(const StateDict& grads);
-  // (name, value, gradient) of every initialised parameter, in state-dict order.
+  // (name, value, gradient) of every initialised parameter, in the seed's
+  // parameters() order: W_q, W_k, W_v, W_o, each weight before its bias.
   ParamList parameters();
   // [B,h,Q,K]: the dropout multipliers of the last forward, 0 or 1/(1-p);
   // all ones when that call had no dropout (evaluation mode or p = 0).

@@ -194,3 +194,21 @@ def test_model_errors_name_the_problem():
         mha.OffsetPairTask(near=1, far=1)
     with pytest.raises(ValueError, match=r"\[cross_entropy\] targets: entry 0 is 7"):
         mha.cross_entropy(np.zeros((1, 3), np.float32), np.array([7]))
+
+
+def test_training_from_python_with_mha_optim():
+    """The model, its loss and an optimiser, driven from Python, learn the task."""
+    task = mha.OffsetPairTask()
+    model = mha.AttentionModel(task.input_vocab, task.num_classes, task.config["max_len"], seed=0)
+    opt = mha.optim.Adam(model, lr=3e-3)
+    losses = []
+    for step in range(60):
+        b = task.sample(32, step)
+        model.zero_grad()
+        loss, grad, _, _ = mha.cross_entropy(model(b["tokens"], b["valid_lens"]), b["targets"])
+        model.backward(grad)
+        mha.optim.clip_grad_norm(model, 1.0)
+        opt.step()
+        losses.append(loss)
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+    assert opt.steps == 60 and "readout.weight.exp_avg" in opt.state()

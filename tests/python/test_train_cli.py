@@ -84,3 +84,6 @@ def test_bad_options_are_refused(mha_tool, tmp_path):
     assert "num_hiddens: 64 is not divisible by num_heads 3" in r.stderr
     r = subprocess.run([mha_tool, "train", "--near", "5", "--far", "3"], capture_output=True, text=True)
     assert r.returncode == 1 and "[OffsetPairTask] far: 3 is not greater than near 5" in r.stderr
+    _, ck, _ = train(mha_tool, tmp_path, "short", "--steps", "2")
+    r = subprocess.run([mha_tool, "train", "--resume", str(ck), "--lr", "0.1"], capture_output=True, text=True)
+    assert r.returncode == 1 and "--lr: a resumed run takes its config from the checkpoint" in r.stderr
