@@ -123,11 +123,11 @@ void run_train(TrainOptions& opt) {
     const bool last = p.step == c.steps || (opt.stop_at_target && reached_step >= 0);
     if ((tty && p.seconds - last_print >= 0.1) || evaluated || last) {
       const double rate = window_steps / std::max(p.seconds - window_start, 1e-9);
+      char held[16] = "    -";
+      if (held_out >= 0) std::snprintf(held, sizeof held, "%5.1f%%", 100 * held_out);
       char line[200];
       std::snprintf(line, sizeof line, "step %6lld/%lld  loss %.4f  acc %5.1f%%  held-out %s  %6.1f steps/s",
-                    (long long)p.step, (long long)c.steps, p.loss, 100 * p.accuracy,
-                    held_out >= 0 ? (std::to_string(100 * held_out).substr(0, 5) + "%").c_str() : "  -   ",
-                    rate);
+                    (long long)p.step, (long long)c.steps, p.loss, 100 * p.accuracy, held, rate);
       if (tty) std::printf("\r%s\x1b[K", line);
       if (!tty && evaluated) std::printf("%s\n", line);
       std::fflush(stdout);

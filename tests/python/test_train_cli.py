@@ -46,7 +46,7 @@ def test_progress_lines_and_outputs(mha_tool, tmp_path):
     assert "\r" not in stdout
     lines = [l for l in stdout.splitlines() if l.startswith("step ")]
     assert len(lines) == 2, stdout
-    assert re.match(r"step +20/40  loss \d+\.\d{4}  acc +[\d.]+%  held-out [\d.]+%  +[\d.]+ steps/s", lines[0])
+    assert re.match(r"step +20/40  loss \d+\.\d{4}  acc +[\d.]+%  held-out +[\d.]+%  +[\d.]+ steps/s", lines[0])
     assert [r["step"] for r in rows] == [str(i) for i in range(1, 41)]
     assert rows[19]["held_out_accuracy"] != "" and rows[18]["held_out_accuracy"] == ""
     meta = mha.safetensors_metadata(str(out))
