@@ -201,10 +201,7 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
       "load_checkpoint",
       [](const std::string& path) {
         const Checkpoint ck = read_checkpoint(path);
-        auto model = std::make_unique<AttentionModel>(ck.config.model);
-        model->load_state_dict(ck.model);
-        model->eval();
-        return py::make_tuple(std::move(model), OffsetPairTask(ck.config.task), ck.metadata);
+        return py::make_tuple(load_model(ck), OffsetPairTask(ck.config.task), ck.metadata);
       },
       py::arg("path"),
       "load_checkpoint(path) -> (model, task, metadata): a checkpoint written by `mha train`,\n"

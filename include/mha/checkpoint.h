@@ -9,12 +9,13 @@
 // Doubles are written with 17 significant digits, so they read back exactly.
 //
 //   mha::Checkpoint ck = mha::read_checkpoint("model.safetensors");
-//   mha::AttentionModel model(ck.config.model);
-//   model.load_state_dict(ck.model);
+//   std::unique_ptr<mha::AttentionModel> model = mha::load_model(ck);   // eval mode
+//   mha::OffsetPairTask task(ck.config.task);
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "mha/multihead.h"
@@ -42,5 +43,8 @@ void save_checkpoint(const std::string& path, const TrainConfig& config, int64_t
 // and well formed, every tensor F32. Throws mha::Error naming the file and
 // the field otherwise.
 Checkpoint read_checkpoint(const std::string& path);
+
+// The checkpoint's model with its parameters, in evaluation mode.
+std::unique_ptr<AttentionModel> load_model(const Checkpoint& checkpoint);
 
 }  // namespace mha

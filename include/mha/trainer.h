@@ -100,6 +100,13 @@ class Trainer {
   std::vector<TrainPoint> history_;
 };
 
+// `size` sequences drawn from Generator(seed), in batches of at most 256:
+// the held-out set a Trainer evaluates on (with seed = held_out_seed).
+std::vector<TokenBatch> held_out_set(const OffsetPairTask& task, int64_t size, uint64_t seed);
+// The fraction of scored positions whose largest logit is the target, over
+// `batches`, with the model in evaluation mode (its mode is restored after).
+double evaluate_accuracy(AttentionModel& model, const std::vector<TokenBatch>& batches);
+
 // The model config a task implies: input vocabulary (with padding), classes
 // and maximum length from the task, the rest from `model`.
 ModelConfig model_config_for(const OffsetPairTask& task, const ModelConfig& model);

@@ -180,4 +180,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   return ck;
 }
 
+std::unique_ptr<AttentionModel> load_model(const Checkpoint& checkpoint) {
+  auto model = std::make_unique<AttentionModel>(checkpoint.config.model);
+  model->load_state_dict(checkpoint.model);
+  model->eval();
+  return model;
+}
+
 }  // namespace mha

@@ -67,9 +67,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config), task_(config.task
   config_.model = model_config_for(task_, config.model);
   model_ = std::make_unique<AttentionModel>(config_.model, config.seed);
   optimizer_ = make_optimizer(config.optimizer, model_->parameters());
-  Generator gen(config.held_out_seed);
-  for (int64_t done = 0; done < config.eval_size; done += kEvalChunk)
-    held_out_.push_back(task_.sample(std::min(kEvalChunk, config.eval_size - done), gen));
+  held_out_ = held_out_set(task_, config.eval_size, config.held_out_seed);
   start_ = now_seconds();
 }
 
@@ -98,17 +96,28 @@ TrainPoint Trainer::step() {
   return p;
 }
 
-double Trainer::evaluate() {
-  AttentionModel& model = *model_;
+double Trainer::evaluate() { return evaluate_accuracy(*model_, held_out_); }
+
+std::vector<TokenBatch> held_out_set(const OffsetPairTask& task, int64_t size, uint64_t seed) {
+  if (size <= 0) fail("held_out_set", "size: ", size, " is not positive");
+  Generator gen(seed);
+  std::vector<TokenBatch> out;
+  for (int64_t done = 0; done < size; done += kEvalChunk)
+    out.push_back(task.sample(std::min(kEvalChunk, size - done), gen));
+  return out;
+}
+
+double evaluate_accuracy(AttentionModel& model, const std::vector<TokenBatch>& batches) {
+  const bool was_training = model.training();
   model.eval();
   int64_t correct = 0, scored = 0;
-  for (const TokenBatch& b : held_out_) {
+  for (const TokenBatch& b : batches) {
     const Tensor logits = model.forward(b.tokens, b.batch, b.length, b.valid_lens());
     const CrossEntropy ce = cross_entropy(logits, b.targets, /*want_grad=*/false);
     correct += ce.correct;
     scored += ce.scored;
   }
-  model.train();
+  model.train(was_training);
   return scored ? static_cast<double>(correct) / static_cast<double>(scored) : 0.0;
 }
 

@@ -137,6 +137,13 @@ TEST(Training, CheckpointsCarryTheirConfig) {
   EXPECT_EQ(ck.model, t.model().state_dict());
   EXPECT_EQ(ck.optimizer, t.optimizer().state());
   EXPECT_EQ(ck.optimizer.count("readout.weight.exp_avg"), 1u);
+  // The loaded model is the trained one: same held-out accuracy, in eval mode.
+  std::unique_ptr<AttentionModel> model = load_model(ck);
+  EXPECT_FALSE(model->training());
+  const std::vector<TokenBatch> held_out = held_out_set(t.task(), 300, 4);
+  EXPECT_EQ(held_out.size(), 2u);
+  EXPECT_EQ(evaluate_accuracy(*model, held_out), evaluate_accuracy(t.model(), held_out));
+  EXPECT_TRUE(t.model().training());
 }
 
 TEST(Training, BadCheckpointsAreRefusedWithTheFieldNamed) {
