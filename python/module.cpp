@@ -77,6 +77,10 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 }  // namespace
 
+namespace mha::python {
+void bind_training(py::module_& m);  // train_bindings.cpp
+}  // namespace mha::python
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
   m.attr("__version__") = mha::kVersion;
@@ -196,4 +200,5 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
 
   bind_torch(m);
+  mha::python::bind_training(m);
 }

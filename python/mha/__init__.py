@@ -26,3 +26,12 @@ from ._core import (  # noqa: F401
 )
 from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
 from .plot import show_heatmaps  # noqa: F401
+# Training (issue 3): the model, its task and loss, checkpoints, optimisers.
+from ._core import (  # noqa: F401,E402
+    AttentionModel,
+    OffsetPairTask,
+    Positions,
+    cross_entropy,
+    load_checkpoint,
+)
+from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)

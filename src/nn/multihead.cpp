@@ -87,8 +87,17 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   kernels::set_lengths(p, valid_lens);
   p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  last_dropout_p_ = p.dropout.p;
+  last_dropout_key_ = p.dropout.key;
   kernels::attention_forward(kernel_, p);
-  return W_o_.forward(concat, gen_, kForward);
+  Tensor out = W_o_.forward(concat, gen_, kForward);
+  if (training_) {
+    saved_ = {true, queries, keys, values, std::move(q), std::move(k), std::move(v),
+              std::move(concat), valid_lens};
+  } else {
+    saved_ = {};
+  }
+  return out;
 }
 
 StateDict MultiHeadAttention::state_dict() const {
