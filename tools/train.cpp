@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "mha/plot.h"
 #include "cpu/blas.h"
 #include "mha/mha.h"
 
@@ -33,7 +34,7 @@ struct TrainOptions {
   bool stop_at_target = false;
   std::string out = "model.safetensors";
   std::string curves = "curves.csv";
-  std::string plot;
+  std::string plot = "curves.png";
   std::string resume;
   bool steps_given = false;
   std::vector<std::string> config_options_given;  // options a resumed run takes from its checkpoint
@@ -58,17 +59,35 @@ void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& hi
   if (std::fclose(f) != 0) fail(kOp, "--curves: writing '", path, "' failed");
 }
 
-// ---- PLOT HOOK -------------------------------------------------------------
-// The one place the PNG of the curves is drawn: the loss (per step) and the
-// held-out accuracy (per evaluation) against the step, as a line chart from
-// mha/plot.h once that library is merged (then set kCanPlot to true).
-// Until then --plot is refused before training starts.
-constexpr bool kCanPlot = false;
+// The PNG of the curves: the training loss per step (log scale) and the
+// batch and held-out accuracy against the step, side by side.
 void write_curves_png(const std::string& path, const std::vector<TrainPoint>& history) {
-  (void)history;
-  fail(kOp, "--plot '", path, "': this build has no plotting library (mha/plot.h); the curves are in the CSV");
+  plot::Series loss{.name = "batch loss"}, batch_acc{.name = "batch accuracy"},
+      held_out{.name = "held-out accuracy", .markers = true};
+  for (const TrainPoint& p : history) {
+    const double step = static_cast<double>(p.step);
+    if (p.loss > 0) {
+      loss.x.push_back(step);
+      loss.y.push_back(p.loss);
+    }
+    batch_acc.x.push_back(step);
+    batch_acc.y.push_back(p.accuracy);
+    if (p.held_out_accuracy >= 0) {
+      held_out.x.push_back(step);
+      held_out.y.push_back(p.held_out_accuracy);
+    }
+  }
+  plot::LinePanel loss_panel{.title = "Training loss", .xlabel = "step", .ylabel = "cross-entropy"};
+  loss_panel.log_y = true;
+  loss_panel.series.push_back(std::move(loss));
+  plot::LinePanel acc_panel{.title = "Accuracy", .xlabel = "step", .ylabel = "accuracy"};
+  acc_panel.ymin = 0.0;
+  acc_panel.ymax = 1.0;
+  acc_panel.series.push_back(std::move(batch_acc));
+  acc_panel.series.push_back(std::move(held_out));
+  plot::write_png(path, plot::render_line_chart({loss_panel, acc_panel},
+                                                {.title = "mha train: offset-pair task"}).image);
 }
-// ---------------------------------------------------------------------------
 
 void run_train(TrainOptions& opt) {
   TrainConfig& cfg = opt.config;
@@ -77,7 +96,6 @@ void run_train(TrainOptions& opt) {
   // products (and so the loss curve) are the same from run to run.
   cpu::set_blas_threads(opt.threads);
   if (opt.target <= 0 || opt.target > 1) fail(kOp, "--target: ", opt.target, " is not in (0, 1]");
-  if (!opt.plot.empty() && !kCanPlot) write_curves_png(opt.plot, {});  // refuses now, not after training
 
   std::unique_ptr<Trainer> trainer;
   if (!opt.resume.empty()) {
@@ -197,7 +215,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--stop-at-target", opt->stop_at_target, "Stop once the held-out accuracy reaches --target");
   cmd->add_option("--out", opt->out, "Checkpoint to write (safetensors)")->capture_default_str();
   cmd->add_option("--curves", opt->curves, "CSV of the loss and accuracy curves ('' for none)")->capture_default_str();
-  cmd->add_option("--plot", opt->plot, "PNG plot of the curves");
+  cmd->add_option("--plot", opt->plot, "PNG plot of the curves ('' for none)")->capture_default_str();
   cmd->add_option("--resume", opt->resume, "Continue from this checkpoint (its config wins)")->check(CLI::ExistingFile);
   cmd->callback([opt, cmd] {
     opt->steps_given = cmd->count("--steps") > 0;

@@ -10,7 +10,8 @@ import mha
 
 def train(tool, tmp_path, name, *args):
     out, curves = tmp_path / f"{name}.safetensors", tmp_path / f"{name}.csv"
-    r = subprocess.run([tool, "train", "--out", str(out), "--curves", str(curves), *args],
+    plot = tmp_path / f"{name}.png"
+    r = subprocess.run([tool, "train", "--out", str(out), "--curves", str(curves), "--plot", str(plot), *args],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     with open(curves) as f:
@@ -53,6 +54,10 @@ def test_progress_lines_and_outputs(mha_tool, tmp_path):
     assert meta["model.num_layers"] == "2" and meta["model.positions"] == "sinusoidal"
     assert meta["optim.name"] == "sgd" and meta["train.step"] == "40"
     assert "optim.readout.weight.momentum_buffer" in mha.load_safetensors(str(out))
+    # The plot of the curves: a real PNG with two panels' worth of width.
+    image = mha.read_png(str(tmp_path / "p.png"))
+    assert image.ndim == 3 and image.shape[1] > 2 * image.shape[0] / 2 and image.shape[0] >= 300
+    assert f"wrote {tmp_path / 'p.png'}" in stdout
 
 
 def test_same_seed_and_threads_give_the_same_curve_bit_for_bit(mha_tool, tmp_path):
