@@ -188,6 +188,10 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
         return d;
       },
       py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
+  m.def("set_memory_limit", &mha::set_memory_limit, py::arg("bytes"),
+        "Most bytes one call may allocate (0: the default, the machine's physical memory).\n"
+        "A call that would need more raises ValueError before allocating.");
+  m.def("memory_limit", &mha::memory_limit, "The current memory limit in bytes.");
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");

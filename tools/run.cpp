@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "mha/mha.h"
+#include "run_inputs.h"
 
 namespace mha::tools {
 
@@ -20,48 +21,16 @@ struct RunOptions {
   int64_t heads = 0;
 };
 
-const char* kOp = "run";
-
 void run(const RunOptions& opt) {
-  StateDict state = load_f32_tensors(opt.weights);
-  auto wq = state.find("W_q.weight");
-  if (wq == state.end()) fail(kOp, "weights '", opt.weights, "': no tensor 'W_q.weight'");
-  if (wq->second.dim() != 2)
-    fail(kOp, "weights '", opt.weights, "': W_q.weight has shape ", shape_str(wq->second.shape()),
-         ", wanted (num_hiddens, Dq)");
-  const int64_t num_hiddens = wq->second.size(0);
-  const bool bias = state.count("W_q.bias") > 0;
-  if (opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
-  MultiHeadAttention attention(num_hiddens, opt.heads, 0.0f, bias);
-  attention.load_state_dict(state);
-  attention.eval();
-
-  const SafetensorsFile inputs = read_safetensors(opt.inputs);
-  auto input = [&](const char* name) {
-    auto it = inputs.tensors.find(name);
-    if (it == inputs.tensors.end()) fail(kOp, "inputs '", opt.inputs, "': no tensor '", name, "'");
-    return require_f32(it->second, std::string("inputs '") + opt.inputs + "' tensor '" + name + "'");
-  };
-  const Tensor queries = input("queries"), keys = input("keys"), values = input("values");
-  ValidLens valid_lens;
-  if (auto it = inputs.tensors.find("valid_lens"); it != inputs.tensors.end()) {
-    const DType t = it->second.dtype;
-    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
-      fail(kOp, "inputs '", opt.inputs, "' tensor 'valid_lens': dtype ", dtype_name(t),
-           " where F32, I32 or I64 is wanted");
-    valid_lens = ValidLens::from_tensor(to_float_tensor(it->second, "valid_lens"));
-  }
-  for (const auto& [name, raw] : inputs.tensors)
-    if (name != "queries" && name != "keys" && name != "values" && name != "valid_lens")
-      fail(kOp, "inputs '", opt.inputs, "': unexpected tensor '", name,
-           "' (wanted queries, keys, values and optionally valid_lens)");
-
-  const Tensor output = attention(queries, keys, values, valid_lens);
-  save_safetensors(opt.out, {{"output", output}, {"attention_weights", attention.attention_weights()}},
+  MultiHeadAttention attention = run_module_from(load_f32_tensors(opt.weights), opt.heads, opt.weights);
+  const RunInputs in = run_inputs_from(read_safetensors(opt.inputs), opt.inputs);
+  const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);
+  const Tensor weights = attention.attention_weights();
+  save_safetensors(opt.out, {{"output", output}, {"attention_weights", weights}},
                    {{"num_heads", std::to_string(opt.heads)}});
   std::printf("wrote %s: output %s, attention_weights %s\n", opt.out.c_str(),
               shape_str(output.shape()).c_str(),
-              shape_str(attention.attention_weights().shape()).c_str());
+              shape_str(weights.shape()).c_str());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "mha/attention.h"
 #include "mha/error.h"
 #include "mha/linear.h"
+#include "mha/memory.h"
 #include "mha/multihead.h"
 #include "mha/random.h"
 #include "mha/safetensors.h"

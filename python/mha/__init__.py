@@ -13,6 +13,8 @@ from ._core import (  # noqa: F401
     MultiHeadAttention,
     load_safetensors,
     masked_softmax,
+    memory_limit,
     safetensors_metadata,
     save_safetensors,
+    set_memory_limit,
 )

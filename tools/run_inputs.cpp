@@ -1,0 +1,48 @@
+#include "run_inputs.h"
+
+namespace mha::tools {
+
+namespace {
+const char* kOp = "run";
+}  // namespace
+
+MultiHeadAttention run_module_from(const StateDict& state, int64_t heads, const std::string& origin) {
+  auto wq = state.find("W_q.weight");
+  if (wq == state.end()) fail(kOp, "weights '", origin, "': no tensor 'W_q.weight'");
+  if (wq->second.dim() != 2)
+    fail(kOp, "weights '", origin, "': W_q.weight has shape ", shape_str(wq->second.shape()),
+         ", wanted (num_hiddens, Dq)");
+  const int64_t num_hiddens = wq->second.size(0);
+  const bool bias = state.count("W_q.bias") > 0;
+  if (heads <= 0) fail(kOp, "--heads: ", heads, " is not a positive number of heads");
+  MultiHeadAttention attention(num_hiddens, heads, 0.0f, bias);
+  attention.load_state_dict(state);
+  attention.eval();
+  return attention;
+}
+
+RunInputs run_inputs_from(const SafetensorsFile& file, const std::string& origin) {
+  auto input = [&](const char* name) {
+    auto it = file.tensors.find(name);
+    if (it == file.tensors.end()) fail(kOp, "inputs '", origin, "': no tensor '", name, "'");
+    return require_f32(it->second, std::string("inputs '") + origin + "' tensor '" + name + "'");
+  };
+  RunInputs in;
+  in.queries = input("queries");
+  in.keys = input("keys");
+  in.values = input("values");
+  if (auto it = file.tensors.find("valid_lens"); it != file.tensors.end()) {
+    const DType t = it->second.dtype;
+    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
+      fail(kOp, "inputs '", origin, "' tensor 'valid_lens': dtype ", dtype_name(t),
+           " where F32, I32 or I64 is wanted");
+    in.valid_lens = ValidLens::from_tensor(to_float_tensor(it->second, "valid_lens"));
+  }
+  for (const auto& [name, raw] : file.tensors)
+    if (name != "queries" && name != "keys" && name != "values" && name != "valid_lens")
+      fail(kOp, "inputs '", origin, "': unexpected tensor '", name,
+           "' (wanted queries, keys, values and optionally valid_lens)");
+  return in;
+}
+
+}  // namespace mha::tools
