@@ -11,6 +11,10 @@ packages=(
   libcli11-dev              # the tool's argument parser
   libcairo2-dev             # PNG heatmaps and plots
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  python3-setuptools python3-wheel python3-pip python3-venv   # pip install . (offline)
+  doxygen                   # make docs: the API reference
+  clang libclang-rt-dev     # sanitizer builds and libFuzzer (make test-asan/-tsan/-fuzz)
+  libomp-dev                # clang's OpenMP, with the Archer tool TSan needs
 )
 
 missing=()

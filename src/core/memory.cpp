@@ -58,14 +58,14 @@ void MemoryPlan::check() const {
   if (total_ > limit)
     fail(op_, "needs ", total_, " bytes, above the memory limit of ", limit,
          " bytes (the largest part: ", largest_what_, ", ", largest_, " bytes); ",
-         "mha::set_memory_limit changes the limit");
+         "raise the limit with set_memory_limit (CLI: --memory-limit)");
 }
 
 void check_bytes(const char* op, const std::string& what, uint64_t bytes) {
   const uint64_t limit = memory_limit();
   if (bytes > limit)
     fail(op, what, " needs ", bytes, " bytes, above the memory limit of ", limit,
-         " bytes; mha::set_memory_limit changes the limit");
+         " bytes; raise the limit with set_memory_limit (CLI: --memory-limit)");
 }
 
 }  // namespace core

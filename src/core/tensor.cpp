@@ -45,7 +45,9 @@ TensorView TensorView::split_heads(int64_t num_heads) const {
 
 Tensor::Tensor(Shape shape, float fill) : shape_(std::move(shape)) {
   const int64_t n = checked_numel(shape_);
-  core::MemoryPlan("Tensor").add("shape", shape_).check();  // before allocating
+  // Before allocating: the byte size must fit in 64 bits and in the limit.
+  const uint64_t bytes = core::MemoryPlan("Tensor").add("shape", shape_).total();
+  core::check_bytes("Tensor", "shape " + shape_str(shape_), bytes);
   data_.assign(static_cast<size_t>(n), fill);
 }
 

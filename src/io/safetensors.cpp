@@ -192,7 +192,9 @@ std::vector<uint8_t> serialize_safetensors(const std::map<std::string, Tensor>& 
   for (const auto& [name, t] : tensors) {
     // float32 is stored little-endian, which is the host order on every
     // platform this library builds for (checked in CMakeLists.txt).
-    std::memcpy(p, t.data(), static_cast<size_t>(t.numel()) * 4);
+    // An empty tensor's data() may be null, which memcpy must not see
+    // (found by UBSan replaying the fuzz corpus: valid_scalar_and_zero).
+    if (t.numel() > 0) std::memcpy(p, t.data(), static_cast<size_t>(t.numel()) * 4);
     p += t.numel() * 4;
   }
   return out;

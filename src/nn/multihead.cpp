@@ -20,12 +20,13 @@ void check_rank3(const Tensor& t, const char* name, const char* wanted) {
 }
 
 // Every lazy width must agree with the layer's, so a failing call changes
-// nothing.
-void check_width(const LazyLinear& layer, const Tensor& x, const char* name) {
+// nothing. `layer_name` is the layer's name in the seed (W_q, ...).
+void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& x, const char* name) {
   if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
   if (layer.initialized() && x.size(2) != layer.in_features())
-    fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()),
-         ") differs from the width ", layer.in_features(), " of the first call");
+    fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()), ") differs from ",
+         layer_name, "'s input width ", layer.in_features(),
+         ", fixed by the first call or by load_state_dict");
 }
 
 }  // namespace
@@ -89,9 +90,9 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     initialize_layers(queries, keys, values);
     params.lock();
   }
-  check_width(W_q_, queries, "queries");
-  check_width(W_k_, keys, "keys");
-  check_width(W_v_, values, "values");
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
 
   // Projections (B, L, width) -> (B, L, D); heads are strided views of these.
   Tensor q = W_q_.forward(queries, gen_, kForward);
@@ -131,9 +132,9 @@ void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& 
   std::lock_guard state(state_mutex_);  // gen_
   // Another call may have done it meanwhile; the widths are checked against
   // whatever it chose. The draw order (W_q, W_k, W_v, W_o) is the serial one.
-  check_width(W_q_, queries, "queries");
-  check_width(W_k_, keys, "keys");
-  check_width(W_v_, values, "values");
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
   W_q_.initialize(queries.size(2), gen_, kForward);
   W_k_.initialize(keys.size(2), gen_, kForward);
   W_v_.initialize(values.size(2), gen_, kForward);
