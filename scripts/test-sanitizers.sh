@@ -45,8 +45,11 @@ esac
 start=$(date +%s)
 mkdir -p "$dir"
 cmake -S . -B "$dir" "${common[@]}" "${flags[@]}" > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log" >&2; exit 1; }
-cmake --build "$dir" -j"$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test-sanitizers: $mode build failed" >&2; exit 1; }
+if ! cmake --build "$dir" -j"$jobs" > "$dir/build.log" 2>&1; then
+  tail -60 "$dir/build.log" >&2
+  echo "test-sanitizers: $mode build failed (log: $dir/build.log)" >&2
+  exit 1
+fi
 built=$(date +%s)
 # The tests find the tool and the sources the same way as in the normal build.
 "$dir/tests/cpp/mha_tests" --gtest_filter="$filter" --gtest_brief=1
