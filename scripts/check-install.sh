@@ -27,7 +27,7 @@ export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 [ "$(pkg-config --modversion mha)" = "$version" ] || { echo "check-install: pkg-config version $(pkg-config --modversion mha) is not $version" >&2; exit 1; }
 # shellcheck disable=SC2046
 c++ -std=c++20 -O1 examples/consumer/seed_check.cpp -o "$tmp/seed_check_pc" $(pkg-config --cflags --libs mha)
-"$tmp/seed_check_pc"
+LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/seed_check_pc"   # a shared libmha in a private prefix
 
 # 3. The installed tool.
 got=$("$prefix/bin/mha" --version)

@@ -97,7 +97,10 @@ TEST_P(Concurrency, EvalFromEightThreadsGivesExactlyTheSerialResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Concurrency,
-                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas));
+                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas),
+                         [](const ::testing::TestParamInfo<mha::AttentionKernel>& info) {
+                           return std::to_string(static_cast<int>(info.param));
+                         });
 
 TEST(ConcurrencyLazy, FirstCallFromEightThreadsInitialisesOnceAsASerialCallWould) {
   const auto cases = make_cases();
