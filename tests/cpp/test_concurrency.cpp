@@ -8,11 +8,20 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "mha/mha.h"
+
+namespace mha {
+// How gtest (and ctest's test names) print a kernel.
+void PrintTo(AttentionKernel k, std::ostream* os) {
+  *os << (k == AttentionKernel::Reference ? "Reference" : k == AttentionKernel::Blas ? "Blas" : "kernel")
+      << static_cast<int>(k);
+}
+}  // namespace mha
 
 namespace {
 
@@ -97,10 +106,7 @@ TEST_P(Concurrency, EvalFromEightThreadsGivesExactlyTheSerialResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Concurrency,
-                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas),
-                         [](const ::testing::TestParamInfo<mha::AttentionKernel>& info) {
-                           return std::to_string(static_cast<int>(info.param));
-                         });
+                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas));
 
 TEST(ConcurrencyLazy, FirstCallFromEightThreadsInitialisesOnceAsASerialCallWould) {
   const auto cases = make_cases();
