@@ -13,6 +13,7 @@
 #include "mha/masks.h"
 #include "mha/loss.h"
 #include "mha/model.h"
+#include "mha/memory.h"
 #include "mha/multihead.h"
 #include "mha/optim.h"
 #include "mha/parameter.h"

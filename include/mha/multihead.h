@@ -23,6 +23,16 @@
 //   Tensor out = attention(X, Y, Y, lens);            // training mode
 //   auto g = attention.backward(grad_out);            // g.queries:[B,Q,Dq] ...
 //   attention.grads().at("W_q.weight");               // (num_hiddens, Dq)
+//
+// Threads: forward() may be called on one module from many threads at once,
+// in either mode, and gives each call exactly what a serial call gives (in
+// training mode the dropout masks are drawn in call order, whichever that
+// is). It holds a shared lock on the parameters for the whole call; what
+// changes them (the lazy initialisation of the first call, load_state_dict)
+// holds it exclusively, so it waits for running calls and blocks new ones.
+// The small mutable state (mode, kernel, generator, last attention weights)
+// has a lock of its own. Writing parameters through the non-const W_q() ...
+// W_o() accessors is not synchronised: do it while no call runs.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +40,7 @@
 #include <string>
 
 #include "mha/attention.h"
+#include "mha/detail/copyable_mutex.h"
 #include "mha/linear.h"
 #include "mha/parameter.h"
 #include "mha/random.h"
@@ -41,36 +52,60 @@ namespace mha {
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
 
+// The seed's MultiHeadAttention module (see the file comment).
 class MultiHeadAttention {
  public:
-  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1.
-  // `seed` drives the lazy initialisation and the dropout masks.
+  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1;
+  // otherwise mha::Error naming the argument. `seed` drives the lazy
+  // initialisation and the dropout masks. Nothing is allocated until the
+  // first call.
   MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, float dropout = 0.0f,
                      bool bias = false, uint64_t seed = 0);
 
   // queries:[B,Q,Dq] keys:[B,K,Dk] values:[B,K,Dv]; valid_lens none, (B,) or
   // (B,Q) -> [B,Q,num_hiddens]. Throws mha::Error on mismatched shapes, bad
-  // lengths, or input widths that differ from the first call's.
+  // lengths, input widths that differ from the first call's, or sizes
+  // whose tensors overflow 64 bits or exceed mha::memory_limit(); a call
+  // that throws changes nothing. NaN or infinity in the inputs or weights
+  // propagates as in the seed's PyTorch code (docs/errors.md).
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
+  // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {
     return forward(queries, keys, values, valid_lens);
   }
 
-  void train(bool on = true) { training_ = on; }
-  void eval() { training_ = false; }
-  bool training() const { return training_; }
+  // Training mode (dropout on) when `on`, else evaluation mode. Calls that
+  // have already started keep the mode they started with.
+  void train(bool on = true) {
+    std::lock_guard lock(state_mutex_);
+    training_ = on;
+  }
+  // Evaluation mode: dropout off.
+  void eval() { train(false); }
+  // True in training mode.
+  bool training() const {
+    std::lock_guard lock(state_mutex_);
+    return training_;
+  }
 
-  // [B,h,Q,K]: the softmax weights (before dropout) of the last call.
-  const Tensor& attention_weights() const { return weights_; }
+  // [B,h,Q,K]: the softmax weights (before dropout) of the last call to
+  // finish, as a copy (another thread's call may replace them at any time).
+  // Empty before the first call.
+  Tensor attention_weights() const {
+    std::lock_guard lock(state_mutex_);
+    return weights_;
+  }
 
   // The parameters by the seed's names; weights are (out, in) as in PyTorch.
   // Only initialised layers appear (a lazy layer has no weight yet).
   StateDict state_dict() const;
   // Requires exactly the names this module has (biases iff bias=true), with
   // W_q/W_k/W_v weights (num_hiddens, in) and W_o (num_hiddens, num_hiddens);
-  // fixes the lazy input widths. Nothing changes if any check fails.
+  // fixes the lazy input widths. Nothing changes if any check fails; a
+  // failed check throws mha::Error naming the parameter and its shape.
+  // Waits for calls running on other threads.
   void load_state_dict(const StateDict& state);
 
   // Fixes the lazy input widths as a first call with queries (., ., dq),
@@ -99,26 +134,50 @@ class MultiHeadAttention {
   // all ones when that call had no dropout (evaluation mode or p = 0).
   Tensor last_dropout_mask() const;
 
-  void set_kernel(AttentionKernel k) { kernel_ = k; }
-  AttentionKernel kernel() const { return kernel_; }
-  void seed(uint64_t s) { gen_.seed(s); }
 
+  // The implementation that computes attention (default: Blas); calls that
+  // have already started keep theirs.
+  void set_kernel(AttentionKernel k) {
+    std::lock_guard lock(state_mutex_);
+    kernel_ = k;
+  }
+  // The implementation in use.
+  AttentionKernel kernel() const {
+    std::lock_guard lock(state_mutex_);
+    return kernel_;
+  }
+  // Restart the generator behind initialisation and dropout from `s`.
+  void seed(uint64_t s) {
+    std::lock_guard lock(state_mutex_);
+    gen_.seed(s);
+  }
+
+  // p_o in the seed: the width of the output and of every projection.
   int64_t num_hiddens() const { return num_hiddens_; }
+  // h, the number of heads.
   int64_t num_heads() const { return num_heads_; }
+  // d = num_hiddens / num_heads, the width of one head.
   int64_t head_dim() const { return num_hiddens_ / num_heads_; }
+  // The probability of dropping an attention weight in training mode.
   float dropout() const { return dropout_; }
+  // True when the four projections have biases.
   bool has_bias() const { return bias_; }
 
+  // The projections (PyTorch names). The non-const ones let an optimiser
+  // or a test change the parameters: not while a call runs.
   LazyLinear& W_q() { return W_q_; }
-  LazyLinear& W_k() { return W_k_; }
-  LazyLinear& W_v() { return W_v_; }
-  LazyLinear& W_o() { return W_o_; }
-  const LazyLinear& W_q() const { return W_q_; }
-  const LazyLinear& W_k() const { return W_k_; }
-  const LazyLinear& W_v() const { return W_v_; }
-  const LazyLinear& W_o() const { return W_o_; }
+  LazyLinear& W_k() { return W_k_; }  // keys' projection, writable
+  LazyLinear& W_v() { return W_v_; }  // values' projection, writable
+  LazyLinear& W_o() { return W_o_; }  // output projection, writable
+  const LazyLinear& W_q() const { return W_q_; }  // queries' projection
+  const LazyLinear& W_k() const { return W_k_; }  // keys' projection
+  const LazyLinear& W_v() const { return W_v_; }  // values' projection
+  const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
+  // The first call's lazy initialisation, under the exclusive lock.
+  void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
+
   int64_t num_hiddens_;
   int64_t num_heads_;
   float dropout_;
@@ -142,6 +201,10 @@ class MultiHeadAttention {
   uint64_t last_dropout_key_ = 0;
   StateDict grads_;
   void ensure_grads();
+  // Shared by running forward() calls; exclusive to what changes W_q..W_o.
+  mutable detail::CopyableSharedMutex params_mutex_;
+  // Guards training_, kernel_, gen_ and weights_.
+  mutable detail::CopyableMutex state_mutex_;
 };
 
 }  // namespace mha

@@ -35,7 +35,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
   const float fill = m.fill_value();
   float row_max = -INFINITY;
-  int64_t live = 0;
+  int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
   for (int64_t j = 0; j < K; ++j) {
     float x = row[j] / scale_divisor;
     if (key_bias) x += key_bias[j];
@@ -44,11 +44,13 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
     const bool keep = static_cast<float>(j) < len && j <= last &&
                       (!key_keep || key_keep[j]) && (!pair_keep || pair_keep[j]);
     if (!keep) x = fill;
+    kept += keep;
     live += keep && x != -INFINITY;
     row[j] = x;
     row_max = std::fmax(row_max, x);
   }
-  if (live == 0) {
+  // No key kept, or every score -inf: the policy (see attention_reference.cpp).
+  if (kept == 0 || (live == 0 && (kept == K || fill == -INFINITY))) {
     const float w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0f / static_cast<float>(K) : 0.0f;
     std::fill(row, row + K, w);
     return true;
