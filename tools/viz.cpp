@@ -44,6 +44,9 @@ namespace {
 
 const char* kOp = "viz";
 constexpr size_t kMaxPanels = 64;  // beyond that no panel is readable: ask for fewer
+// Enough sequences for steady offset means; the weights of 4096 sequences of
+// 256 positions and 8 heads are already 8 GB, so larger is surely a typo.
+constexpr int64_t kMaxSampleBatch = 4096;
 
 struct VizOptions {
   std::string weights, inputs, out, title, layout_json;
@@ -103,7 +106,8 @@ AttentionSample sample_from_files(const VizOptions& opt) {
 }
 
 AttentionSample sample_from_checkpoint(const VizOptions& opt) {
-  if (opt.sample_batch < 1) fail(kOp, "--sample-batch: ", opt.sample_batch, ", wanted >= 1");
+  if (opt.sample_batch < 1 || opt.sample_batch > kMaxSampleBatch)
+    fail(kOp, "--sample-batch: ", opt.sample_batch, ", wanted 1 .. ", kMaxSampleBatch);
   const Checkpoint ck = read_checkpoint(opt.checkpoint);
   std::unique_ptr<AttentionModel> model = load_model(ck);
   const int64_t L = model->num_layers(), H = ck.config.model.num_heads;
@@ -285,7 +289,7 @@ void add_viz_command(CLI::App& app) {
   cmd->add_option("--sample-seed", opt->sample_seed, "With --checkpoint: seed of the sampled sequences")
       ->capture_default_str();
   cmd->add_option("--sample-batch", opt->sample_batch,
-                  "With --checkpoint: sequences sampled (the offsets in the titles are over all of them)")
+                  "With --checkpoint: sequences sampled (the offsets in the titles are over all of their scored queries)")
       ->capture_default_str();
   cmd->add_option("--layer", opt->layer, "With --checkpoint: the layer whose heads are drawn")->capture_default_str();
   cmd->add_option("--out", opt->out, "PNG file to write")->required();
