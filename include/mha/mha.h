@@ -9,6 +9,7 @@
 #include "mha/attention.h"
 #include "mha/checkpoint.h"
 #include "mha/error.h"
+#include "mha/inspect.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/loss.h"

@@ -37,3 +37,5 @@ from ._core import (  # noqa: F401,E402
     load_checkpoint,
 )
 from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
+# Reading the heads (issue 5): each head's dominant offset t - k.
+from ._core import HeadOffsets, head_offsets  # noqa: F401,E402
