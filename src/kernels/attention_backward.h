@@ -60,7 +60,7 @@ struct AttentionBackward {
   const float* weights = nullptr;  // [B,h,Q,K] contiguous softmax weights, before dropout
   TensorView out;                  // [B,h,Q,dv] the forward's output (gives rowsum(dP * P))
   const float* lse = nullptr;      // [B,h,Q] contiguous log-sum-exp of each masked, scaled score row
-                                   // (not read when `masks` is set: fully masked rows have none)
+                                   // (not read when a mask option is set: fully masked rows have none)
 
   // Outputs, overwritten.
   TensorView grad_q, grad_k, grad_v;  // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv]

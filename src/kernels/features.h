@@ -72,10 +72,10 @@ inline AttentionKernel kernel_for(AttentionKernel preferred, const AttentionForw
 
 // --- The backward ---
 // kernels::attention_backward(k, p) runs k's own backward, or the BLAS one
-// for a kernel without a backward (kernels/dispatch.h). The table lists what
-// the backward that actually runs honours: a new backward starts at 0 here,
-// so a module that asks backward_kernel_for() falls back to BLAS rather than
-// dropping a mask from the gradient.
+// for a kernel without a backward (kernels/dispatch.h). This table lists
+// what each kernel's own backward honours; a kernel not listed gets 0, so
+// attention_backward (which asks kernel_for(k, p) below) runs BLAS for any
+// call using an option, rather than dropping a mask from the gradient.
 inline uint32_t kernel_backward_features(AttentionKernel kernel) {
   switch (kernel) {
     case AttentionKernel::Reference: return kAllFeatures;
