@@ -304,6 +304,12 @@ void add_viz_command(CLI::App& app) {
   cmd->callback([opt, cmd] {
     opt->file_options_given.clear();
     opt->rows_given = cmd->count("--rows") > 0;
+    // `--rows ""` would leave the default row in place: a silent guess. It
+    // means no row at all, which run_viz refuses.
+    if (opt->rows_given) {
+      const std::vector<std::string>& raw = cmd->get_option("--rows")->results();
+      if (std::all_of(raw.begin(), raw.end(), [](const std::string& r) { return r.empty(); })) opt->rows.clear();
+    }
     for (const char* o : {"--weights", "--inputs", "--heads"})
       if (cmd->count(o) > 0) opt->file_options_given.push_back(o);
     run_viz(*opt);

@@ -74,7 +74,12 @@ void MultiHeadAttention::set_grads(const StateDict& grads) {
   ensure_grads();
   for (const auto& [name, g] : grads) {
     auto it = grads_.find(name);
-    if (it == grads_.end()) fail(op, "no parameter named '", name, "'");
+    if (it == grads_.end()) {
+      std::string names;
+      for (const auto& [n, t] : grads_) names += (names.empty() ? "" : ", ") + n;
+      fail(op, "grads: '", name, "' is not a parameter of this module (its parameters: ",
+           names.empty() ? "none before the first call" : names, ")");
+    }
     if (g.shape() != it->second.shape())
       fail(op, name, ": shape ", shape_str(g.shape()), " is not the parameter's ",
            shape_str(it->second.shape()));

@@ -192,8 +192,10 @@ void check_options(const Tensor& w, const HeatmapOptions& opt) {
          " dimensions, wanted 4: (rows, cols, Q, K)");
   for (int64_t d : w.shape())
     if (d == 0) fail(kOp, "weights: shape ", shape_str(w.shape()), " has an empty axis; wanted every axis >= 1");
-  for (float v : w.values())
-    if (std::isinf(v)) fail(kOp, "weights: an infinite value; wanted finite numbers (NaN marks a masked cell)");
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (std::isinf(w.data()[i]))
+      fail(kOp, "weights: element ", i, " of shape ", shape_str(w.shape()), " is infinite (", w.data()[i],
+           "); wanted finite numbers (NaN marks a masked cell)");
   const int64_t panels = w.size(0) * w.size(1);
   if (!opt.titles.empty() && static_cast<int64_t>(opt.titles.size()) != panels)
     fail(kOp, "titles: ", opt.titles.size(), " given, wanted one per panel: ", panels, " for shape ",

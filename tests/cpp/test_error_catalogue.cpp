@@ -2,6 +2,9 @@
 // C++ API: each row that lists C++ has a trigger here, and the trigger's
 // mha::Error has the row's message (placeholders like <file> match any text).
 // tests/python/test_error_catalogue.py does the same for Python and the CLI.
+// The triggers of the newer parts (training, PyTorch drop-in, pictures) are
+// in test_error_catalogue_{training,torch,plot}.cpp, declared in
+// error_catalogue.h.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "error_catalogue.h"
 #include "mha/mha.h"
 #include "run_inputs.h"
 
@@ -117,7 +121,7 @@ void forward(Tensor q, Tensor k, Tensor v, ValidLens lens = {}) {
   m(q, k, v, lens);
 }
 
-std::map<std::string, std::function<void()>> triggers() {
+std::map<std::string, std::function<void()>> core_triggers() {
   const Tensor X = ones({2, 4, 100}), Y = ones({2, 6, 100});
   return {
       // MultiHeadAttention
@@ -288,6 +292,15 @@ std::map<std::string, std::function<void()>> triggers() {
       {"run.wq_rank", [] { tools::run_module_from({{"W_q.weight", ones({8})}}, 2, "w.safetensors"); }},
       {"run.heads", [] { tools::run_module_from(state(8, 4, false), 0, "w.safetensors"); }},
   };
+}
+
+// Every trigger, by row id; an id given twice is a mistake in the tables.
+std::map<std::string, std::function<void()>> triggers() {
+  std::map<std::string, std::function<void()>> all = core_triggers();
+  for (const auto& part : {test::training_triggers(), test::torch_triggers(), test::plot_triggers()})
+    for (const auto& [id, trigger] : part)
+      if (!all.emplace(id, trigger).second) ADD_FAILURE() << "trigger '" << id << "' is defined twice";
+  return all;
 }
 
 TEST(ErrorCatalogue, EveryRowForCppGivesItsMessage) {
