@@ -258,6 +258,10 @@ Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& opt) {
   }
   const Plan P = plan_layout(R, C, Q, K, opt, has_mask, out.vmin, out.vmax, note);
   const HeatmapLayout& L = P.L;
+  if (P.width > detail::kMaxCanvasSide || P.height > detail::kMaxCanvasSide)
+    fail(kOp, "weights: shape ", shape_str(weights.shape()), " makes a ", P.width, " x ", P.height,
+         " pixel picture, wanted at most ", detail::kMaxCanvasSide,
+         " pixels a side: draw fewer panels (rows x cols)");
   Canvas cv(P.width, P.height);
   const double span = out.vmax - out.vmin;
 

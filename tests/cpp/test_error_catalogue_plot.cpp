@@ -19,13 +19,40 @@ namespace {
 using plot::HeatmapOptions;
 using plot::LinePanel;
 
-void heatmaps(const Tensor& w, HeatmapOptions o = {}) { plot::render_heatmaps(w, o); }
+void heatmaps(const Tensor& w) { plot::render_heatmaps(w); }
+
+// render_heatmaps(w) with the options `change` sets.
+template <typename Change>
+void heatmaps(const Tensor& w, Change change) {
+  HeatmapOptions o;
+  change(o);
+  plot::render_heatmaps(w, o);
+}
+
+// A series named "s" (the name is built, not assigned from a literal:
+// GCC 12's -Wrestrict misfires on that).
+plot::Series series(std::vector<double> x, std::vector<double> y) {
+  plot::Series s;
+  s.name = std::string(1, 's');
+  s.x = std::move(x);
+  s.y = std::move(y);
+  return s;
+}
+
+plot::Image image(int width, int height, size_t bytes) {
+  plot::Image im;
+  im.width = width;
+  im.height = height;
+  im.rgba.assign(bytes, 0);
+  return im;
+}
 
 // A panel with one series "s" through (0, 1), (1, 2), with `change` applied.
 template <typename Change>
 void chart(Change change) {
-  LinePanel p{.title = "loss"};
-  p.series.push_back({.name = "s", .x = {0, 1}, .y = {1, 2}});
+  LinePanel p;
+  p.title = "loss";
+  p.series.push_back(series({0, 1}, {1, 2}));
   change(p);
   plot::render_line_chart({p});
 }
@@ -52,12 +79,17 @@ Triggers plot_triggers() {
          w.at({0, 1, 0, 1}) = -INFINITY;
          heatmaps(w);
        }},
-      {"heatmap.titles", [] { heatmaps(ones({2, 2, 3, 3}), {.titles = {"a", "b", "c"}}); }},
-      {"heatmap.row_labels", [] { heatmaps(ones({2, 2, 3, 3}), {.row_labels = {"a"}}); }},
-      {"heatmap.max_cells", [] { heatmaps(ones({1, 1, 3, 3}), {.max_cells = 0}); }},
-      {"heatmap.panel_size", [] { heatmaps(ones({1, 1, 3, 3}), {.panel_size = -1}); }},
-      {"heatmap.limits", [] { heatmaps(ones({1, 1, 3, 3}), {.vmin = -INFINITY}); }},
-      {"heatmap.order", [] { heatmaps(ones({1, 1, 3, 3}), {.vmin = 1, .vmax = 0.5}); }},
+      {"heatmap.titles", [] { heatmaps(ones({2, 2, 3, 3}), [](HeatmapOptions& o) { o.titles = {"a", "b", "c"}; }); }},
+      {"heatmap.row_labels", [] { heatmaps(ones({2, 2, 3, 3}), [](HeatmapOptions& o) { o.row_labels = {"a"}; }); }},
+      {"heatmap.max_cells", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.max_cells = 0; }); }},
+      {"heatmap.panel_size", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.panel_size = -1; }); }},
+      {"heatmap.limits", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.vmin = -INFINITY; }); }},
+      {"heatmap.order", [] {
+         heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) {
+           o.vmin = 1;
+           o.vmax = 0.5;
+         });
+       }},
       {"heatmap.size", [] { heatmaps(ones({1, 500, 1, 1})); }},
       {"heatmap.cell", [] {
          const plot::Heatmaps h = plot::render_heatmaps(ones({1, 2, 3, 3}));
@@ -69,8 +101,7 @@ Triggers plot_triggers() {
       {"colormap.entry", [] { plot::colormap_entry(256); }},
       // images and PNG
       {"image.pixel", [] {
-         plot::Image im{.width = 2, .height = 1, .rgba = std::vector<uint8_t>(8, 0)};
-         im.rgb_at(2, 0);
+         image(2, 1, 8).rgb_at(2, 0);
        }},
       {"image.format", [] {
          cairo_surface_t* s = cairo_image_surface_create(CAIRO_FORMAT_A8, 2, 2);
@@ -81,9 +112,9 @@ Triggers plot_triggers() {
            throw;
          }
        }},
-      {"png.image", [] { plot::encode_png(plot::Image{.width = 4, .height = 0}); }},
+      {"png.image", [] { plot::encode_png(image(4, 0, 0)); }},
       {"png.surface", [] {
-         plot::encode_png(plot::Image{.width = 40000, .height = 1, .rgba = std::vector<uint8_t>(160000)});
+         plot::encode_png(image(40000, 1, 160000));
        }},
       {"png.read", [] { plot::decode_png({'G', 'I', 'F', '8'}, "picture.gif"); }},
       {"canvas.size", [] { plot::detail::Canvas(0, 10); }},
@@ -99,8 +130,10 @@ Triggers plot_triggers() {
       {"line.no_panels", [] { plot::render_line_chart({}); }},
       {"line.size", [] {
          LinePanel p;
-         p.series.push_back({.x = {0, 1}, .y = {1, 2}});
-         plot::render_line_chart({p}, {.plot_width = 20});
+         p.series.push_back(series({0, 1}, {1, 2}));
+         plot::LineChartOptions o;
+         o.plot_width = 20;
+         plot::render_line_chart({p}, o);
        }},
       // head_offsets
       {"offsets.rank", [] { head_offsets(softmax_rows({2, 3, 3})); }},

@@ -81,9 +81,15 @@ Triggers torch_triggers() {
       {"tmha.batch", [] { torch_call(Q, ones({1, 6, 4}), ones({1, 6, 4})); }},
       {"tmha.positions", [] { torch_call(Q, KV, ones({2, 5, 4})); }},
       {"tmha.no_keys", [] { torch_call(Q, ones({2, 0, 4}), ones({2, 0, 4})); }},
-      {"tmha.attn_mask_rank", [] { torch_call(Q, KV, KV, {.attn_mask = Mask::additive(ones({6}))}); }},
+      {"tmha.attn_mask_rank", [] {
+         TorchMhaCall call;
+         call.attn_mask = Mask::additive(ones({6}));
+         torch_call(Q, KV, KV, call);
+       }},
       {"tmha.mask_shape", [] {
-         torch_call(Q, KV, KV, {.key_padding_mask = mask_from_torch_mha({2, 5}, std::vector<uint8_t>(10, 0))});
+         TorchMhaCall call;
+         call.key_padding_mask = mask_from_torch_mha({2, 5}, std::vector<uint8_t>(10, 0));
+         torch_call(Q, KV, KV, call);
        }},
       // TorchMultiheadAttention training
       {"tmha.dropout_mask", [] {

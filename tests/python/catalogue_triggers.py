@@ -5,10 +5,12 @@ catalogue). PY maps a row id to a function of a temporary folder that must
 raise the row's ValueError; CLI maps a row id to a function of a temporary
 folder returning the `mha` tool's arguments, which must fail with the row's
 message."""
+import atexit
 import functools
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 
@@ -30,6 +32,7 @@ def ones(*shape):
 def base_checkpoint():
     """A real checkpoint of `mha train` (untrained: 0 steps), made once."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="mha_catalogue_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "base.safetensors"
     r = subprocess.run([str(BUILD / "mha"), "train", "--steps", "0", "--eval-size", "4", "--hiddens", "8",
                         "--heads", "2", "--out", str(path), "--curves", "", "--plot", ""],
