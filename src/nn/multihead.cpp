@@ -36,6 +36,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
     fail(op, "num_hiddens: ", num_hiddens, " is not divisible by num_heads ", num_heads);
   if (!(dropout >= 0.0f && dropout <= 1.0f))
     fail(op, "dropout: ", dropout, " is not a probability in [0, 1]");
+  init_head_layout();
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
@@ -44,7 +45,9 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_rank3(keys, "keys", "(B, K, Dk)");
   check_rank3(values, "values", "(B, K, Dv)");
   const int64_t B = queries.size(0), Q = queries.size(1), K = keys.size(1);
-  const int64_t D = num_hiddens_, H = num_heads_;
+  // D: the width of q, k, v and the heads' concatenation (num_hiddens
+  // unless heads were pruned); the output is W_o's num_hiddens wide.
+  const int64_t D = inner_dim(), H = num_heads_;
   if (keys.size(0) != B)
     fail(kForward, "keys: batch size ", keys.size(0), " differs from queries' ", B,
          " (keys ", shape_str(keys.shape()), ", queries ", shape_str(queries.shape()), ")");
@@ -90,10 +93,11 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   last_dropout_p_ = p.dropout.p;
   last_dropout_key_ = p.dropout.key;
   kernels::attention_forward(kernel_, p);
+  Tensor ungated = apply_head_gates(concat);  // head gates (src/nn/prune.cpp)
   Tensor out = W_o_.forward(concat, gen_, kForward);
   if (training_) {
     saved_ = {true, queries, keys, values, std::move(q), std::move(k), std::move(v),
-              std::move(concat), valid_lens};
+              std::move(concat), valid_lens, std::move(ungated)};
   } else {
     saved_ = {};
   }
@@ -128,20 +132,24 @@ void MultiHeadAttention::load_state_dict(const StateDict& state) {
     if (!state.count(name)) fail(op, "missing parameter '", name, "'");
   LazyLinear* layers[] = {&W_q_, &W_k_, &W_v_, &W_o_};
   // Validate everything first so that a failure leaves the module unchanged.
+  // W_q, W_k, W_v: (inner, in); W_o: (num_hiddens, inner). inner is
+  // num_hiddens unless heads were pruned.
   for (int i = 0; i < 4; ++i) {
     const std::string n = names[i];
     const Tensor& w = state.at(n + ".weight");
-    const int64_t in = i == 3 ? num_hiddens_ : (w.dim() == 2 ? w.size(1) : -1);
-    if (w.dim() != 2 || w.size(0) != num_hiddens_ || w.size(1) != in || in <= 0)
-      fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", num_hiddens_, ", ",
-           i == 3 ? std::to_string(num_hiddens_) : std::string("in"), ")");
+    const int64_t out = i == 3 ? num_hiddens_ : inner_dim();
+    const int64_t in = i == 3 ? inner_dim() : (w.dim() == 2 ? w.size(1) : -1);
+    if (w.dim() != 2 || w.size(0) != out || w.size(1) != in || in <= 0)
+      fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", out, ", ",
+           i == 3 ? std::to_string(in) : std::string("in"), ")",
+           num_heads_ < original_num_heads_ ? " (this module has pruned heads)" : "");
     if (layers[i]->initialized() && layers[i]->in_features() != in)
       fail(op, n, ".weight: shape ", shape_str(w.shape()), " differs from the initialised ",
-           shape_str({num_hiddens_, layers[i]->in_features()}));
+           shape_str({out, layers[i]->in_features()}));
     if (bias_) {
       const Tensor& b = state.at(n + ".bias");
-      if (b.dim() != 1 || b.size(0) != num_hiddens_)
-        fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({num_hiddens_}));
+      if (b.dim() != 1 || b.size(0) != out)
+        fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({out}));
     }
   }
   for (int i = 0; i < 4; ++i) {
