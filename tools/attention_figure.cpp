@@ -55,7 +55,8 @@ plot::Heatmaps draw_attention(const Tensor& weights, const ValidLens& valid_lens
   opt.vmin = 0.0;  // weights are probabilities; the top of the scale follows the data
   for (int64_t r : fig.row_ids) {
     (void)r;
-    for (int64_t h : heads) opt.titles.push_back("head " + std::to_string(h));
+    for (int64_t h : heads)
+      opt.titles.push_back("head " + std::to_string(fig.head_labels.empty() ? h : fig.head_labels.at(h)));
   }
   for (size_t i = 0; i < fig.row_ids.size(); ++i)
     opt.row_labels.push_back("batch row " + std::to_string(fig.row_ids[i]) + " (" +

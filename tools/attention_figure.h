@@ -15,6 +15,7 @@ namespace mha::tools {
 struct AttentionFigure {
   std::vector<int64_t> row_ids;  // the batch row each weights row came from (labels only)
   std::vector<int64_t> heads;    // heads to draw, in this order; empty: all
+  std::vector<int64_t> head_labels;  // the number each head of weights is titled with; empty: its index
   std::string title;
   int max_cells = 96;            // see plot::HeatmapOptions::max_cells
 };

@@ -1,21 +1,42 @@
 // tools/model_io.cpp: see model_io.h.
 #include "model_io.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace mha::tools {
 
 MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_heads, const char* op) {
-  StateDict state = load_f32_tensors(weights_path);
+  const SafetensorsFile file = read_safetensors(weights_path);
+  StateDict state;
+  for (const auto& [name, raw] : file.tensors)
+    state.emplace(name, require_f32(raw, "'" + weights_path + "' tensor '" + name + "'"));
   auto wq = state.find("W_q.weight");
   if (wq == state.end()) fail(op, "weights '", weights_path, "': no tensor 'W_q.weight'");
   if (wq->second.dim() != 2)
     fail(op, "weights '", weights_path, "': W_q.weight has shape ", shape_str(wq->second.shape()),
          ", wanted (num_hiddens, Dq)");
-  const int64_t num_hiddens = wq->second.size(0);
+  // The output width: W_o's rows. W_q has fewer rows once heads are pruned.
+  auto wo = state.find("W_o.weight");
+  const int64_t num_hiddens =
+      wo != state.end() && wo->second.dim() == 2 ? wo->second.size(0) : wq->second.size(0);
   const bool bias = state.count("W_q.bias") > 0;
-  if (num_heads <= 0) fail(op, "--heads: ", num_heads, " is not a positive number of heads");
-  MultiHeadAttention attention(num_hiddens, num_heads, 0.0f, bias);
+  // Heads as built: --heads, or the file's record (mha/prune.h); both must agree.
+  int64_t heads = num_heads;
+  if (auto it = file.metadata.find("num_heads"); it != file.metadata.end()) {
+    const int64_t recorded = std::atoll(it->second.c_str());
+    if (recorded <= 0 || std::to_string(recorded) != it->second)
+      fail(op, "weights '", weights_path, "': metadata 'num_heads' = '", it->second, "' is not a positive integer");
+    if (num_heads > 0 && num_heads != recorded)
+      fail(op, "--heads: ", num_heads, " differs from the ", recorded, " heads (as built) that weights '",
+           weights_path, "' records");
+    heads = recorded;
+  }
+  if (heads <= 0)
+    fail(op, "--heads: ", num_heads, " is not a positive number of heads (and weights '", weights_path,
+         "' does not record its heads)");
+  MultiHeadAttention attention(num_hiddens, heads, 0.0f, bias);
+  apply_head_layout(attention, file.metadata, "", "weights '" + weights_path + "'");
   attention.load_state_dict(state);
   attention.eval();
   return attention;

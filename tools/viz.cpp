@@ -12,6 +12,7 @@
 // sequence drawn from its task is a second source of an AttentionSample;
 // add its flags in add_viz_command, build the sample in a function beside
 // sample_from_files(), and everything after (drawing, writing) is shared.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -35,7 +36,8 @@ constexpr size_t kMaxPanels = 64;  // beyond that no panel is readable: ask for 
 
 struct VizOptions {
   std::string weights, inputs, out, title, layout_json;
-  int64_t heads = 0;
+  int64_t heads = 0;  // as built; 0: from the weights file's metadata
+  bool heads_given = false;
   std::vector<int64_t> rows{0};
   std::vector<int64_t> show_heads;  // empty: all
   int max_cells = 96;
@@ -47,6 +49,8 @@ struct AttentionSample {
   ValidLens valid_lens;          // none, [R] or [R,Q]
   std::vector<int64_t> row_ids;  // batch row of each of the R rows
   std::string source;            // what the weights are of, for the title
+  std::vector<int64_t> head_ids; // [H]: each head's number as the module was built
+  std::vector<int64_t> heads;    // the heads to draw, as positions in weights (empty: all)
 };
 
 AttentionSample sample_from_files(const VizOptions& opt) {
@@ -56,14 +60,28 @@ AttentionSample sample_from_files(const VizOptions& opt) {
   for (int64_t r : opt.rows)
     if (r < 0 || r >= B)
       fail(kOp, "--rows: row ", r, " is outside the inputs' batch of ", B, " rows (0 .. ", B - 1, ")");
-  for (int64_t h : opt.show_heads)
-    if (h < 0 || h >= opt.heads)
-      fail(kOp, "--show-heads: head ", h, " is outside the module's ", opt.heads, " heads (0 .. ",
-           opt.heads - 1, ")");
+  // --show-heads numbers heads as the module was built, so a pruned
+  // module's heads keep their names (mha/prune.h).
+  const int64_t H = attention.original_num_heads();
+  const std::vector<int64_t>& kept = attention.kept_heads();
+  std::vector<int64_t> positions;
+  for (int64_t h : opt.show_heads) {
+    if (h < 0 || h >= H)
+      fail(kOp, "--show-heads: head ", h, " is outside the module's ", H, " heads (0 .. ", H - 1, ")");
+    auto it = std::find(kept.begin(), kept.end(), h);
+    if (it == kept.end())
+      fail(kOp, "--show-heads: head ", h, " was pruned from this module (heads kept: ",
+           head_layout_metadata(attention).at("heads_kept"), ")");
+    positions.push_back(it - kept.begin());
+  }
+  const size_t shown = opt.show_heads.empty() ? kept.size() : opt.show_heads.size();
+  if (opt.rows.size() * shown > kMaxPanels)
+    fail(kOp, opt.rows.size(), " rows x ", shown, " heads = ", opt.rows.size() * shown,
+         " panels; at most ", kMaxPanels, " stay readable: choose fewer with --rows / --show-heads");
   const AttentionInputs in = select_rows(all, opt.rows);
   attention(in.queries, in.keys, in.values, in.valid_lens);
   return {attention.attention_weights(), in.valid_lens, opt.rows,
-          std::filesystem::path(opt.inputs).filename().string()};
+          std::filesystem::path(opt.inputs).filename().string(), kept, positions};
 }
 
 // Where each panel and cell is, for tools that annotate or check the picture:
@@ -78,9 +96,8 @@ void write_layout(const VizOptions& opt, const AttentionSample& s, const plot::H
   j["width"] = h.image.width;
   j["height"] = h.image.height;
   j["batch_rows"] = s.row_ids;
-  std::vector<int64_t> heads = opt.show_heads;
-  if (heads.empty())
-    for (int64_t i = 0; i < opt.heads; ++i) heads.push_back(i);
+  std::vector<int64_t> heads = opt.show_heads;  // as built
+  if (heads.empty()) heads = s.head_ids;
   j["heads"] = heads;
   j["rows"] = L.rows;
   j["cols"] = L.cols;
@@ -105,17 +122,14 @@ void write_layout(const VizOptions& opt, const AttentionSample& s, const plot::H
 
 void run_viz(const VizOptions& opt) {
   if (opt.rows.empty()) fail(kOp, "--rows: no row given; wanted at least one batch row");
-  if (opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
-  const size_t shown = opt.show_heads.empty() ? static_cast<size_t>(opt.heads) : opt.show_heads.size();
-  if (opt.rows.size() * shown > kMaxPanels)
-    fail(kOp, opt.rows.size(), " rows x ", shown, " heads = ", opt.rows.size() * shown,
-         " panels; at most ", kMaxPanels, " stay readable: choose fewer with --rows / --show-heads");
+  if (opt.heads_given && opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
   if (opt.max_cells < 1) fail(kOp, "--max-cells: ", opt.max_cells, ", wanted >= 1");
 
   const AttentionSample s = sample_from_files(opt);
   AttentionFigure fig;
   fig.row_ids = s.row_ids;
-  fig.heads = opt.show_heads;
+  fig.heads = s.heads;
+  fig.head_labels = s.head_ids;
   fig.max_cells = opt.max_cells;
   fig.title = !opt.title.empty() ? opt.title : "Attention weights (" + s.source + ")";
   const plot::Heatmaps h = draw_attention(s.weights, s.valid_lens, fig);
@@ -140,17 +154,22 @@ void add_viz_command(CLI::App& app) {
       ->required()->check(CLI::ExistingFile);
   cmd->add_option("--inputs", opt->inputs, "safetensors file with queries, keys, values[, valid_lens]")
       ->required()->check(CLI::ExistingFile);
-  cmd->add_option("--heads", opt->heads, "Number of heads of the module")->required();
+  cmd->add_option("--heads", opt->heads,
+                  "Number of heads of the module (as built; may be left out if the weights file records it)");
   cmd->add_option("--out", opt->out, "PNG file to write")->required();
   cmd->add_option("--rows", opt->rows, "Batch rows to draw, e.g. 0,2 (one row of panels each)")
       ->delimiter(',')->capture_default_str();
-  cmd->add_option("--show-heads", opt->show_heads, "Heads to draw, e.g. 0,3 (default: all)")->delimiter(',');
+  cmd->add_option("--show-heads", opt->show_heads,
+                  "Heads to draw, e.g. 0,3, numbered as built (default: all the module has)")->delimiter(',');
   cmd->add_option("--max-cells", opt->max_cells,
                   "Most cells per panel axis; longer axes are averaged over blocks")->capture_default_str();
   cmd->add_option("--title", opt->title, "Title above the panels (default: names the inputs file)");
   cmd->add_option("--layout-json", opt->layout_json,
                   "Also write where each panel and cell is drawn (JSON), to annotate or check the picture");
-  cmd->callback([opt] { run_viz(*opt); });
+  cmd->callback([opt, cmd] {
+    opt->heads_given = cmd->count("--heads") > 0;
+    run_viz(*opt);
+  });
 }
 
 }  // namespace mha::tools

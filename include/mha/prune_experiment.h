@@ -13,8 +13,9 @@
 //   auto model = mha::load_model(ck);
 //   auto scores = mha::gradient_importance(*model, importance_batches);
 //   auto order = mha::order_by_score(*model, scores.normalised);
-//   mha::PruneCurve c = mha::prune_curve(ck, "gradient", order, eval_batches, timing);
+//   mha::PruneCurve c = mha::prune_curve(ck, "gradient", order, eval_batches);
 //   // c.accuracy[n]: held-out accuracy with n heads removed
+//   std::vector<double> ms = mha::latency_sweep(ck, c.removed, batch, 20);
 //
 // Heads are removed across all layers in one global order; a head that is
 // the last one left in its layer is skipped (a layer keeps at least one), so
@@ -22,9 +23,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "mha/attention.h"
 #include "mha/checkpoint.h"
 #include "mha/importance.h"
 #include "mha/model.h"
@@ -46,28 +49,31 @@ HeadScores negated(const HeadScores& scores);
 // The model's current heads in a random order drawn from Generator(seed).
 std::vector<HeadRef> random_order(const AttentionModel& model, uint64_t seed);
 
-// How forward latency is measured after each removal: the median wall time
-// of `repeats` evaluation-mode forwards of `batch` (after one warm-up).
-struct LatencyProbe {
-  TokenBatch batch;
-  int repeats = 20;
-};
-
 struct PruneCurve {
   std::string name;
-  std::vector<HeadRef> removed;    // in removal order (the order less skipped heads)
-  std::vector<double> accuracy;    // [steps + 1]: index n = n heads removed
-  std::vector<double> loss;        // [steps + 1]
-  std::vector<double> latency_ms;  // [steps + 1]; empty without a probe
-  std::vector<int64_t> heads_kept; // [steps + 1]: total heads left
+  std::vector<HeadRef> removed;     // in removal order (the order less skipped heads)
+  std::vector<double> accuracy;     // [steps + 1]: index n = n heads removed
+  std::vector<double> loss;         // [steps + 1]
+  std::vector<int64_t> heads_kept;  // [steps + 1]: total heads left
 };
 
 // Loads the checkpoint's model (mha::load_model), then removes heads in
-// `order` one at a time (physically, prune_heads), measuring `eval` loss and
-// accuracy and, if `probe` is given, latency before the first removal and
-// after each. `order` must name every current head once.
+// `order` one at a time (physically, prune_heads), measuring loss and
+// accuracy on `eval` before the first removal and after each. `order` must
+// name every current head once. `kernel`: the layers' attention kernel
+// (none: the module default).
 PruneCurve prune_curve(const Checkpoint& checkpoint, const std::string& name, const std::vector<HeadRef>& order,
-                       const std::vector<TokenBatch>& eval, const LatencyProbe* probe = nullptr);
+                       const std::vector<TokenBatch>& eval, std::optional<AttentionKernel> kernel = std::nullopt);
+
+// Forward latency as heads go: the checkpoint's model after removing the
+// first 0, 1, ..., removed.size() heads of `removed`, each timed by
+// evaluation-mode forwards of `batch`. The models are timed round-robin,
+// one forward of each per round for `rounds` rounds (after one warm-up
+// round), and each model's median is returned, so that a change in machine
+// load hits every step alike. -> ms:[removed.size() + 1]
+std::vector<double> latency_sweep(const Checkpoint& checkpoint, const std::vector<HeadRef>& removed,
+                                  const TokenBatch& batch, int rounds,
+                                  std::optional<AttentionKernel> kernel = std::nullopt);
 
 // Mean accuracy after removing 1 .. n heads, n = total_heads / 2 (capped at
 // the curve's steps): the area under the accuracy curve over the first half

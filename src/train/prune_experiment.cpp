@@ -20,20 +20,6 @@ std::vector<HeadRef> current_heads(const AttentionModel& model) {
   return heads;
 }
 
-double median_forward_ms(AttentionModel& model, const LatencyProbe& probe) {
-  const TokenBatch& b = probe.batch;
-  const ValidLens lens = b.valid_lens();
-  model.forward(b.tokens, b.batch, b.length, lens);  // warm-up: buffers, caches
-  std::vector<double> ms;
-  for (int i = 0; i < probe.repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    model.forward(b.tokens, b.batch, b.length, lens);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + static_cast<long>(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
-}
-
 }  // namespace
 
 std::vector<HeadRef> order_by_score(const AttentionModel& model, const HeadScores& scores) {
@@ -73,12 +59,19 @@ std::vector<HeadRef> random_order(const AttentionModel& model, uint64_t seed) {
   return heads;
 }
 
-PruneCurve prune_curve(const Checkpoint& checkpoint, const std::string& name, const std::vector<HeadRef>& order,
-                       const std::vector<TokenBatch>& eval, const LatencyProbe* probe) {
-  static const char* op = "prune_curve";
+namespace {
+
+std::unique_ptr<AttentionModel> load_with_kernel(const Checkpoint& checkpoint, std::optional<AttentionKernel> kernel) {
   std::unique_ptr<AttentionModel> model = load_model(checkpoint);
-  const std::vector<HeadRef> heads = current_heads(*model);
-  if (order.size() != heads.size())
+  if (kernel)
+    for (int64_t l = 0; l < model->num_layers(); ++l) model->layer(l).set_kernel(*kernel);
+  return model;
+}
+
+// Every entry of `order` a head of the model, none twice; all heads if `all`.
+void check_order(const AttentionModel& model, const std::vector<HeadRef>& order, bool all, const char* op) {
+  const std::vector<HeadRef> heads = current_heads(model);
+  if (all && order.size() != heads.size())
     fail(op, "order: ", order.size(), " heads for a model with ", heads.size(), " heads");
   for (size_t i = 0; i < order.size(); ++i) {
     if (std::find(heads.begin(), heads.end(), order[i]) == heads.end())
@@ -87,19 +80,23 @@ PruneCurve prune_curve(const Checkpoint& checkpoint, const std::string& name, co
     if (std::find(order.begin(), order.begin() + static_cast<long>(i), order[i]) != order.begin() + static_cast<long>(i))
       fail(op, "order: entry ", i, " repeats (layer ", order[i].layer, ", head ", order[i].head, ")");
   }
-  if (probe && probe->repeats < 1) fail(op, "probe.repeats: ", probe->repeats, " is not positive");
+}
 
+}  // namespace
+
+PruneCurve prune_curve(const Checkpoint& checkpoint, const std::string& name, const std::vector<HeadRef>& order,
+                       const std::vector<TokenBatch>& eval, std::optional<AttentionKernel> kernel) {
+  std::unique_ptr<AttentionModel> model = load_with_kernel(checkpoint, kernel);
+  check_order(*model, order, /*all=*/true, "prune_curve");
   PruneCurve curve;
   curve.name = name;
-  int64_t left = static_cast<int64_t>(heads.size());
+  int64_t left = static_cast<int64_t>(order.size());
   auto measure = [&] {
     const Evaluation e = evaluate(*model, eval);
     curve.accuracy.push_back(e.accuracy);
     curve.loss.push_back(e.loss);
     curve.heads_kept.push_back(left);
-    if (probe) curve.latency_ms.push_back(median_forward_ms(*model, *probe));
   };
-  model->eval();
   measure();
   for (const HeadRef& h : order) {
     if (model->layer(h.layer).num_heads() == 1) continue;  // a layer keeps one head
@@ -109,6 +106,36 @@ PruneCurve prune_curve(const Checkpoint& checkpoint, const std::string& name, co
     measure();
   }
   return curve;
+}
+
+std::vector<double> latency_sweep(const Checkpoint& checkpoint, const std::vector<HeadRef>& removed,
+                                  const TokenBatch& batch, int rounds, std::optional<AttentionKernel> kernel) {
+  static const char* op = "latency_sweep";
+  if (rounds < 1) fail(op, "rounds: ", rounds, " is not positive");
+  // models[n]: the first n heads of `removed` gone.
+  std::vector<std::unique_ptr<AttentionModel>> models;
+  for (size_t n = 0; n <= removed.size(); ++n) {
+    models.push_back(load_with_kernel(checkpoint, kernel));
+    if (n == 0) check_order(*models.front(), removed, /*all=*/false, op);
+    for (size_t i = 0; i < n; ++i)
+      models.back()->layer(removed[i].layer).prune_heads({removed[i].head});  // refuses a layer's last head
+  }
+  const ValidLens lens = batch.valid_lens();
+  std::vector<std::vector<double>> ms(models.size());
+  for (int round = -1; round < rounds; ++round)  // round -1 warms up buffers and caches
+    for (size_t m = 0; m < models.size(); ++m) {
+      models[m]->eval();
+      const auto t0 = std::chrono::steady_clock::now();
+      models[m]->forward(batch.tokens, batch.batch, batch.length, lens);
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (round >= 0) ms[m].push_back(t);
+    }
+  std::vector<double> out;
+  for (std::vector<double>& v : ms) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+  }
+  return out;
 }
 
 double first_half_area(const PruneCurve& curve, int64_t total_heads) {

@@ -377,11 +377,12 @@ TEST(PruneExperiment, OrdersAndCurves) {
   ck.config = trainer.config();
   ck.model = model.state_dict();
   const std::vector<TokenBatch> eval = held_out_set(trainer.task(), 20, 2);
-  const LatencyProbe probe{eval[0], 2};
-  const PruneCurve c = prune_curve(ck, "by score", order, eval, &probe);
+  const PruneCurve c = prune_curve(ck, "by score", order, eval, AttentionKernel::Reference);
   // 8 heads, 2 layers keeping one each: 6 removal steps.
   ASSERT_EQ(c.accuracy.size(), 7u);
-  EXPECT_EQ(c.latency_ms.size(), 7u);
+  const std::vector<double> ms = latency_sweep(ck, c.removed, eval[0], 2);
+  ASSERT_EQ(ms.size(), 7u);
+  for (double t : ms) EXPECT_GT(t, 0.0);
   EXPECT_EQ(c.heads_kept.front(), 8);
   EXPECT_EQ(c.heads_kept.back(), 2);
   // (1, 1) is layer 1's last head in that order: it is skipped, never removed.
@@ -389,6 +390,9 @@ TEST(PruneExperiment, OrdersAndCurves) {
   EXPECT_DOUBLE_EQ(c.accuracy[0], evaluate(model, eval).accuracy);
   EXPECT_TRUE(throws_with([&] { prune_curve(ck, "x", {order.begin(), order.end() - 1}, eval); },
                           "order: 7 heads for a model with 8 heads"));
+  EXPECT_TRUE(throws_with([&] { latency_sweep(ck, {{0, 1}, {0, 1}}, eval[0], 1); }, "order: entry 1 repeats"));
+  EXPECT_TRUE(throws_with([&] { latency_sweep(ck, {{0, 0}, {0, 1}, {0, 2}, {0, 3}}, eval[0], 1); },
+                          "at least one must remain"));
 }
 
 }  // namespace
