@@ -1,7 +1,6 @@
 // tools/model_io.cpp: see model_io.h.
 #include "model_io.h"
 
-#include <cstdlib>
 #include <cstring>
 
 namespace mha::tools {
@@ -11,60 +10,12 @@ MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_h
   StateDict state;
   for (const auto& [name, raw] : file.tensors)
     state.emplace(name, require_f32(raw, "'" + weights_path + "' tensor '" + name + "'"));
-  auto wq = state.find("W_q.weight");
-  if (wq == state.end()) fail(op, "weights '", weights_path, "': no tensor 'W_q.weight'");
-  if (wq->second.dim() != 2)
-    fail(op, "weights '", weights_path, "': W_q.weight has shape ", shape_str(wq->second.shape()),
-         ", wanted (num_hiddens, Dq)");
-  // The output width: W_o's rows. W_q has fewer rows once heads are pruned.
-  auto wo = state.find("W_o.weight");
-  const int64_t num_hiddens =
-      wo != state.end() && wo->second.dim() == 2 ? wo->second.size(0) : wq->second.size(0);
-  const bool bias = state.count("W_q.bias") > 0;
-  // Heads as built: --heads, or the file's record (mha/prune.h); both must agree.
-  int64_t heads = num_heads;
-  if (auto it = file.metadata.find("num_heads"); it != file.metadata.end()) {
-    const int64_t recorded = std::atoll(it->second.c_str());
-    if (recorded <= 0 || std::to_string(recorded) != it->second)
-      fail(op, "weights '", weights_path, "': metadata 'num_heads' = '", it->second, "' is not a positive integer");
-    if (num_heads > 0 && num_heads != recorded)
-      fail(op, "--heads: ", num_heads, " differs from the ", recorded, " heads (as built) that weights '",
-           weights_path, "' records");
-    heads = recorded;
-  }
-  if (heads <= 0)
-    fail(op, "--heads: ", num_heads, " is not a positive number of heads (and weights '", weights_path,
-         "' does not record its heads)");
-  MultiHeadAttention attention(num_hiddens, heads, 0.0f, bias);
-  apply_head_layout(attention, file.metadata, "", "weights '" + weights_path + "'");
-  attention.load_state_dict(state);
-  attention.eval();
-  return attention;
+  // The metadata carries a pruned module's head layout (mha/prune.h).
+  return run_module_from(state, num_heads, weights_path, op, file.metadata);
 }
 
 AttentionInputs load_inputs(const std::string& path, const char* op) {
-  const SafetensorsFile inputs = read_safetensors(path);
-  auto input = [&](const char* name) {
-    auto it = inputs.tensors.find(name);
-    if (it == inputs.tensors.end()) fail(op, "inputs '", path, "': no tensor '", name, "'");
-    return require_f32(it->second, std::string("inputs '") + path + "' tensor '" + name + "'");
-  };
-  AttentionInputs in;
-  in.queries = input("queries");
-  in.keys = input("keys");
-  in.values = input("values");
-  if (auto it = inputs.tensors.find("valid_lens"); it != inputs.tensors.end()) {
-    const DType t = it->second.dtype;
-    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
-      fail(op, "inputs '", path, "' tensor 'valid_lens': dtype ", dtype_name(t),
-           " where F32, I32 or I64 is wanted");
-    in.valid_lens = ValidLens::from_tensor(to_float_tensor(it->second, "valid_lens"));
-  }
-  for (const auto& [name, raw] : inputs.tensors)
-    if (name != "queries" && name != "keys" && name != "values" && name != "valid_lens")
-      fail(op, "inputs '", path, "': unexpected tensor '", name,
-           "' (wanted queries, keys, values and optionally valid_lens)");
-  return in;
+  return run_inputs_from(read_safetensors(path), path, op);
 }
 
 namespace {

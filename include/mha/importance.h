@@ -36,6 +36,7 @@ namespace mha {
 // scores[l][i]: layer l, the i-th head it still has.
 using HeadScores = std::vector<std::vector<double>>;
 
+// Michel et al.'s scores of every head (see the file comment).
 struct GradientImportance {
   HeadScores raw;         // mean over sequences of |dL/dg_h|
   HeadScores normalised;  // raw / L2 norm of the layer's raw scores (0 if all are 0)
@@ -45,27 +46,33 @@ struct GradientImportance {
 // off), so each sequence's gradient is its own before the absolute value.
 GradientImportance gradient_importance(AttentionModel& model, const std::vector<TokenBatch>& batches);
 
-// Loss (mean cross-entropy over scored positions) and accuracy over batches,
-// in evaluation mode.
+// A model's loss and accuracy over a set of batches.
 struct Evaluation {
-  double loss = 0.0;
-  double accuracy = 0.0;
-  int64_t scored = 0;
+  double loss = 0.0;      // mean cross-entropy over the scored positions
+  double accuracy = 0.0;  // fraction of scored positions whose largest logit is the target
+  int64_t scored = 0;     // positions with a target
 };
+// Loss and accuracy over batches, in evaluation mode (the model's mode is restored).
 Evaluation evaluate(AttentionModel& model, const std::vector<TokenBatch>& batches);
 
+// The effect of gating each head off alone.
 struct AblationImportance {
   Evaluation all_heads;        // every head on
   HeadScores loss_increase;    // loss with head h off - loss with all on
   HeadScores accuracy_drop;    // accuracy with all on - accuracy with head h off
 };
+// One evaluation over `batches` with every head on, then one per head with
+// that head's gate at 0 (the other gates as they are).
 AblationImportance ablation_importance(AttentionModel& model, const std::vector<TokenBatch>& batches);
 
+// Voita et al.'s statistics of every head's attention weights.
 struct AttentionStatistics {
   HeadScores confidence;  // mean largest weight per valid query, in (0, 1]
   HeadScores entropy;     // mean entropy per valid query, in [0, ln K]
   int64_t queries = 0;    // valid queries averaged over, per head
 };
+// One evaluation-mode forward per batch; queries at or past their
+// sequence's length are not counted.
 AttentionStatistics attention_statistics(AttentionModel& model, const std::vector<TokenBatch>& batches);
 
 }  // namespace mha

@@ -23,6 +23,16 @@
 //   Tensor out = attention(X, Y, Y, lens);            // training mode
 //   auto g = attention.backward(grad_out);            // g.queries:[B,Q,Dq] ...
 //   attention.grads().at("W_q.weight");               // (num_hiddens, Dq)
+//
+// Threads: forward() may be called on one module from many threads at once,
+// in either mode, and gives each call exactly what a serial call gives (in
+// training mode the dropout masks are drawn in call order, whichever that
+// is). It holds a shared lock on the parameters for the whole call; what
+// changes them (the lazy initialisation of the first call, load_state_dict)
+// holds it exclusively, so it waits for running calls and blocks new ones.
+// The small mutable state (mode, kernel, generator, last attention weights)
+// has a lock of its own. Writing parameters through the non-const W_q() ...
+// W_o() accessors is not synchronised: do it while no call runs.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +41,7 @@
 #include <vector>
 
 #include "mha/attention.h"
+#include "mha/detail/copyable_mutex.h"
 #include "mha/linear.h"
 #include "mha/parameter.h"
 #include "mha/random.h"
@@ -42,37 +53,60 @@ namespace mha {
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
 
+// The seed's MultiHeadAttention module (see the file comment).
 class MultiHeadAttention {
  public:
-  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1.
-  // `seed` drives the lazy initialisation and the dropout masks.
+  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1;
+  // otherwise mha::Error naming the argument. `seed` drives the lazy
+  // initialisation and the dropout masks. Nothing is allocated until the
+  // first call.
   MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, float dropout = 0.0f,
                      bool bias = false, uint64_t seed = 0);
 
   // queries:[B,Q,Dq] keys:[B,K,Dk] values:[B,K,Dv]; valid_lens none, (B,) or
   // (B,Q) -> [B,Q,num_hiddens]. Throws mha::Error on mismatched shapes, bad
-  // lengths, or input widths that differ from the first call's.
+  // lengths, input widths that differ from the first call's, or sizes
+  // whose tensors overflow 64 bits or exceed mha::memory_limit(); a call
+  // that throws changes nothing. NaN or infinity in the inputs or weights
+  // propagates as in the seed's PyTorch code (docs/errors.md).
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
+  // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {
     return forward(queries, keys, values, valid_lens);
   }
 
-  void train(bool on = true) { training_ = on; }
-  void eval() { training_ = false; }
-  bool training() const { return training_; }
+  // Training mode (dropout on) when `on`, else evaluation mode. Calls that
+  // have already started keep the mode they started with.
+  void train(bool on = true) {
+    std::lock_guard lock(state_mutex_);
+    training_ = on;
+  }
+  // Evaluation mode: dropout off.
+  void eval() { train(false); }
+  // True in training mode.
+  bool training() const {
+    std::lock_guard lock(state_mutex_);
+    return training_;
+  }
 
-  // [B,h,Q,K]: the softmax weights (before dropout) of the last call.
-  const Tensor& attention_weights() const { return weights_; }
+  // [B,h,Q,K]: the softmax weights (before dropout) of the last call to
+  // finish, as a copy (another thread's call may replace them at any time).
+  // Empty before the first call.
+  Tensor attention_weights() const {
+    std::lock_guard lock(state_mutex_);
+    return weights_;
+  }
 
   // The parameters by the seed's names; weights are (out, in) as in PyTorch.
   // Only initialised layers appear (a lazy layer has no weight yet).
   StateDict state_dict() const;
   // Requires exactly the names this module has (biases iff bias=true), with
   // W_q/W_k/W_v weights (inner_dim, in) and W_o (num_hiddens, inner_dim)
-  // (inner_dim = num_hiddens unless heads were pruned);
-  // fixes the lazy input widths. Nothing changes if any check fails.
+  // (inner_dim = num_hiddens unless heads were pruned); fixes the lazy input widths. Nothing changes if any check fails; a
+  // failed check throws mha::Error naming the parameter and its shape.
+  // Waits for calls running on other threads.
   void load_state_dict(const StateDict& state);
 
   // Fixes the lazy input widths as a first call with queries (., ., dq),
@@ -101,9 +135,23 @@ class MultiHeadAttention {
   // all ones when that call had no dropout (evaluation mode or p = 0).
   Tensor last_dropout_mask() const;
 
-  void set_kernel(AttentionKernel k) { kernel_ = k; }
-  AttentionKernel kernel() const { return kernel_; }
-  void seed(uint64_t s) { gen_.seed(s); }
+
+  // The implementation that computes attention (default: Blas); calls that
+  // have already started keep theirs.
+  void set_kernel(AttentionKernel k) {
+    std::lock_guard lock(state_mutex_);
+    kernel_ = k;
+  }
+  // The implementation in use.
+  AttentionKernel kernel() const {
+    std::lock_guard lock(state_mutex_);
+    return kernel_;
+  }
+  // Restart the generator behind initialisation and dropout from `s`.
+  void seed(uint64_t s) {
+    std::lock_guard lock(state_mutex_);
+    gen_.seed(s);
+  }
 
   // --- Head gates and pruning (src/nn/prune.cpp; files: mha/prune.h) ---
   // A gate per head (default 1) multiplies that head's output before W_o:
@@ -112,7 +160,8 @@ class MultiHeadAttention {
   // parameters(), so optimisers never move them and state dicts stay the
   // seed's. backward() adds dL/dgate into head_gate_grad(), zeroed by
   // zero_grad(). Acts around the kernel, so every AttentionKernel works.
-  const std::vector<float>& head_gates() const { return head_gates_; }
+  // Setting gates waits for running calls, as load_state_dict does.
+  std::vector<float> head_gates() const;
   void set_head_gates(const std::vector<float>& gates);  // num_heads() finite values
   const Tensor& head_gate_grad() const { return head_gate_grad_; }  // [num_heads]
   // Removes heads for good: their rows of W_q, W_k, W_v (and biases) and
@@ -124,29 +173,44 @@ class MultiHeadAttention {
   // num_hiddens() wide. At least one head must remain. Works on a lazy
   // module too (the layers are then built narrower). Gates of kept heads
   // stay; accumulated gradients and the last call's saved state are cleared.
+  // Waits for running calls; prune while no call runs if other threads read
+  // num_heads() or kept_heads().
   void prune_heads(const std::vector<int64_t>& heads);
   const std::vector<int64_t>& kept_heads() const { return kept_heads_; }  // ascending, as built
+  // h as the module was built, before any pruning.
   int64_t original_num_heads() const { return original_num_heads_; }
+  // The width of q, k, v and of the heads' concatenation: num_heads * head_dim.
   int64_t inner_dim() const { return num_heads_ * head_dim_; }
   // The attention dropout probability, in [0, 1].
   void set_dropout(float p);
 
+  // p_o in the seed: the width of the output (and of every projection
+  // unless heads were pruned: see inner_dim()).
   int64_t num_hiddens() const { return num_hiddens_; }
+  // h, the number of heads (those kept, once pruned).
   int64_t num_heads() const { return num_heads_; }
+  // d = num_hiddens / num_heads as built, the width of one head.
   int64_t head_dim() const { return head_dim_; }
+  // The probability of dropping an attention weight in training mode.
   float dropout() const { return dropout_; }
+  // True when the four projections have biases.
   bool has_bias() const { return bias_; }
 
+  // The projections (PyTorch names). The non-const ones let an optimiser
+  // or a test change the parameters: not while a call runs.
   LazyLinear& W_q() { return W_q_; }
-  LazyLinear& W_k() { return W_k_; }
-  LazyLinear& W_v() { return W_v_; }
-  LazyLinear& W_o() { return W_o_; }
-  const LazyLinear& W_q() const { return W_q_; }
-  const LazyLinear& W_k() const { return W_k_; }
-  const LazyLinear& W_v() const { return W_v_; }
-  const LazyLinear& W_o() const { return W_o_; }
+  LazyLinear& W_k() { return W_k_; }  // keys' projection, writable
+  LazyLinear& W_v() { return W_v_; }  // values' projection, writable
+  LazyLinear& W_o() { return W_o_; }  // output projection, writable
+  const LazyLinear& W_q() const { return W_q_; }  // queries' projection
+  const LazyLinear& W_k() const { return W_k_; }  // keys' projection
+  const LazyLinear& W_v() const { return W_v_; }  // values' projection
+  const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
+  // The first call's lazy initialisation, under the exclusive lock.
+  void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
+
   int64_t num_hiddens_;
   int64_t num_heads_;
   float dropout_;
@@ -156,15 +220,15 @@ class MultiHeadAttention {
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
   Tensor weights_;
-  // Head layout and gates (src/nn/prune.cpp).
+  // Head layout and gates (src/nn/prune.cpp); read under params_mutex_.
   int64_t head_dim_ = 0, original_num_heads_ = 0;
   std::vector<int64_t> kept_heads_;
   std::vector<float> head_gates_;
   Tensor head_gate_grad_;
   void init_head_layout();
   // concat:[B,Q,inner] scaled in place by the gates; returns the unscaled
-  // concat when backward() will need it (training mode, a gate != 1).
-  Tensor apply_head_gates(Tensor& concat) const;
+  // concat when `keep` (for backward()) and some gate is not 1, else empty.
+  Tensor apply_head_gates(Tensor& concat, bool keep) const;
   // d_gated:[B,Q,inner] = dL/d(gated concat) -> dL/d(concat) in place;
   // heads_out:[B,Q,inner] the unscaled concat. Adds into head_gate_grad_.
   void head_gates_backward(const Tensor& heads_out, Tensor& d_gated);
@@ -183,6 +247,10 @@ class MultiHeadAttention {
   uint64_t last_dropout_key_ = 0;
   StateDict grads_;
   void ensure_grads();
+  // Shared by running forward() calls; exclusive to what changes W_q..W_o.
+  mutable detail::CopyableSharedMutex params_mutex_;
+  // Guards training_, kernel_, gen_ and weights_.
+  mutable detail::CopyableMutex state_mutex_;
 };
 
 }  // namespace mha

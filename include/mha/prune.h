@@ -29,6 +29,7 @@
 
 namespace mha {
 
+// A safetensors file's __metadata__: string keys to string values.
 using Metadata = std::map<std::string, std::string>;
 
 // The module's layout as metadata entries under `prefix`.

@@ -35,9 +35,11 @@
 
 namespace mha {
 
+// One head of a model: its layer and its number as that layer was built.
 struct HeadRef {
-  int64_t layer = 0;
-  int64_t head = 0;  // as the layer was built
+  int64_t layer = 0;  // 0 .. num_layers-1
+  int64_t head = 0;   // as the layer was built
+  // Same layer and head.
   friend bool operator==(const HeadRef&, const HeadRef&) = default;
 };
 
@@ -49,8 +51,9 @@ HeadScores negated(const HeadScores& scores);
 // The model's current heads in a random order drawn from Generator(seed).
 std::vector<HeadRef> random_order(const AttentionModel& model, uint64_t seed);
 
+// Held-out accuracy and loss as heads are removed in one order.
 struct PruneCurve {
-  std::string name;
+  std::string name;                 // the order's name ("gradient", "random 0", ...)
   std::vector<HeadRef> removed;     // in removal order (the order less skipped heads)
   std::vector<double> accuracy;     // [steps + 1]: index n = n heads removed
   std::vector<double> loss;         // [steps + 1]

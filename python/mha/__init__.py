@@ -21,8 +21,10 @@ from ._core import (  # noqa: F401
     MultiHeadAttention,
     load_safetensors,
     masked_softmax,
+    memory_limit,
     safetensors_metadata,
     save_safetensors,
+    set_memory_limit,
 )
 from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
 from .plot import show_heatmaps  # noqa: F401
@@ -46,3 +48,5 @@ from ._core import (  # noqa: F401,E402
     prune_model_heads,
     save_attention,
 )
+# Reading the heads (issue 5): each head's dominant offset t - k.
+from ._core import HeadOffsets, head_offsets  # noqa: F401,E402

@@ -1,8 +1,11 @@
 #include "mha/multihead.h"
 
 #include <cmath>
+#include <mutex>
 #include <set>
+#include <shared_mutex>
 
+#include "core/memory.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 
@@ -14,6 +17,16 @@ const char* kForward = "MultiHeadAttention.forward";
 
 void check_rank3(const Tensor& t, const char* name, const char* wanted) {
   if (t.dim() != 3) fail(kForward, name, ": shape ", shape_str(t.shape()), " is not ", wanted);
+}
+
+// Every lazy width must agree with the layer's, so a failing call changes
+// nothing. `layer_name` is the layer's name in the seed (W_q, ...).
+void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& x, const char* name) {
+  if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
+  if (layer.initialized() && x.size(2) != layer.in_features())
+    fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()), ") differs from ",
+         layer_name, "'s input width ", layer.in_features(),
+         ", fixed by the first call or by load_state_dict");
 }
 
 }  // namespace
@@ -45,9 +58,6 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_rank3(keys, "keys", "(B, K, Dk)");
   check_rank3(values, "values", "(B, K, Dv)");
   const int64_t B = queries.size(0), Q = queries.size(1), K = keys.size(1);
-  // D: the width of q, k, v and the heads' concatenation (num_hiddens
-  // unless heads were pruned); the output is W_o's num_hiddens wide.
-  const int64_t D = inner_dim(), H = num_heads_;
   if (keys.size(0) != B)
     fail(kForward, "keys: batch size ", keys.size(0), " differs from queries' ", B,
          " (keys ", shape_str(keys.shape()), ", queries ", shape_str(queries.shape()), ")");
@@ -59,43 +69,71 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
          " positions but keys ", shape_str(keys.shape()), " have ", K);
   if (K == 0) fail(kForward, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
   valid_lens.check(kForward, B, Q);
-  // Check every lazy width before initialising any, so a failing call
-  // changes nothing.
-  auto check_width = [&](const LazyLinear& layer, const Tensor& x, const char* name) {
-    if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
-    if (layer.initialized() && x.size(2) != layer.in_features())
-      fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()),
-           ") differs from the width ", layer.in_features(), " of the first call");
-  };
-  check_width(W_q_, queries, "queries");
-  check_width(W_k_, keys, "keys");
-  check_width(W_v_, values, "values");
+
+  // Concurrency (see multihead.h): the parameters are read under a shared
+  // lock; the first call initialises them under the exclusive lock, then
+  // takes the shared one and checks the widths again, since load_state_dict
+  // may have run in between.
+  std::shared_lock params(params_mutex_);
+  // D: the width of q, k, v and the heads' concatenation (num_hiddens
+  // unless heads were pruned); the output is W_o's num_hiddens wide. Read
+  // under the lock, since prune_heads changes them under the exclusive one.
+  int64_t D = inner_dim(), H = num_heads_;
+  // Everything this call allocates, checked before anything is: a size
+  // whose product overflows 64 bits or exceeds mha::memory_limit() throws.
+  core::MemoryPlan plan(kForward);
+  plan.add("attention weights", {B, H, Q, K})
+      .add("projected queries", {B, Q, D}).add("projected keys", {B, K, D})
+      .add("projected values", {B, K, D}).add("concatenated heads", {B, Q, D})
+      .add("output", {B, Q, num_hiddens_});
+  if (!W_o_.initialized())
+    plan.add("W_q, W_k, W_v, W_o", {D, queries.size(2) + keys.size(2) + values.size(2) + D + 4});
+  plan.check();
+  if (!W_q_.initialized() || !W_k_.initialized() || !W_v_.initialized() || !W_o_.initialized()) {
+    params.unlock();
+    initialize_layers(queries, keys, values);
+    params.lock();
+    D = inner_dim(), H = num_heads_;  // as they are now, under the lock
+  }
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
 
   // Projections (B, L, width) -> (B, L, D); heads are strided views of these.
   Tensor q = W_q_.forward(queries, gen_, kForward);
   Tensor k = W_k_.forward(keys, gen_, kForward);
   Tensor v = W_v_.forward(values, gen_, kForward);
-  if (!W_o_.initialized()) W_o_.initialize(D, gen_, kForward);
 
   // The kernel writes each head's output into its columns of `concat`, so
   // the seed's transpose_output costs nothing.
   Tensor concat({B, Q, D});
-  weights_ = Tensor({B, H, Q, K});
+  // This call's weights; published as attention_weights() when it is done.
+  Tensor weights({B, H, Q, K});
   kernels::AttentionForward p;
   p.q = q.view().split_heads(H);
   p.k = k.view().split_heads(H);
   p.v = v.view().split_heads(H);
   p.out = concat.view().split_heads(H);
-  p.weights = weights_.data();
+  p.weights = weights.data();
   kernels::set_lengths(p, valid_lens);
   p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
-  if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  AttentionKernel kernel;
+  bool training;
+  {  // One consistent snapshot of the mutable state for the whole call.
+    std::lock_guard state(state_mutex_);
+    kernel = kernel_;
+    training = training_;
+    if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  }
+  kernels::attention_forward(kernel, p);
+  Tensor ungated = apply_head_gates(concat, training);  // head gates (src/nn/prune.cpp)
+  Tensor out = W_o_.forward(concat, gen_, kForward);  // initialised: gen_ is not used
+  std::lock_guard state(state_mutex_);
+  weights_ = std::move(weights);
+  // What backward() needs from this call (the last call's, in training mode).
   last_dropout_p_ = p.dropout.p;
   last_dropout_key_ = p.dropout.key;
-  kernels::attention_forward(kernel_, p);
-  Tensor ungated = apply_head_gates(concat);  // head gates (src/nn/prune.cpp)
-  Tensor out = W_o_.forward(concat, gen_, kForward);
-  if (training_) {
+  if (training) {
     saved_ = {true, queries, keys, values, std::move(q), std::move(k), std::move(v),
               std::move(concat), valid_lens, std::move(ungated)};
   } else {
@@ -104,7 +142,23 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   return out;
 }
 
+void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& keys,
+                                           const Tensor& values) {
+  std::unique_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);  // gen_
+  // Another call may have done it meanwhile; the widths are checked against
+  // whatever it chose. The draw order (W_q, W_k, W_v, W_o) is the serial one.
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
+  W_q_.initialize(queries.size(2), gen_, kForward);
+  W_k_.initialize(keys.size(2), gen_, kForward);
+  W_v_.initialize(values.size(2), gen_, kForward);
+  W_o_.initialize(inner_dim(), gen_, kForward);
+}
+
 StateDict MultiHeadAttention::state_dict() const {
+  std::shared_lock params(params_mutex_);
   StateDict s;
   const std::pair<const char*, const LazyLinear*> layers[] = {
       {"W_q", &W_q_}, {"W_k", &W_k_}, {"W_v", &W_v_}, {"W_o", &W_o_}};
@@ -118,6 +172,7 @@ StateDict MultiHeadAttention::state_dict() const {
 
 void MultiHeadAttention::load_state_dict(const StateDict& state) {
   static const char* op = "MultiHeadAttention.load_state_dict";
+  std::unique_lock params(params_mutex_);  // waits for running calls
   const char* names[] = {"W_q", "W_k", "W_v", "W_o"};
   std::set<std::string> expected;
   for (const char* n : names) {

@@ -36,7 +36,10 @@ void MultiHeadAttention::initialize(int64_t dq, int64_t dk, int64_t dv) {
       fail(op, what[i], ": ", w, " differs from the width ", layer->in_features(),
            " this layer was initialised with");
   }
-  // The order of a first forward call: W_q, W_k, W_v, then W_o.
+  // The order of a first forward call: W_q, W_k, W_v, then W_o. Locked as
+  // the lazy initialisation of forward() is (see multihead.h).
+  std::unique_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);
   W_q_.initialize(dq, gen_, op);
   W_k_.initialize(dk, gen_, op);
   W_v_.initialize(dv, gen_, op);
@@ -97,6 +100,7 @@ ParamList MultiHeadAttention::parameters() {
 }
 
 Tensor MultiHeadAttention::last_dropout_mask() const {
+  std::lock_guard state(state_mutex_);
   if (weights_.empty())
     fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
   Tensor mask(weights_.shape());
@@ -108,6 +112,10 @@ Tensor MultiHeadAttention::last_dropout_mask() const {
 
 MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_output) {
   static const char* op = "MultiHeadAttention.backward";
+  // Training is one thread's business, but a backward() must not see a
+  // forward() of another thread half-stored: hold both locks throughout.
+  std::shared_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);
   if (!saved_.valid)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");

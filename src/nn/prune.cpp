@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <set>
+#include <shared_mutex>
 
 #include "mha/error.h"
 #include "mha/multihead.h"
@@ -63,23 +65,30 @@ void MultiHeadAttention::init_head_layout() {
 void MultiHeadAttention::set_dropout(float p) {
   if (!(p >= 0.0f && p <= 1.0f))
     fail("MultiHeadAttention.set_dropout", "p: ", p, " is not a probability in [0, 1]");
+  std::lock_guard state(state_mutex_);  // forward() reads it under this lock
   dropout_ = p;
+}
+
+std::vector<float> MultiHeadAttention::head_gates() const {
+  std::shared_lock params(params_mutex_);
+  return head_gates_;
 }
 
 void MultiHeadAttention::set_head_gates(const std::vector<float>& gates) {
   static const char* op = "MultiHeadAttention.set_head_gates";
+  std::unique_lock params(params_mutex_);  // like the parameters: waits for running calls
   if (static_cast<int64_t>(gates.size()) != num_heads_)
-    fail(op, "gates: shape (", gates.size(), ") is not (", num_heads_, "), one per head",
-         num_heads_ < original_num_heads_ ? " kept after pruning" : "");
+    fail(op, "gates: shape ", shape_str({static_cast<int64_t>(gates.size())}), " is not ", shape_str({num_heads_}),
+         ", one per head");
   for (size_t i = 0; i < gates.size(); ++i)
     if (!std::isfinite(gates[i])) fail(op, "gates: entry ", i, " is ", gates[i], ", not a finite number");
   head_gates_ = gates;
 }
 
-Tensor MultiHeadAttention::apply_head_gates(Tensor& concat) const {
+Tensor MultiHeadAttention::apply_head_gates(Tensor& concat, bool keep) const {
   // All ones (the default): nothing to do, nothing to keep.
   if (all_ones(head_gates_)) return {};
-  Tensor ungated = training_ ? concat : Tensor();
+  Tensor ungated = keep ? concat : Tensor();
   const int64_t d = head_dim_, width = inner_dim(), rows = concat.numel() / width;
   float* x = concat.data();
   for (int64_t r = 0; r < rows; ++r)
@@ -116,6 +125,8 @@ void MultiHeadAttention::head_gates_backward(const Tensor& heads_out, Tensor& d_
 
 void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   static const char* op = "MultiHeadAttention.prune_heads";
+  std::unique_lock params(params_mutex_);  // waits for running calls
+  std::lock_guard state(state_mutex_);     // saved_, weights_
   std::set<int64_t> remove;
   for (size_t i = 0; i < heads.size(); ++i) {
     const int64_t h = heads[i];

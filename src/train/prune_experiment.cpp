@@ -25,7 +25,7 @@ std::vector<HeadRef> current_heads(const AttentionModel& model) {
 std::vector<HeadRef> order_by_score(const AttentionModel& model, const HeadScores& scores) {
   static const char* op = "order_by_score";
   if (static_cast<int64_t>(scores.size()) != model.num_layers())
-    fail(op, "scores: ", scores.size(), " layers of scores for a model of ", model.num_layers(), " layers");
+    fail(op, "scores: ", scores.size(), " layers of scores for a model of ", model.num_layers(), " layer(s)");
   struct Scored {
     double score;
     HeadRef head;

@@ -210,7 +210,7 @@ TEST(HeadPruning, BadRequestsAreRefusedAndChangeNothing) {
   EXPECT_EQ(m.num_heads(), 4);
   m.prune_heads({2});
   EXPECT_TRUE(throws_with([&] { m.prune_heads({2}); }, "head 2, which was already pruned"));
-  EXPECT_TRUE(throws_with([&] { m.set_head_gates({1, 1, 1, 1}); }, "gates: shape (4) is not (3)"));
+  EXPECT_TRUE(throws_with([&] { m.set_head_gates({1, 1, 1, 1}); }, "gates: shape (4,) is not (3,)"));
   EXPECT_TRUE(throws_with([&] { m.set_head_gates({1, NAN, 1}); }, "entry 1 is nan"));
   EXPECT_TRUE(throws_with([&] { m.set_dropout(1.5f); }, "p: 1.5 is not a probability"));
   // A full-width state dict no longer fits.

@@ -95,7 +95,7 @@ def test_pruned_module_equals_gated_module(seed):
 def test_gates_and_pruning_refuse_bad_input():
     m = mha.MultiHeadAttention(12, 4)
     assert m.head_gates.tolist() == [1, 1, 1, 1]
-    with pytest.raises(ValueError, match=r"\[MultiHeadAttention.set_head_gates\] gates: shape \(3\) is not \(4\)"):
+    with pytest.raises(ValueError, match=r"\[MultiHeadAttention.set_head_gates\] gates: shape \(3,\) is not \(4,\), one per head"):
         m.head_gates = [1, 1, 1]
     with pytest.raises(ValueError, match=r"gates: shape \(2, 2\) is not \(4,\)"):
         m.head_gates = np.ones((2, 2))
