@@ -64,20 +64,23 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
   return false;
 }
 
-// Whether query i of (b, h) has no live key, as masked_softmax_row decides
-// it, but without the scores (for a backward that reads saved weights): a
-// key that takes part is live unless its additive masks sum to -inf, since a
-// finite score plus -inf is -inf.
+// Whether query i of (b, h) gets the fully-masked policy, as
+// masked_softmax_row decides it, but without the scores (for a backward that
+// reads saved weights): no key takes part, or every key that does has
+// additive masks summing to -inf (a finite score plus -inf is -inf) and no
+// masked key holds the seed's finite fill.
 inline bool fully_masked_row(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i,
                              int64_t Q, int64_t K) {
   const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
+  int64_t kept = 0;
   for (int64_t j = 0; j < K; ++j) {
     if (!takes_part(m, len, b, h, i, j, Q, K)) continue;
+    ++kept;
     const float bias = (key_bias ? key_bias[j] : 0.0f) + (pair_bias ? pair_bias[j] : 0.0f);
     if (bias != -INFINITY) return false;
   }
-  return true;
+  return kept == 0 || kept == K || m.fill == MaskFill::NegInf;
 }
 
 }  // namespace mha::kernels
