@@ -30,6 +30,7 @@
 #include "cpu/blas.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
+#include "io/atomic_file.h"
 
 namespace mha::tools {
 
@@ -104,18 +105,18 @@ void print_scores(const AttentionModel& model, const GradientImportance& g, cons
 }
 
 void write_csv(const std::string& path, const std::vector<PruneCurve>& curves, const std::vector<double>& latency) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) fail(kOp, "--csv: cannot open '", path, "' for writing");
   // latency_ms: of the step's heads-kept count (timed along the first order).
-  std::fprintf(f, "order,heads_removed,heads_kept,removed_layer,removed_head,accuracy,loss,latency_ms\n");
+  std::string text = "order,heads_removed,heads_kept,removed_layer,removed_head,accuracy,loss,latency_ms\n";
+  char line[256];
   for (const PruneCurve& c : curves)
     for (size_t i = 0; i < c.accuracy.size(); ++i) {
-      std::fprintf(f, "%s,%zu,%lld,", c.name.c_str(), i, (long long)c.heads_kept[i]);
-      if (i == 0) std::fprintf(f, ",,");
-      else std::fprintf(f, "%lld,%lld,", (long long)c.removed[i - 1].layer, (long long)c.removed[i - 1].head);
-      std::fprintf(f, "%.17g,%.17g,%.6f\n", c.accuracy[i], c.loss[i], latency[i]);
+      std::string removed = ",";
+      if (i > 0) removed = std::to_string(c.removed[i - 1].layer) + "," + std::to_string(c.removed[i - 1].head);
+      std::snprintf(line, sizeof line, "%s,%zu,%lld,%s,%.17g,%.17g,%.6f\n", c.name.c_str(), i,
+                    (long long)c.heads_kept[i], removed.c_str(), c.accuracy[i], c.loss[i], latency[i]);
+      text += line;
     }
-  if (std::fclose(f) != 0) fail(kOp, "--csv: writing '", path, "' failed");
+  io::write_file_atomic(path, reinterpret_cast<const uint8_t*>(text.data()), text.size());
 }
 
 plot::Series series(const std::string& name, std::vector<double> x, std::vector<double> y, bool markers,
