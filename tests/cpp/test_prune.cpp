@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "mha/mha.h"
 #include "test_util.h"
@@ -199,6 +202,46 @@ TEST(HeadPruning, BackwardOfAPrunedModuleEqualsTheGatedModulesOnKeptHeads) {
   for (int64_t i = 0; i < 3; ++i)
     EXPECT_NEAR(pruned.head_gate_grad().data()[i], gated.head_gate_grad().data()[kept[i]],
                 1e-5 * (1 + std::fabs(gated.head_gate_grad().data()[kept[i]])));
+}
+
+TEST(HeadPruning, GatesAndPruningWhileCallsRunGiveOneStateOrTheOther) {
+  // set_head_gates and prune_heads wait for running calls (the exclusive
+  // lock, as load_state_dict): every call sees one whole state. Run under
+  // TSan by scripts/test-sanitizers.sh tsan.
+  Generator gen(12);
+  const Tensor X = random_tensor({2, 9, 8}, gen);
+  const ValidLens lens = ValidLens::per_batch({9, 4});
+  MultiHeadAttention m(16, 4, 0.0f, true, 3);
+  m.eval();
+  const Tensor ones = m(X, X, X, lens);
+  m.set_head_gates({1, 0, 1, 0});
+  const Tensor gated = m(X, X, X, lens);
+  MultiHeadAttention copy = m;
+  copy.prune_heads({1, 3});
+  copy.set_head_gates({1, 1});
+  const Tensor pruned = copy(X, X, X, lens);
+  std::atomic<bool> is_pruned{false};
+  std::atomic<int> unexpected{0};
+  std::thread changer([&] {
+    for (int i = 0; i < 200; ++i) m.set_head_gates(i % 2 ? std::vector<float>{1, 0, 1, 0} : std::vector<float>{1, 1, 1, 1});
+    m.prune_heads({1, 3});
+    m.set_head_gates({1, 1});
+    is_pruned = true;
+  });
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t)
+    callers.emplace_back([&] {
+      for (int rep = 0; rep < 60; ++rep) {
+        const bool after = is_pruned;
+        const Tensor out = m(X, X, X, lens);
+        if (!(out == ones) && !(out == gated) && !(out == pruned)) ++unexpected;
+        if (after && !(out == pruned)) ++unexpected;
+      }
+    });
+  for (std::thread& t : callers) t.join();
+  changer.join();
+  EXPECT_EQ(unexpected.load(), 0);
+  EXPECT_EQ(m(X, X, X, lens), pruned);
 }
 
 TEST(HeadPruning, BadRequestsAreRefusedAndChangeNothing) {
