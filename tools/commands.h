@@ -13,5 +13,6 @@ void add_demo_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_viz_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_prune_command(CLI::App& app);
 
 }  // namespace mha::tools

@@ -124,6 +124,18 @@ def py_reinit(tmp):
     m.load_state_dict(state(8, 5))
 
 
+def py_pruned_state(tmp):
+    m = mha.MultiHeadAttention(8, 2)
+    m.prune_heads([1])
+    m.load_state_dict(state(8, 4))
+
+
+def py_pruned_twice(tmp):
+    m = mha.MultiHeadAttention(12, 4)
+    m.prune_heads([2])
+    m.prune_heads([2])
+
+
 PY = {
     "mha.num_heads": lambda t: mha.MultiHeadAttention(10, 0),
     "mha.num_hiddens": lambda t: mha.MultiHeadAttention(-4, 2),
@@ -166,6 +178,13 @@ PY = {
     "write.empty": lambda t: mha.save_safetensors("", {}),
     "write.folder": lambda t: mha.save_safetensors(str(t), {}),
     "write.create": lambda t: mha.save_safetensors(str(t / "no" / "such" / "x.safetensors"), {}),
+    "prune.gates_size": lambda t: setattr(mha.MultiHeadAttention(12, 4), "head_gates", [1, 1, 1]),
+    "prune.gates_finite": lambda t: setattr(mha.MultiHeadAttention(12, 4), "head_gates", [1, 1, np.nan, 1]),
+    "prune.head_range": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([4]),
+    "prune.already": py_pruned_twice,
+    "prune.twice": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([1, 1]),
+    "prune.all": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([0, 1, 2, 3]),
+    "prune.state_shape": py_pruned_state,
 }
 for _id, _bytes in ST_HEADERS.items():
     PY[_id] = lambda t, b=_bytes: mha.load_safetensors(raw_file(t / "bad.safetensors", raw=b))
@@ -242,6 +261,13 @@ def f32(shape):
     return np.ones(shape, np.float32).tobytes()
 
 
+def with_recorded_heads(t, meta, heads):
+    """A D=8 run whose weights file records `meta` (a pruned module's layout keys)."""
+    argv = with_heads(files(t, D=8, inp=4, B=1, Q=1, K=1), heads)
+    mha.save_safetensors(str(t / "w.safetensors"), state(8, 4), meta)
+    return argv
+
+
 CLI = {
     "mha.divisible": lambda t: with_heads(files(t, D=10, inp=4, B=1, Q=1, K=1), 3),
     "forward.rank": lambda t: files(t, inputs=qkv(q=(2, 4))),
@@ -277,6 +303,8 @@ CLI = {
                                                             ("values", "F32", [2, 6, 100], f32((2, 6, 100))),
                                                             ("valid_lens", "U8", [2], b"\x01\x02")])),
     "run.extra": lambda t: files(t, inputs=dict(qkv(), bias=ones(1))),
+    "run.heads_metadata": lambda t: with_recorded_heads(t, {"num_heads": "x"}, 2),
+    "run.heads_disagree": lambda t: with_recorded_heads(t, {"num_heads": "2"}, 4),
     "run.input_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F64", [1], bytes(8)),
                                                              ("keys", "F32", [1], f32(1)),
                                                              ("values", "F32", [1], f32(1))])),
