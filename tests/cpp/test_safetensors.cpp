@@ -45,7 +45,8 @@ TEST(Safetensors, RoundTripKeepsEveryBit) {
     EXPECT_EQ(raw.dtype, DType::F32);
     EXPECT_EQ(raw.shape, t.shape());
     ASSERT_EQ(raw.bytes.size(), static_cast<size_t>(t.numel()) * 4);
-    EXPECT_EQ(std::memcmp(raw.bytes.data(), t.data(), raw.bytes.size()), 0) << name;
+    if (!raw.bytes.empty())  // memcmp of an empty range may not take null pointers
+      EXPECT_EQ(std::memcmp(raw.bytes.data(), t.data(), raw.bytes.size()), 0) << name;
   }
 }
 

@@ -124,6 +124,10 @@ def py_reinit(tmp):
     m.load_state_dict(state(8, 5))
 
 
+def py_small_model():
+    return mha.AttentionModel(5, 3, 8, num_hiddens=4, num_heads=2)
+
+
 def py_pruned_state(tmp):
     m = mha.MultiHeadAttention(8, 2)
     m.prune_heads([1])
@@ -185,6 +189,14 @@ PY = {
     "prune.twice": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([1, 1]),
     "prune.all": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([0, 1, 2, 3]),
     "prune.state_shape": py_pruned_state,
+    "py.importance_keys": lambda t: mha.gradient_importance(
+        py_small_model(), [{"tokens": np.zeros((1, 2), np.int64), "valid_lens": np.ones(1)}]),
+    "py.importance_numeric": lambda t: mha.gradient_importance(
+        py_small_model(), [{"tokens": np.array([["a", "b"]]), "targets": np.zeros((1, 2), np.int64),
+                            "valid_lens": np.ones(1)}]),
+    "py.importance_shapes": lambda t: mha.gradient_importance(
+        py_small_model(), [{"tokens": np.zeros((1, 2), np.int64), "targets": np.zeros((1, 3), np.int64),
+                            "valid_lens": np.ones(1)}]),
 }
 for _id, _bytes in ST_HEADERS.items():
     PY[_id] = lambda t, b=_bytes: mha.load_safetensors(raw_file(t / "bad.safetensors", raw=b))
