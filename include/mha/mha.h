@@ -13,5 +13,6 @@
 #include "mha/random.h"
 #include "mha/safetensors.h"
 #include "mha/tensor.h"
+#include "mha/threads.h"
 #include "mha/valid_lens.h"
 #include "mha/version.h"

@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "mha/attention.h"
 #include "mha/linear.h"
@@ -27,6 +29,10 @@
 #include "mha/valid_lens.h"
 
 namespace mha {
+
+namespace nn {
+struct AttentionState;  // what a call keeps for attention_weights()
+}
 
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
@@ -52,8 +58,19 @@ class MultiHeadAttention {
   void eval() { training_ = false; }
   bool training() const { return training_; }
 
-  // [B,h,Q,K]: the softmax weights (before dropout) of the last call.
-  const Tensor& attention_weights() const { return weights_; }
+  // [B,h,Q,K]: the softmax weights (before dropout) of the last call; empty
+  // before the first call. With the fused kernel (the default) they are
+  // computed on first access, not by forward(): forward() keeps the projected
+  // q and k and two floats per (b, head, query) instead, and the first access
+  // costs about half of the call's attention work plus the B*h*Q*K floats of
+  // the result. Other kernels form them during forward().
+  const Tensor& attention_weights() const;
+  // [rows, heads, Q, K]: the weights of some batch rows and heads only, in the
+  // order given, without forming the others.
+  Tensor attention_weights(const std::vector<int64_t>& batch_rows,
+                           const std::vector<int64_t>& heads) const;
+  // B of the last call (0 before the first).
+  int64_t last_batch_size() const;
 
   // The parameters by the seed's names; weights are (out, in) as in PyTorch.
   // Only initialised layers appear (a lazy layer has no weight yet).
@@ -88,10 +105,10 @@ class MultiHeadAttention {
   float dropout_;
   bool bias_;
   bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Blas;
+  AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
-  Tensor weights_;
+  std::shared_ptr<nn::AttentionState> state_;  // of the last call
 };
 
 }  // namespace mha

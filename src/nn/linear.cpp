@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "cpu/blas.h"
+#include "cpu/parallel_gemm.h"
 #include "mha/error.h"
 
 namespace mha {
@@ -55,7 +55,8 @@ void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ld
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < out_features_; ++j) y[r * ldy + j] = b[j];
   }
-  cpu::sgemm(false, true, rows, out_features_, in_features_, 1.0f, x, in_features_,
+  // Row blocks fixed by the shape: the same result at any thread count.
+  cpu::parallel_sgemm(false, true, rows, out_features_, in_features_, 1.0f, x, in_features_,
              weight_.data(), in_features_, has_bias_ ? 1.0f : 0.0f, y, ldy);
 }
 

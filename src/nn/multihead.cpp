@@ -3,8 +3,12 @@
 #include <cmath>
 #include <set>
 
+#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
+#include "nn/attention_state.h"
+#include "nn/padding.h"
+#include "nn/projections.h"
 
 namespace mha {
 
@@ -68,27 +72,79 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_width(W_k_, keys, "keys");
   check_width(W_v_, values, "values");
 
-  // Projections (B, L, width) -> (B, L, D); heads are strided views of these.
-  Tensor q = W_q_.forward(queries, gen_, kForward);
-  Tensor k = W_k_.forward(keys, gen_, kForward);
-  Tensor v = W_v_.forward(values, gen_, kForward);
-  if (!W_o_.initialized()) W_o_.initialize(D, gen_, kForward);
+  // The lazy layers draw their parameters in the seed's order.
+  W_q_.initialize(queries.size(2), gen_, kForward);
+  W_k_.initialize(keys.size(2), gen_, kForward);
+  W_v_.initialize(values.size(2), gen_, kForward);
+  W_o_.initialize(D, gen_, kForward);
+  state_.reset();  // the last call's buffers go before this call's come
+
+  auto st = std::make_shared<nn::AttentionState>();
+  st->B = B, st->H = H, st->Q = Q, st->K = K;
+  st->lens = valid_lens;
+  st->scale_divisor = std::sqrt(static_cast<float>(head_dim()));
+  const bool fused = kernel_ == AttentionKernel::Fused;
+  // Projections (B, L, width) -> (B, L, D), heads being strided views. The
+  // fused kernel never reads keys past the lengths, so their projections
+  // are skipped (nn/padding.h); the other kernels read every row.
+  const nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
+  st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs);
+  if (fused) nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
 
   // The kernel writes each head's output into its columns of `concat`, so
   // the seed's transpose_output costs nothing.
   Tensor concat({B, Q, D});
-  weights_ = Tensor({B, H, Q, K});
   kernels::AttentionForward p;
-  p.q = q.view().split_heads(H);
-  p.k = k.view().split_heads(H);
-  p.v = v.view().split_heads(H);
+  p.q = st->proj.q.split_heads(H);
+  p.k = st->proj.k.split_heads(H);
+  p.v = st->proj.v.split_heads(H);
   p.out = concat.view().split_heads(H);
-  p.weights = weights_.data();
-  kernels::set_lengths(p, valid_lens);
-  p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
+  kernels::set_lengths(p, st->lens);
+  p.scale_divisor = st->scale_divisor;
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-  kernels::attention_forward(kernel_, p);
+  if (fused) {
+    st->stats.resize(static_cast<size_t>(2 * B * H * Q));
+    kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q});
+  } else {
+    st->weights = Tensor({B, H, Q, K});
+    p.weights = st->weights.data();
+    kernels::attention_forward(kernel_, p);
+    st->have_all = true;
+    st->proj = {};  // the weights are all a later access needs
+  }
+  state_ = std::move(st);
   return W_o_.forward(concat, gen_, kForward);
+}
+
+const Tensor& MultiHeadAttention::attention_weights() const {
+  static const Tensor kNone;
+  if (!state_) return kNone;
+  nn::AttentionState& s = *state_;
+  if (!s.have_all) {
+    std::vector<int64_t> rows(static_cast<size_t>(s.B)), heads(static_cast<size_t>(s.H));
+    for (int64_t b = 0; b < s.B; ++b) rows[static_cast<size_t>(b)] = b;
+    for (int64_t h = 0; h < s.H; ++h) heads[static_cast<size_t>(h)] = h;
+    s.weights = nn::weights_of(s, rows, heads);
+    s.have_all = true;
+  }
+  return s.weights;
+}
+
+int64_t MultiHeadAttention::last_batch_size() const { return state_ ? state_->B : 0; }
+
+Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_rows,
+                                             const std::vector<int64_t>& heads) const {
+  static const char* op = "MultiHeadAttention.attention_weights";
+  if (!state_) fail(op, "no forward call yet: there are no weights to show");
+  const nn::AttentionState& s = *state_;
+  for (size_t i = 0; i < batch_rows.size(); ++i)
+    if (batch_rows[i] < 0 || batch_rows[i] >= s.B)
+      fail(op, "batch_rows: entry ", i, " is ", batch_rows[i], "; the last call had rows 0..",
+           s.B - 1, " (batch size ", s.B, ")");
+  for (size_t i = 0; i < heads.size(); ++i)
+    if (heads[i] < 0 || heads[i] >= s.H)
+      fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", s.H);
+  return nn::weights_of(s, batch_rows, heads);
 }
 
 StateDict MultiHeadAttention::state_dict() const {

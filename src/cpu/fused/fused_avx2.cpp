@@ -1,0 +1,37 @@
+// The fused attention kernel for AVX2 + FMA.
+// The dispatcher (attention_fused.cpp) calls it only on CPUs that support it.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/fused/fused_job.h"
+#include "cpu/fused/traits.h"
+#include "kernels/attention_fused.h"
+
+// Everything below is compiled for AVX2 + FMA; the headers above are not.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include "cpu/fused/simd_avx2.h"
+#include "cpu/fused/kernel_impl.h"
+
+namespace mha::kernels::fused {
+
+namespace {
+
+using K = Kernel<Avx2, Avx2Tiles>;
+
+size_t scratch_floats(int64_t d, int64_t dv) { return K::scratch_floats(d, dv); }
+void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
+  K::forward_chunk(job, chunk, scratch);
+}
+void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
+  K::weights_chunk(job, chunk, scratch);
+}
+
+}  // namespace
+
+const IsaKernels kAvx2Kernels = {Avx2::kName, K::MQ, &scratch_floats, &forward_chunk, &weights_chunk};
+
+}  // namespace mha::kernels::fused
+
+#pragma GCC pop_options

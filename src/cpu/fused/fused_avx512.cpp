@@ -1,0 +1,42 @@
+// The fused attention kernel for AVX-512F (with AVX2 and FMA, which every AVX-512 CPU has).
+// The dispatcher (attention_fused.cpp) calls it only on CPUs that support it.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/fused/fused_job.h"
+#include "cpu/fused/traits.h"
+#include "kernels/attention_fused.h"
+
+// Everything below is compiled for AVX-512F (with AVX2 and FMA, which every AVX-512 CPU has); the headers above are not.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+// GCC 12 reports its own _mm512_undefined_ps() as maybe-uninitialized (GCC
+// bug 105593); the intrinsics are fine.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "cpu/fused/simd_avx512.h"
+#include "cpu/fused/kernel_impl.h"
+
+namespace mha::kernels::fused {
+
+namespace {
+
+using K = Kernel<Avx512, Avx512Tiles>;
+
+size_t scratch_floats(int64_t d, int64_t dv) { return K::scratch_floats(d, dv); }
+void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
+  K::forward_chunk(job, chunk, scratch);
+}
+void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
+  K::weights_chunk(job, chunk, scratch);
+}
+
+}  // namespace
+
+const IsaKernels kAvx512Kernels = {Avx512::kName, K::MQ, &scratch_floats, &forward_chunk, &weights_chunk};
+
+}  // namespace mha::kernels::fused
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options

@@ -1,0 +1,53 @@
+// src/cpu/fused/fused_job.h: what the dispatcher (attention_fused.cpp) hands
+// the kernel of one instruction set, and the table each such kernel exports.
+//
+// Plain data only: this header is included before the `#pragma GCC target`
+// regions of the ISA files, so nothing in it is compiled for a wider target.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention_params.h"
+
+namespace mha::kernels::fused {
+
+// One forward call. Chunk c is (b, head, query tile) = c / (H*q_tiles), ...
+struct ForwardJob {
+  const AttentionForward* p = nullptr;
+  const int32_t* n_valid = nullptr;  // [B,Q]: #{k < K : float(k) < length(b, q)}
+  float* row_max2 = nullptr;         // [B,h,Q] or null
+  float* row_sum = nullptr;          // [B,h,Q] or null
+  float c2 = 0.0f;                   // log2(e) / scale_divisor
+  int64_t q_tiles = 0;               // ceil(Q / query tile)
+};
+
+// One weights request. Chunk c is (pair, query tile); pair = (row i, head j)
+// of the request, writing out[(i*n_heads + j), Q, K].
+struct WeightsJob {
+  TensorView q, k;                   // [B,h,Q,d], [B,h,K,d]
+  const int32_t* n_valid = nullptr;  // [B,Q]
+  const float* row_max2 = nullptr;   // [B,h,Q]
+  const float* row_sum = nullptr;    // [B,h,Q]
+  float c2 = 0.0f;
+  const int64_t* batch_rows = nullptr;
+  const int64_t* heads = nullptr;
+  int64_t n_rows = 0, n_heads = 0;
+  float* out = nullptr;              // [n_rows, n_heads, Q, K]
+  int64_t q_tiles = 0;
+};
+
+// The entry points of one instruction set's kernel (fused_<isa>.cpp).
+struct IsaKernels {
+  const char* name;
+  int64_t query_tile;  // queries per chunk
+  size_t (*scratch_floats)(int64_t d, int64_t dv);  // per-thread scratch
+  void (*forward_chunk)(const ForwardJob& job, int64_t chunk, float* scratch);
+  void (*weights_chunk)(const WeightsJob& job, int64_t chunk, float* scratch);
+};
+
+extern const IsaKernels kScalarKernels;
+extern const IsaKernels kAvx2Kernels;
+extern const IsaKernels kAvx512Kernels;
+
+}  // namespace mha::kernels::fused

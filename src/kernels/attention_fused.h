@@ -1,0 +1,78 @@
+// src/kernels/attention_fused.h: the fused CPU attention kernel's extra surface.
+//
+// attention_forward_fused takes the same AttentionForward as every kernel and
+// can also save, per (b, head, query), the two softmax statistics from which
+// the weights (and later the gradients) are recomputed without ever storing a
+// (Q, K) matrix:
+//   t_k      = score_k * log2(e), with masked keys at kMaskFill * log2(e)
+//   row_max2 = max_k t_k             over the keys the kernel included
+//   row_sum  = sum_k 2^(t_k - row_max2)
+//   weight_k = 2^(t_k - row_max2) / row_sum
+// The kernel works in base 2 (exp2 is the cheaper vector exponential), and the
+// statistics stay in base 2 so that a row of masked keys (valid length 0,
+// every t_k equal to the fill) recomputes to exactly uniform weights.
+// Keys a kernel skips are the masked keys of rows whose largest unmasked
+// score exceeds the fill by more than 104 (150 in base 2): their weights are
+// exactly 0 in float32, in the seed as here.
+//
+//   q:[B,h,Q,d] k:[B,h,K,d] v:[B,h,K,dv] -> out:[B,h,Q,dv], row_max2/row_sum:[B,h,Q]
+//
+// What it reads: k rows only below the largest length of the batch row's
+// queries; v rows also beyond that only for queries whose masked keys carry
+// weight (valid length 0, or scores within 104 of the fill). Callers that
+// skip projecting padded rows rely on this.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention_params.h"
+
+namespace mha::kernels {
+
+// 2^(t - row_max2) underflows to 0 in float32 once t - row_max2 < -150; the
+// kernel skips masked keys when their fill is that far below the row's max.
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kMaskFill2 = kMaskFill * kLog2e;
+inline constexpr float kUnderflow2 = 150.0f;
+
+struct SoftmaxStats {
+  float* row_max2 = nullptr;  // [B,h,Q]
+  float* row_sum = nullptr;   // [B,h,Q]
+};
+
+// The fused forward: online softmax over key tiles, linear memory. Fills
+// p.weights too when it is set (a second pass from the statistics).
+void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats = {});
+
+// Weights of a subset of (batch row, head) pairs from a fused forward's
+// statistics, by the same tile kernel:
+//   q:[B,h,Q,d] k:[B,h,K,d] stats:[B,h,Q] -> out:[rows.size(), heads.size(), Q, K]
+struct AttentionWeightsParams {
+  TensorView q, k;
+  LengthKind length_kind = LengthKind::None;
+  const float* lens = nullptr;  // [B] or [B,Q]
+  float scale_divisor = 1.0f;
+  const float* row_max2 = nullptr;  // [B,h,Q]
+  const float* row_sum = nullptr;   // [B,h,Q]
+  std::vector<int64_t> batch_rows;  // each in [0, B)
+  std::vector<int64_t> heads;       // each in [0, h)
+  float* out = nullptr;             // [rows, heads, Q, K] contiguous
+};
+void attention_weights_fused(const AttentionWeightsParams& p);
+
+// n[b*Q + q] = #{k < K : float(k) < length(b, q)}: how many keys query q of
+// row b sees (K when unmasked). K must be at most 2^24.
+std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_t B, int64_t Q,
+                                      int64_t K);
+
+// Which vector instruction set the fused kernel uses. Chosen once from the
+// CPU (__builtin_cpu_supports); tests force each one the CPU supports.
+enum class FusedIsa { Scalar, Avx2, Avx512 };
+FusedIsa fused_isa();
+FusedIsa fused_best_isa();  // the best one this CPU supports
+// Selects `isa` if the CPU supports it; returns whether it did.
+bool set_fused_isa(FusedIsa isa);
+const char* fused_isa_name(FusedIsa isa);
+
+}  // namespace mha::kernels

@@ -1,0 +1,41 @@
+#include "nn/attention_state.h"
+
+#include <cstring>
+
+#include "kernels/attention_fused.h"
+#include "kernels/dispatch.h"
+
+namespace mha::nn {
+
+Tensor weights_of(const AttentionState& s, const std::vector<int64_t>& rows,
+                  const std::vector<int64_t>& heads) {
+  const int64_t nr = static_cast<int64_t>(rows.size()), nh = static_cast<int64_t>(heads.size());
+  Tensor out({nr, nh, s.Q, s.K});
+  const int64_t block = s.Q * s.K;
+  if (s.have_all) {
+    for (int64_t i = 0; i < nr; ++i)
+      for (int64_t j = 0; j < nh; ++j)
+        std::memcpy(out.data() + (i * nh + j) * block,
+                    s.weights.data() + (rows[static_cast<size_t>(i)] * s.H + heads[static_cast<size_t>(j)]) * block,
+                    sizeof(float) * static_cast<size_t>(block));
+    return out;
+  }
+  kernels::AttentionWeightsParams p;
+  p.q = s.proj.q.split_heads(s.H);
+  p.k = s.proj.k.split_heads(s.H);
+  kernels::AttentionForward lengths;
+  kernels::set_lengths(lengths, s.lens);
+  p.length_kind = lengths.length_kind;
+  p.lens = lengths.lens;
+  p.scale_divisor = s.scale_divisor;
+  const size_t n = static_cast<size_t>(s.B * s.H * s.Q);
+  p.row_max2 = s.stats.data();
+  p.row_sum = s.stats.data() + n;
+  p.batch_rows = rows;
+  p.heads = heads;
+  p.out = out.data();
+  kernels::attention_weights_fused(p);
+  return out;
+}
+
+}  // namespace mha::nn
