@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpu/blas.h"
 #include "mha/threads.h"
@@ -14,23 +15,42 @@ int64_t gemm_row_block(int64_t M) {
   return std::clamp<int64_t>((eighth + 63) / 64 * 64, 128, 1024);
 }
 
-void parallel_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                    int64_t ldc) {
+void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const int64_t rows = gemm_row_block(M);
-  const int64_t blocks = (M + rows - 1) / rows;
-  // Row r of op(A) starts at A + r*lda, or at A + r when A is transposed.
-  const int64_t a_step = trans_a ? 1 : lda;
+  for (int64_t r0 = 0; r0 < M; r0 += rows)
+    blocks_.push_back({A + r0 * lda, lda, B, ldb, trans_b, bias, C + r0 * ldc, ldc,
+                       std::min(rows, M - r0), N, K});
+}
+
+namespace {
+
+void run_block(const GemmBlock& g) {
+  if (g.bias)
+    for (int64_t r = 0; r < g.M; ++r) std::memcpy(g.C + r * g.ldc, g.bias, sizeof(float) * g.N);
+  sgemm(false, g.trans_b, g.M, g.N, g.K, 1.0f, g.A, g.lda, g.B, g.ldb, g.bias ? 1.0f : 0.0f, g.C,
+        g.ldc);
+}
+
+}  // namespace
+
+void GemmBatch::run() const {
+  const int64_t n = static_cast<int64_t>(blocks_.size());
+  if (n == 0) return;
   const int saved = blas_threads();
   if (saved != 1) set_blas_threads(1);
-  const int threads = blocks > 1 ? std::min<int64_t>(num_threads(), blocks) : 1;
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), n));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t r0 = blk * rows, m = std::min(rows, M - r0);
-    sgemm(trans_a, trans_b, m, N, K, alpha, A + r0 * a_step, lda, B, ldb, beta, C + r0 * ldc, ldc);
-  }
+  for (int64_t i = 0; i < n; ++i) run_block(blocks_[static_cast<size_t>(i)]);
   if (saved != 1) set_blas_threads(saved);
+}
+
+void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
+  GemmBatch batch;
+  batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
+  batch.run();
 }
 
 }  // namespace mha::cpu

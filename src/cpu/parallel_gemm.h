@@ -5,14 +5,17 @@
 // and its kernels round the edge blocks of a split differently from whole
 // blocks (measured: with OpenBLAS 0.3.21, 1- and 2-thread products differ in
 // the last bit for most shapes on its Haswell kernel, some on SkylakeX). So
-// mha does not let OpenBLAS thread: it cuts the rows into blocks fixed by the
-// shape alone and runs one single-threaded BLAS call per block on its own
-// OpenMP threads. Each block is its own call, so each row sees the same
-// kernel path at any thread count. The cost is repacking the right-hand
-// matrix once per block: ~3% single-threaded at 8 blocks of 512 rows.
+// mha does not let OpenBLAS thread: it cuts the rows of each product into
+// blocks fixed by the shape alone and runs one single-threaded BLAS call per
+// block on its own OpenMP threads; each row then sees the same kernel path at
+// any thread count. Several products (e.g. the projections of every batch
+// row's unpadded part) go into one batch of blocks, so the threads share them
+// all without a join per product. The cost is repacking the right-hand matrix
+// once per block: ~3% single-threaded at 8 blocks of 512 rows.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace mha::cpu {
 
@@ -20,12 +23,35 @@ namespace mha::cpu {
 // [128, 1024] (one block when M <= 128). Depends on M only.
 int64_t gemm_row_block(int64_t M);
 
-// C:[M,N] = alpha op(A) op(B) + beta C, as cpu::sgemm, rows split into
-// gemm_row_block(M) blocks run on mha::num_threads() threads with the BLAS
-// held at one thread meanwhile. Not for concurrent use from several threads
-// (it sets OpenBLAS's process-wide thread count for its duration).
-void parallel_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                    int64_t ldc);
+// One block: C:[M,N] = op(A) op(B) + (bias ? bias broadcast over rows : 0),
+// with op(A) = A (row-major, row stride lda) and op(B) = B^T if trans_b.
+struct GemmBlock {
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  bool trans_b;
+  const float* bias;  // [N] or null
+  float* C;
+  int64_t ldc;
+  int64_t M, N, K;
+};
+
+class GemmBatch {
+ public:
+  // Adds C = A op(B) (+ bias) in row blocks of gemm_row_block(M).
+  void add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
+  // Runs every block on mha::num_threads() threads, OpenBLAS held at one
+  // thread meanwhile (its setting is process-wide: not for concurrent use).
+  void run() const;
+
+ private:
+  std::vector<GemmBlock> blocks_;
+};
+
+// One product through a GemmBatch: C = A op(B) (+ bias).
+void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
 
 }  // namespace mha::cpu

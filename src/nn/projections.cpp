@@ -24,17 +24,9 @@ struct Group {
   std::vector<Output> outs;  // in the order q, v, k
 };
 
-// C rows of `rows` flat input rows through the first `n_outs` stacked layers:
-// C = bias + X W^T, written at row stride ldc.
-void stacked_product(const float* X, int64_t rows, int64_t in, const float* W, const float* bias,
-                     int64_t n_cols, float* C, int64_t ldc) {
-  if (rows <= 0) return;
-  if (bias)
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(C + r * ldc, bias, sizeof(float) * n_cols);
-  cpu::parallel_sgemm(false, true, rows, n_cols, in, 1.0f, X, in, W, in, bias ? 1.0f : 0.0f, C, ldc);
-}
-
-void project_group(const Group& g, Projected& result) {
+// Adds g's products to `batch`; the stacked weights they read go to `keep`.
+void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
+                   std::vector<Tensor>& keep) {
   const Tensor& x = *g.x;
   const int64_t B = x.size(0), L = x.size(1), in = x.size(2);
   const int64_t n = static_cast<int64_t>(g.outs.size());
@@ -43,12 +35,14 @@ void project_group(const Group& g, Projected& result) {
   const bool has_bias = g.outs[0].layer->has_bias();
   Tensor buf({B, L, ldc});
 
-  // [W_q; W_v; W_k] (those this input feeds), copied once per call: D*in
-  // floats each, against the product's rows*D*in multiply-adds.
-  const float* W = g.outs[0].layer->weight().data();
-  const float* bias = has_bias ? g.outs[0].layer->bias().data() : nullptr;
+  // Stack [W_q; W_v; W_k] (those this input feeds) so that one product reads
+  // each input row once. The stack is a copy of n*D*in floats per call, worth
+  // it when there are more rows than D (the product saves re-reading rows*in
+  // per extra layer); a short input (the seed's toy shape: 8 rows, D = 100)
+  // runs one product per layer instead, into the same column blocks.
+  const bool stack = n > 1 && B * L >= D;
   Tensor w_stack, b_stack;
-  if (n > 1) {
+  if (stack) {
     w_stack = Tensor({n * D, in});
     if (has_bias) b_stack = Tensor({n * D});
     for (int64_t o = 0; o < n; ++o) {
@@ -56,16 +50,31 @@ void project_group(const Group& g, Projected& result) {
       std::memcpy(w_stack.data() + o * D * in, layer.weight().data(), sizeof(float) * D * in);
       if (has_bias) std::memcpy(b_stack.data() + o * D, layer.bias().data(), sizeof(float) * D);
     }
-    W = w_stack.data();
-    bias = has_bias ? b_stack.data() : nullptr;
   }
+  // Rows [row0, row0 + rows) through outputs [o0, o1), written at their
+  // column blocks.
+  auto product = [&](int64_t row0, int64_t rows, int64_t o0, int64_t o1) {
+    if (rows <= 0 || o1 <= o0) return;
+    const float* X = x.data() + row0 * in;
+    float* C = buf.data() + row0 * ldc + o0 * D;
+    if (stack) {
+      batch.add(rows, (o1 - o0) * D, in, X, in, w_stack.data() + o0 * D * in, in, true,
+                has_bias ? b_stack.data() + o0 * D : nullptr, C, ldc);
+      return;
+    }
+    for (int64_t o = o0; o < o1; ++o) {
+      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
+      batch.add(rows, D, in, X, in, layer.weight().data(), in, true,
+                has_bias ? layer.bias().data() : nullptr, C + (o - o0) * D, ldc);
+    }
+  };
 
   bool all_rows = true;
   for (const Output& o : g.outs)
     if (o.rows)
       for (int64_t r : *o.rows) all_rows = all_rows && r >= L;
   if (all_rows) {
-    stacked_product(x.data(), B * L, in, W, bias, n * D, buf.data(), ldc);
+    product(0, B * L, 0, n);
   } else {
     std::vector<int64_t> need(static_cast<size_t>(n));
     for (int64_t b = 0; b < B; ++b) {
@@ -80,9 +89,7 @@ void project_group(const Group& g, Projected& result) {
       for (int64_t o = n; o >= 1; --o) {
         const int64_t lo = o < n ? need[static_cast<size_t>(o)] : 0;
         const int64_t hi = need[static_cast<size_t>(o - 1)];
-        const int64_t row0 = b * L + lo;
-        stacked_product(x.data() + row0 * in, hi - lo, in, W, bias, o * D, buf.data() + row0 * ldc,
-                        ldc);
+        product(b * L + lo, hi - lo, 0, o);
       }
     }
   }
@@ -96,6 +103,10 @@ void project_group(const Group& g, Projected& result) {
     v.shape[2] = D; v.stride[2] = 1;
   }
   result.buffers.push_back(std::move(buf));  // the heap block, and so the views, stay put
+  if (stack) {
+    keep.push_back(std::move(w_stack));
+    keep.push_back(std::move(b_stack));
+  }
 }
 
 }  // namespace
@@ -117,16 +128,21 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
     if (it == groups.end()) it = groups.insert(groups.end(), Group{inputs[i], {}});
     it->outs.push_back(wanted[i]);
   }
-  for (const Group& g : groups) project_group(g, result);
+  // Every product of every input in one batch of row blocks: one parallel
+  // region for all of them, however many batch rows padding splits them into.
+  cpu::GemmBatch batch;
+  std::vector<Tensor> stacks;
+  for (const Group& g : groups) project_group(g, result, batch, stacks);
+  batch.run();
   return result;
 }
 
 void project_rows(const Tensor& x, const LazyLinear& layer, int64_t b, int64_t r0, int64_t r1,
                   const TensorView& dst) {
   const int64_t L = x.size(1), in = x.size(2);
-  stacked_product(x.data() + (b * L + r0) * in, r1 - r0, in, layer.weight().data(),
-                  layer.has_bias() ? layer.bias().data() : nullptr, layer.out_features(),
-                  dst.ptr(b, r0), dst.stride[1]);
+  cpu::parallel_sgemm(r1 - r0, layer.out_features(), in, x.data() + (b * L + r0) * in, in,
+                      layer.weight().data(), in, true,
+                      layer.has_bias() ? layer.bias().data() : nullptr, dst.ptr(b, r0), dst.stride[1]);
 }
 
 }  // namespace mha::nn

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/traits.h"

@@ -62,15 +62,16 @@ struct Kernel {
     return r;
   }
 
-  // Q^T[c, i] = q[b, h, i0 + i, c]; lanes past the last query are 0.
+  // Q^T[c, i] = q[b, h, i0 + i, c]; lanes from the last query up to `lanes`
+  // are 0.
   static void pack_queries(const TensorView& q, int64_t b, int64_t h, int64_t i0, int64_t mq,
-                           int64_t d, float* qt) {
+                           int64_t lanes, int64_t d, float* qt) {
     for (int64_t i = 0; i < mq; ++i) {
       const float* row = q.ptr(b, h, i0 + i);
       for (int64_t c = 0; c < d; ++c) qt[c * MQ + i] = row[c];
     }
-    for (int64_t i = mq; i < MQ; ++i)
-      for (int64_t c = 0; c < d; ++c) qt[c * MQ + i] = 0.0f;
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t i = mq; i < lanes; ++i) qt[c * MQ + i] = 0.0f;
   }
 
   // nf[i] = valid key count of query i0 + i (0 for lanes past the last
@@ -88,23 +89,23 @@ struct Kernel {
   // R keys of S^T: st[r, :] = (k_r . q_:) * c2, keys at or past a lane's
   // length set to `masked`. k0 points at the block's first key row, ks is the
   // key row stride, j_first that key's index. kTrackMax: mx = max(mx, S^T).
-  template <int R, bool kTrackMax>
+  template <int R, int U, bool kTrackMax>
   static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, float j_first,
                        const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
-    Reg acc[R][NV];
+    Reg acc[R][U];
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+      for (int v = 0; v < U; ++v) acc[r][v] = V::zero();
     for (int64_t c = 0; c < d; ++c) {
-      Reg qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = V::load(qt + c * MQ + v * L);
+      Reg qv[U];
+      for (int v = 0; v < U; ++v) qv[v] = V::load(qt + c * MQ + v * L);
       for (int r = 0; r < R; ++r) {
         const Reg a = V::set1(k0[r * ks + c]);
-        for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(a, qv[v], acc[r][v]);
+        for (int v = 0; v < U; ++v) acc[r][v] = V::fmadd(a, qv[v], acc[r][v]);
       }
     }
     for (int r = 0; r < R; ++r) {
       const Reg jv = V::set1(j_first + static_cast<float>(r));
-      for (int v = 0; v < NV; ++v) {
+      for (int v = 0; v < U; ++v) {
         Reg t = V::mul(acc[r][v], c2v);
         t = V::select_lt(jv, nfv[v], t, masked);
         V::store(st + r * MQ + v * L, t);
@@ -113,63 +114,87 @@ struct Kernel {
     }
   }
   // The R < MR remainder of a key tile.
-  template <int R, bool kTrackMax>
+  template <int R, int U, bool kTrackMax>
   static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
                       float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     if constexpr (R >= 1) {
-      if (rows == R) return qk_block<R, kTrackMax>(k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
-      qk_rows<R - 1, kTrackMax>(rows, k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
+      if (rows == R) return qk_block<R, U, kTrackMax>(k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
+      qk_rows<R - 1, U, kTrackMax>(rows, k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
     }
   }
   // Keys [j0, j0 + nk) of S^T.
-  template <bool kTrackMax>
+  template <int U, bool kTrackMax>
   static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t j0, int64_t nk,
                       const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     int64_t jb = 0;
     for (; jb + MR <= nk; jb += MR)
-      qk_block<MR, kTrackMax>(kb + (j0 + jb) * ks, ks, d, qt, static_cast<float>(j0 + jb), nfv, c2v,
+      qk_block<MR, U, kTrackMax>(kb + (j0 + jb) * ks, ks, d, qt, static_cast<float>(j0 + jb), nfv, c2v,
                               masked, st + jb * MQ, mx);
     if (jb < nk)
-      qk_rows<MR - 1, kTrackMax>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt,
+      qk_rows<MR - 1, U, kTrackMax>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt,
                                  static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
   }
 
   // R columns of O^T: ot[r, :] = ot[r, :] * corr + sum_j v0[j, r] * P^T[j, :].
   // v0 points at v[j0, c0], vs is the value row stride.
-  template <int R>
+  template <int R, int U>
   static void pv_block(const float* v0, int64_t vs, int64_t nk, const float* pt, const Reg* corr,
                        float* ot) {
-    Reg acc[R][NV];
+    Reg acc[R][U];
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = V::mul(V::load(ot + r * MQ + v * L), corr[v]);
+      for (int v = 0; v < U; ++v) acc[r][v] = V::mul(V::load(ot + r * MQ + v * L), corr[v]);
     for (int64_t j = 0; j < nk; ++j) {
-      Reg pv[NV];
-      for (int v = 0; v < NV; ++v) pv[v] = V::load(pt + j * MQ + v * L);
+      Reg pv[U];
+      for (int v = 0; v < U; ++v) pv[v] = V::load(pt + j * MQ + v * L);
       const float* vr = v0 + j * vs;
       for (int r = 0; r < R; ++r) {
         const Reg a = V::set1(vr[r]);
-        for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(a, pv[v], acc[r][v]);
+        for (int v = 0; v < U; ++v) acc[r][v] = V::fmadd(a, pv[v], acc[r][v]);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) V::store(ot + r * MQ + v * L, acc[r][v]);
+      for (int v = 0; v < U; ++v) V::store(ot + r * MQ + v * L, acc[r][v]);
   }
-  template <int R>
+  template <int R, int U>
   static void pv_rows(int rows, const float* v0, int64_t vs, int64_t nk, const float* pt,
                       const Reg* corr, float* ot) {
     if constexpr (R >= 1) {
-      if (rows == R) return pv_block<R>(v0, vs, nk, pt, corr, ot);
-      pv_rows<R - 1>(rows, v0, vs, nk, pt, corr, ot);
+      if (rows == R) return pv_block<R, U>(v0, vs, nk, pt, corr, ot);
+      pv_rows<R - 1, U>(rows, v0, vs, nk, pt, corr, ot);
     }
   }
+  template <int U>
   static void pv_tile(const float* v0, int64_t vs, int64_t dv, int64_t nk, const float* pt,
                       const Reg* corr, float* ot) {
     int64_t cb = 0;
-    for (; cb + MR <= dv; cb += MR) pv_block<MR>(v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
-    if (cb < dv) pv_rows<MR - 1>(static_cast<int>(dv - cb), v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
+    for (; cb + MR <= dv; cb += MR) pv_block<MR, U>(v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
+    if (cb < dv) pv_rows<MR - 1, U>(static_cast<int>(dv - cb), v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
   }
 
+  // The vectors of the query tile a chunk uses: all NV but in the last tile
+  // of a short query axis (the seed's toy shape has 4 queries: 1 of 4).
+  static int used_vectors(int64_t mq) { return static_cast<int>((mq + L - 1) / L); }
+
   static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
+    const int64_t Q = job.p->Q(), tile = chunk % job.q_tiles;
+    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+                      [&](auto u) { forward_tile<decltype(u)::value>(job, chunk, scratch); });
+  }
+  static void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
+    const int64_t Q = job.q.shape[2], tile = chunk % job.q_tiles;
+    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+                      [&](auto u) { weights_tile<decltype(u)::value>(job, chunk, scratch); });
+  }
+  template <int U, class F>
+  static void dispatch_used(int used, const F& f) {
+    if constexpr (U >= 1) {
+      if (used == U) return f(std::integral_constant<int, U>{});
+      dispatch_used<U - 1>(used, f);
+    }
+  }
+
+  template <int U>
+  static void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
     const AttentionForward& p = *job.p;
     const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
     const int64_t tile = chunk % job.q_tiles, bh = chunk / job.q_tiles;
@@ -177,16 +202,17 @@ struct Kernel {
     const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
     const Scratch s = carve(scratch, d, dv);
 
-    pack_queries(p.q, b, h, i0, mq, d, s.qt);
+    pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     const int64_t kv_end = load_lengths(n_valid, mq, s.nf);
-    Reg nfv[NV], m[NV], l[NV];
-    for (int v = 0; v < NV; ++v) {
+    Reg nfv[U], m[U], l[U];
+    for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);
       m[v] = V::set1(-__builtin_inff());
       l[v] = V::zero();
     }
-    for (int64_t x = 0; x < dv * MQ; ++x) s.ot[x] = 0.0f;
+    for (int64_t c = 0; c < dv; ++c)
+      for (int v = 0; v < U; ++v) V::store(s.ot + c * MQ + v * L, V::zero());
 
     const Reg c2v = V::set1(job.c2), neg_inf = V::set1(-__builtin_inff());
     const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
@@ -197,14 +223,14 @@ struct Kernel {
 
     for (int64_t j0 = 0; j0 < kv_end; j0 += NK) {
       const int64_t nk = lmin(NK, kv_end - j0);
-      Reg mx[NV];
-      for (int v = 0; v < NV; ++v) mx[v] = neg_inf;
-      qk_tile<true>(kb, ks, d, s.qt, j0, nk, nfv, c2v, neg_inf, s.st, mx);
+      Reg mx[U];
+      for (int v = 0; v < U; ++v) mx[v] = neg_inf;
+      qk_tile<U, true>(kb, ks, d, s.qt, j0, nk, nfv, c2v, neg_inf, s.st, mx);
       // Online softmax: rescale what came before to the new running max. A
       // lane that has seen no key yet keeps max -inf; it exponentiates
       // against 0 instead, so that -inf - -inf never makes a NaN.
-      Reg corr[NV];
-      for (int v = 0; v < NV; ++v) {
+      Reg corr[U];
+      for (int v = 0; v < U; ++v) {
         const Reg m_new = V::max(m[v], mx[v]);
         const Reg m_safe = V::select_lt(m_new, lowest, zero, m_new);
         corr[v] = V::exp2(V::sub(m[v], m_safe));
@@ -225,9 +251,9 @@ struct Kernel {
           for (int64_t i = 0; i < mq; ++i)
             s.st[r * MQ + i] *= p.dropout.multiplier(row0 + i * K + j0 + r);
       }
-      pv_tile(vb + j0 * vs, vs, dv, nk, s.st, corr, s.ot);
+      pv_tile<U>(vb + j0 * vs, vs, dv, nk, s.st, corr, s.ot);
     }
-    for (int v = 0; v < NV; ++v) {
+    for (int v = 0; v < U; ++v) {
       V::store(s.m + v * L, m[v]);
       V::store(s.l + v * L, l[v]);
     }
@@ -235,9 +261,9 @@ struct Kernel {
 
     // out = O^T / l: divide lane-wise (a scalar division per element would
     // cost a tenth of the chunk at d = 64), then transpose into the rows.
-    for (int v = 0; v < NV; ++v) l[v] = V::load(s.l + v * L);
+    for (int v = 0; v < U; ++v) l[v] = V::load(s.l + v * L);
     for (int64_t c = 0; c < dv; ++c)
-      for (int v = 0; v < NV; ++v) {
+      for (int v = 0; v < U; ++v) {
         float* x = s.ot + c * MQ + v * L;
         V::store(x, V::div(V::load(x), l[v]));
       }
@@ -294,22 +320,23 @@ struct Kernel {
     }
   }
 
-  static void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
+  template <int U>
+  static void weights_tile(const WeightsJob& job, int64_t chunk, float* scratch) {
     const int64_t H = job.q.shape[1], Q = job.q.shape[2], K = job.k.shape[2], d = job.q.shape[3];
     const int64_t tile = chunk % job.q_tiles, pair = chunk / job.q_tiles;
     const int64_t b = job.batch_rows[pair / job.n_heads], h = job.heads[pair % job.n_heads];
     const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
     const Scratch s = carve(scratch, d, 0);
 
-    pack_queries(job.q, b, h, i0, mq, d, s.qt);
+    pack_queries(job.q, b, h, i0, mq, U * L, d, s.qt);
     const int64_t kv_end = load_lengths(job.n_valid + b * Q + i0, mq, s.nf);
     const int64_t base = (b * H + h) * Q + i0;
     for (int64_t i = 0; i < MQ; ++i) {
       s.m[i] = i < mq ? job.row_max2[base + i] : 0.0f;
       s.l[i] = i < mq ? 1.0f / job.row_sum[base + i] : 0.0f;
     }
-    Reg nfv[NV], m[NV], inv_l[NV];
-    for (int v = 0; v < NV; ++v) {
+    Reg nfv[U], m[U], inv_l[U];
+    for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);
       m[v] = V::load(s.m + v * L);
       inv_l[v] = V::load(s.l + v * L);
@@ -321,11 +348,11 @@ struct Kernel {
     for (int64_t j0 = 0; j0 < K; j0 += NK) {
       const int64_t nk = lmin(NK, K - j0);
       const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
-      qk_tile<false>(kb, ks, d, s.qt, j0, computed, nfv, c2v, fill, s.st, nullptr);
+      qk_tile<U, false>(kb, ks, d, s.qt, j0, computed, nfv, c2v, fill, s.st, nullptr);
       for (int64_t r = computed; r < nk; ++r)
-        for (int v = 0; v < NV; ++v) V::store(s.st + r * MQ + v * L, fill);
+        for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
       for (int64_t r = 0; r < nk; ++r)
-        for (int v = 0; v < NV; ++v) {
+        for (int v = 0; v < U; ++v) {
           float* x = s.st + r * MQ + v * L;
           V::store(x, V::mul(V::exp2(V::sub(V::load(x), m[v])), inv_l[v]));
         }

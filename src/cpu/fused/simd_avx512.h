@@ -31,13 +31,17 @@ struct Avx512 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
   }
 
-  // 2^x for x <= 0 (also correct for moderate x > 0), 0 for x = -inf.
-  // x = n + f with n = round(x), |f| <= 1/2; 2^f by Cephes' exp2f polynomial
-  // (relative error ~1e-7 on [-1/2, 1/2]); vscalefps multiplies by 2^n and
-  // underflows gracefully to denormals and then 0, so no clamping of n is
-  // needed beyond keeping -inf out of the arithmetic.
+  // 2^x for x <= 0 (also correct for moderate x > 0); 0 for x < -125,
+  // including -inf. x = n + f with n = round(x), |f| <= 1/2; 2^f by Cephes'
+  // exp2f polynomial (relative error ~1e-7 on [-1/2, 1/2]); vscalefps
+  // multiplies by 2^n. Results that would be denormal (x < -125) are 0
+  // instead: the CPU computes denormals in microcode, ~100x slower, and
+  // masked scores (-inf) would hit that path in every padded tile; against a
+  // softmax sum >= 1 the difference (< 2^-125) is invisible.
   static Reg exp2(Reg x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // 2^-150 rounds to 0
+    const Reg lo = _mm512_set1_ps(-125.0f);
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, lo);
     const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm512_sub_ps(x, n);
     Reg p = _mm512_set1_ps(1.535336188319500e-4f);
@@ -47,7 +51,7 @@ struct Avx512 {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(normal, p, n);
   }
 };
 

@@ -40,7 +40,10 @@ struct Scalar4 {
   static Reg select_lt(Reg a, Reg b, Reg x, Reg y) {
     return map([&](int i) { return a.v[i] < b.v[i] ? x.v[i] : y.v[i]; });
   }
-  static Reg exp2(Reg x) { return map([&](int i) { return std::exp2(x.v[i]); }); }
+  // 0 below -125, as the vector versions.
+  static Reg exp2(Reg x) {
+    return map([&](int i) { return x.v[i] < -125.0f ? 0.0f : std::exp2(x.v[i]); });
+  }
 };
 
 }  // namespace mha::kernels::fused
