@@ -28,6 +28,7 @@ struct AttentionState {
   std::vector<float> stats;    // [2,B,H,Q]: row_max2, then row_sum (fused path only)
   bool have_all = false;       // `weights` holds all (B, H, Q, K)
   Tensor weights;
+  Tensor concat;               // (B, Q, D) heads' outputs, kept for the next call to reuse
 };
 
 // [rows.size(), heads.size(), Q, K]: the weights of those batch rows and

@@ -77,7 +77,14 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   W_k_.initialize(keys.size(2), gen_, kForward);
   W_v_.initialize(values.size(2), gen_, kForward);
   W_o_.initialize(D, gen_, kForward);
-  state_.reset();  // the last call's buffers go before this call's come
+  // The last call's buffers: reused where shapes agree (unless a copy of
+  // this module shares them), the rest freed before this call's come.
+  std::vector<Tensor> spare;
+  if (state_ && state_.use_count() == 1) {
+    spare = std::move(state_->proj.buffers);
+    spare.push_back(std::move(state_->concat));
+  }
+  state_.reset();
 
   auto st = std::make_shared<nn::AttentionState>();
   st->B = B, st->H = H, st->Q = Q, st->K = K;
@@ -88,12 +95,13 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // fused kernel never reads keys past the lengths, so their projections
   // are skipped (nn/padding.h); the other kernels read every row.
   const nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
-  st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs);
+  st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs, &spare);
   if (fused) nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
 
   // The kernel writes each head's output into its columns of `concat`, so
   // the seed's transpose_output costs nothing.
-  Tensor concat({B, Q, D});
+  Tensor concat = nn::take_buffer({B, Q, D}, &spare);  // fully written by the kernel
+  spare.clear();
   kernels::AttentionForward p;
   p.q = st->proj.q.split_heads(H);
   p.k = st->proj.k.split_heads(H);
@@ -112,8 +120,10 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     st->have_all = true;
     st->proj = {};  // the weights are all a later access needs
   }
+  Tensor out = W_o_.forward(concat, gen_, kForward);
+  st->concat = std::move(concat);
   state_ = std::move(st);
-  return W_o_.forward(concat, gen_, kForward);
+  return out;
 }
 
 const Tensor& MultiHeadAttention::attention_weights() const {

@@ -26,14 +26,14 @@ struct Group {
 
 // Adds g's products to `batch`; the stacked weights they read go to `keep`.
 void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
-                   std::vector<Tensor>& keep) {
+                   std::vector<Tensor>& keep, std::vector<Tensor>* reuse) {
   const Tensor& x = *g.x;
   const int64_t B = x.size(0), L = x.size(1), in = x.size(2);
   const int64_t n = static_cast<int64_t>(g.outs.size());
   const int64_t D = g.outs[0].layer->out_features();
   const int64_t ldc = n * D;
   const bool has_bias = g.outs[0].layer->has_bias();
-  Tensor buf({B, L, ldc});
+  Tensor buf = take_buffer({B, L, ldc}, reuse);
 
   // Stack [W_q; W_v; W_k] (those this input feeds) so that one product reads
   // each input row once. The stack is a copy of n*D*in floats per call, worth
@@ -113,7 +113,7 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
 
 Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& values,
                       const LazyLinear& W_q, const LazyLinear& W_k, const LazyLinear& W_v,
-                      const RowNeeds& needs) {
+                      const RowNeeds& needs, std::vector<Tensor>* reuse) {
   Projected result;
   const Output wanted[] = {
       {&W_q, nullptr, &result.q},
@@ -132,9 +132,20 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
   // region for all of them, however many batch rows padding splits them into.
   cpu::GemmBatch batch;
   std::vector<Tensor> stacks;
-  for (const Group& g : groups) project_group(g, result, batch, stacks);
+  for (const Group& g : groups) project_group(g, result, batch, stacks, reuse);
   batch.run();
   return result;
+}
+
+Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
+  if (reuse)
+    for (Tensor& t : *reuse)
+      if (t.shape() == shape) {
+        Tensor out = std::move(t);
+        t = Tensor();
+        return out;
+      }
+  return Tensor(shape);
 }
 
 void project_rows(const Tensor& x, const LazyLinear& layer, int64_t b, int64_t r0, int64_t r1,
