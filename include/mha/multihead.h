@@ -63,7 +63,8 @@ class MultiHeadAttention {
   // computed on first access, not by forward(): forward() keeps the projected
   // q and k and two floats per (b, head, query) instead, and the first access
   // costs about half of the call's attention work plus the B*h*Q*K floats of
-  // the result. Other kernels form them during forward().
+  // the result. Other kernels form them during forward(). The reference is
+  // valid until the next forward() call.
   const Tensor& attention_weights() const;
   // [rows, heads, Q, K]: the weights of some batch rows and heads only, in the
   // order given, without forming the others.

@@ -102,8 +102,9 @@ struct Problem {
 
 std::vector<Case> awkward_cases() {
   std::vector<Case> cases;
-  // Lengths one off the tile sizes (48 and 64 for AVX-512, 16/48 for AVX2,
-  // 8/32 for the portable path), primes, single query or key.
+  // Lengths one off the tile sizes (64 queries and 48 keys for AVX-512, 16
+  // and 48 for AVX2, 8 and 32 for the portable path, and their 16-, 8- and
+  // 4-query vectors), primes, a single query or key.
   const int64_t lengths[] = {1, 2, 5, 7, 15, 16, 17, 31, 47, 48, 49, 63, 64, 65, 97, 129, 211, 300};
   const int64_t widths[] = {1, 3, 8, 17, 20, 33, 64, 65};
   Generator g(1234);

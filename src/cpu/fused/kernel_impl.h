@@ -75,21 +75,28 @@ struct Kernel {
   }
 
   // nf[i] = valid key count of query i0 + i (0 for lanes past the last
-  // query, which therefore see no key); returns the largest count.
-  static int64_t load_lengths(const int32_t* n_valid, int64_t mq, float* nf) {
-    int64_t kv_end = 0;
+  // query, which therefore see no key). Returns the largest count of the
+  // tile's queries, and the smallest in `shortest`: key tiles below it need
+  // no masking.
+  static int64_t load_lengths(const int32_t* n_valid, int64_t mq, float* nf, int64_t* shortest) {
+    int64_t kv_end = 0, kv_min = INT64_MAX;
     for (int64_t i = 0; i < MQ; ++i) {
       const int64_t n = i < mq ? n_valid[i] : 0;
       nf[i] = static_cast<float>(n);
       kv_end = lmax(kv_end, n);
+      if (i < mq) kv_min = lmin(kv_min, n);
     }
+    *shortest = kv_min;
     return kv_end;
   }
 
-  // R keys of S^T: st[r, :] = (k_r . q_:) * c2, keys at or past a lane's
-  // length set to `masked`. k0 points at the block's first key row, ks is the
-  // key row stride, j_first that key's index. kTrackMax: mx = max(mx, S^T).
-  template <int R, int U, bool kTrackMax>
+  // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
+  // first, then the scale, as the seed divides the product by sqrt(d): a
+  // score that ties with the -1e6 fill in the seed ties here too), with kMask
+  // keys at or past a lane's length set to `masked`. k0 points at the block's
+  // first key row, ks is the key row stride, j_first that key's index.
+  // kTrackMax: mx = max(mx, S^T).
+  template <int R, int U, bool kTrackMax, bool kMask>
   static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, float j_first,
                        const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     Reg acc[R][U];
@@ -107,32 +114,40 @@ struct Kernel {
       const Reg jv = V::set1(j_first + static_cast<float>(r));
       for (int v = 0; v < U; ++v) {
         Reg t = V::mul(acc[r][v], c2v);
-        t = V::select_lt(jv, nfv[v], t, masked);
+        if constexpr (kMask) t = V::select_lt(jv, nfv[v], t, masked);
         V::store(st + r * MQ + v * L, t);
         if constexpr (kTrackMax) mx[v] = V::max(mx[v], t);
       }
     }
   }
   // The R < MR remainder of a key tile.
-  template <int R, int U, bool kTrackMax>
+  template <int R, int U, bool kTrackMax, bool kMask>
   static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
                       float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     if constexpr (R >= 1) {
-      if (rows == R) return qk_block<R, U, kTrackMax>(k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
-      qk_rows<R - 1, U, kTrackMax>(rows, k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
+      if (rows == R)
+        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
+      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
     }
   }
-  // Keys [j0, j0 + nk) of S^T.
+  // Keys [j0, j0 + nk) of S^T; `mask` when some lane's length ends before
+  // j0 + nk (else the compare and blend are skipped).
   template <int U, bool kTrackMax>
   static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t j0, int64_t nk,
-                      const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+                      bool mask, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, j0, nk, nfv, c2v, masked, st, mx);
+    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, j0, nk, nfv, c2v, masked, st, mx);
+  }
+  template <int U, bool kTrackMax, bool kMask>
+  static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t j0,
+                         int64_t nk, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     int64_t jb = 0;
     for (; jb + MR <= nk; jb += MR)
-      qk_block<MR, U, kTrackMax>(kb + (j0 + jb) * ks, ks, d, qt, static_cast<float>(j0 + jb), nfv, c2v,
-                              masked, st + jb * MQ, mx);
+      qk_block<MR, U, kTrackMax, kMask>(kb + (j0 + jb) * ks, ks, d, qt, static_cast<float>(j0 + jb),
+                                        nfv, c2v, masked, st + jb * MQ, mx);
     if (jb < nk)
-      qk_rows<MR - 1, U, kTrackMax>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt,
-                                 static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
+      qk_rows<MR - 1, U, kTrackMax, kMask>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt,
+                                           static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
   }
 
   // R columns of O^T: ot[r, :] = ot[r, :] * corr + sum_j v0[j, r] * P^T[j, :].
@@ -204,7 +219,8 @@ struct Kernel {
 
     pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
-    const int64_t kv_end = load_lengths(n_valid, mq, s.nf);
+    int64_t kv_min;
+    const int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
     Reg nfv[U], m[U], l[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);
@@ -225,7 +241,7 @@ struct Kernel {
       const int64_t nk = lmin(NK, kv_end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
-      qk_tile<U, true>(kb, ks, d, s.qt, j0, nk, nfv, c2v, neg_inf, s.st, mx);
+      qk_tile<U, true>(kb, ks, d, s.qt, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
       // Online softmax: rescale what came before to the new running max. A
       // lane that has seen no key yet keeps max -inf; it exponentiates
       // against 0 instead, so that -inf - -inf never makes a NaN.
@@ -329,7 +345,8 @@ struct Kernel {
     const Scratch s = carve(scratch, d, 0);
 
     pack_queries(job.q, b, h, i0, mq, U * L, d, s.qt);
-    const int64_t kv_end = load_lengths(job.n_valid + b * Q + i0, mq, s.nf);
+    int64_t kv_min;
+    const int64_t kv_end = load_lengths(job.n_valid + b * Q + i0, mq, s.nf, &kv_min);
     const int64_t base = (b * H + h) * Q + i0;
     for (int64_t i = 0; i < MQ; ++i) {
       s.m[i] = i < mq ? job.row_max2[base + i] : 0.0f;
@@ -348,7 +365,8 @@ struct Kernel {
     for (int64_t j0 = 0; j0 < K; j0 += NK) {
       const int64_t nk = lmin(NK, K - j0);
       const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
-      qk_tile<U, false>(kb, ks, d, s.qt, j0, computed, nfv, c2v, fill, s.st, nullptr);
+      qk_tile<U, false>(kb, ks, d, s.qt, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
+                        s.st, nullptr);
       for (int64_t r = computed; r < nk; ++r)
         for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
       for (int64_t r = 0; r < nk; ++r)
