@@ -11,5 +11,6 @@ namespace mha::tools {
 
 void add_demo_command(CLI::App& app);
 void add_run_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace mha::tools

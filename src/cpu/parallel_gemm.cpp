@@ -38,12 +38,19 @@ void run_block(const GemmBlock& g) {
 void GemmBatch::run() const {
   const int64_t n = static_cast<int64_t>(blocks_.size());
   if (n == 0) return;
-  const int saved = blas_threads();
-  if (saved != 1) set_blas_threads(1);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), n));
+  // OpenBLAS must not thread inside our threads. Its count is set to one and
+  // left there: switching it back and forth costs ~10 ms per switch once
+  // other threads have called it (measured with OpenBLAS 0.3.21, pthreads).
+  if (blas_threads() != 1) set_blas_threads(1);
+  // Products smaller than this (multiply-adds) run on the calling thread:
+  // waking a team costs more than they take (the seed's toy shape: 2e5).
+  constexpr double kMinParallelWork = 2e6;
+  double work = 0;
+  for (const GemmBlock& g : blocks_) work += static_cast<double>(g.M) * g.N * g.K;
+  const int threads =
+      work < kMinParallelWork ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), n));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) run_block(blocks_[static_cast<size_t>(i)]);
-  if (saved != 1) set_blas_threads(saved);
 }
 
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,

@@ -42,8 +42,8 @@ class GemmBatch {
   // Adds C = A op(B) (+ bias) in row blocks of gemm_row_block(M).
   void add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
            int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
-  // Runs every block on mha::num_threads() threads, OpenBLAS held at one
-  // thread meanwhile (its setting is process-wide: not for concurrent use).
+  // Runs every block on mha::num_threads() threads, after setting OpenBLAS's
+  // process-wide thread count to one (and leaving it there).
   void run() const;
 
  private:
