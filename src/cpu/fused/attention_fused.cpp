@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <xmmintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -58,7 +59,8 @@ struct FreeDeleter {
 };
 
 // Runs body(chunk, scratch) for every chunk; each thread gets its own 64-byte
-// aligned scratch of `scratch_floats`, allocated before the threads start.
+// aligned scratch of `scratch_floats` (first 64 bytes zeroed), allocated
+// before the threads start.
 template <class Body>
 void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& body) {
   if (chunks <= 0) return;
@@ -76,10 +78,27 @@ void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& 
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u);
     float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
+    for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
     _mm_setcsr(csr);
   }
+}
+
+// Per batch row, the largest valid count of its queries: the key rows the
+// kernel reads.
+std::vector<int64_t> rows_read(const std::vector<int32_t>& n_valid, int64_t B, int64_t Q) {
+  std::vector<int64_t> rows(static_cast<size_t>(B), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t q = 0; q < Q; ++q)
+      rows[static_cast<size_t>(b)] = std::max<int64_t>(rows[static_cast<size_t>(b)], n_valid[static_cast<size_t>(b * Q + q)]);
+  return rows;
+}
+
+int64_t max_of(const std::vector<int64_t>& v) {
+  int64_t m = 0;
+  for (int64_t x : v) m = std::max(m, x);
+  return m;
 }
 
 constexpr int64_t kMaxKeys = int64_t{1} << 24;
@@ -96,7 +115,7 @@ void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
   const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
   const double work = static_cast<double>(job.n_rows * job.n_heads) * Q * K * (d + 8);
-  run_chunks(chunks, isa.scratch_floats(d, 0), work,
+  run_chunks(chunks, isa.scratch_floats(d, 0, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.weights_chunk(job, c, s); });
 }
 
@@ -152,10 +171,13 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats) {
   job.row_sum = stats.row_sum;
   job.c2 = kLog2e / p.scale_divisor;
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  job.kv_rows = kv_rows.data();
+  job.pack_rows = max_of(kv_rows);
   double work = 0;
   for (int32_t n : n_valid) work += n;
   work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);
-  run_chunks(B * H * job.q_tiles, isa.scratch_floats(d, dv), work,
+  run_chunks(B * H * job.q_tiles, isa.scratch_floats(d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.forward_chunk(job, c, s); });
 
   if (p.weights) {
@@ -174,6 +196,8 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats) {
     w.n_rows = B;
     w.n_heads = H;
     w.out = p.weights;
+    w.kv_rows = kv_rows.data();
+    w.pack_rows = job.pack_rows;
     run_weights(w, Q, K, d);
   }
 }
@@ -195,6 +219,9 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
   w.n_heads = static_cast<int64_t>(p.heads.size());
   w.out = p.out;
   if (w.n_rows == 0 || w.n_heads == 0) return;
+  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  w.kv_rows = kv_rows.data();
+  w.pack_rows = max_of(kv_rows);
   run_weights(w, Q, K, d);
 }
 

@@ -25,7 +25,9 @@ namespace {
 
 using K = Kernel<Avx512, Avx512Tiles>;
 
-size_t scratch_floats(int64_t d, int64_t dv) { return K::scratch_floats(d, dv); }
+size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
+  return K::scratch_floats(d, dv, rows);
+}
 void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
   K::forward_chunk(job, chunk, scratch);
 }

@@ -20,6 +20,8 @@ struct ForwardJob {
   float* row_sum = nullptr;          // [B,h,Q] or null
   float c2 = 0.0f;                   // log2(e) / scale_divisor
   int64_t q_tiles = 0;               // ceil(Q / query tile)
+  const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read
+  int64_t pack_rows = 0;             // max over b of kv_rows
 };
 
 // One weights request. Chunk c is (pair, query tile); pair = (row i, head j)
@@ -35,13 +37,17 @@ struct WeightsJob {
   int64_t n_rows = 0, n_heads = 0;
   float* out = nullptr;              // [n_rows, n_heads, Q, K]
   int64_t q_tiles = 0;
+  const int64_t* kv_rows = nullptr;  // [B], as in ForwardJob
+  int64_t pack_rows = 0;
 };
 
 // The entry points of one instruction set's kernel (fused_<isa>.cpp).
 struct IsaKernels {
   const char* name;
   int64_t query_tile;  // queries per chunk
-  size_t (*scratch_floats)(int64_t d, int64_t dv);  // per-thread scratch
+  // Per-thread scratch for head widths d, dv and `rows` packed key rows; its
+  // first 64 bytes must be zero before a thread's first chunk.
+  size_t (*scratch_floats)(int64_t d, int64_t dv, int64_t rows);
   void (*forward_chunk)(const ForwardJob& job, int64_t chunk, float* scratch);
   void (*weights_chunk)(const WeightsJob& job, int64_t chunk, float* scratch);
 };
