@@ -139,3 +139,22 @@ TEST(FusedModule, BitwiseTheSameAtAnyThreadCount) {
 
 }  // namespace
 }  // namespace mha
+
+namespace mha {
+namespace {
+
+// The seed's DotProductAttention helper runs the fused kernel by default too,
+// with its weights formed eagerly (it has no lazy state).
+TEST(FusedModule, DotProductAttentionMatchesTheReference) {
+  Generator g(4);
+  const Tensor q = random_tensor({3, 50, 9}, g), k = random_tensor({3, 70, 9}, g),
+               v = random_tensor({3, 70, 5}, g);
+  const ValidLens lens = ValidLens::per_batch({0.0f, 33.5f, 80.0f});
+  DotProductAttention fused(0.3f, 2), reference(0.3f, 2);  // training mode: dropout on
+  reference.set_kernel(AttentionKernel::Reference);
+  expect_close(fused.forward(q, k, v, lens), reference.forward(q, k, v, lens), "output");
+  expect_close(fused.attention_weights(), reference.attention_weights(), "weights");
+}
+
+}  // namespace
+}  // namespace mha
