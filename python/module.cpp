@@ -11,6 +11,8 @@
 #include "mha/mha.h"
 
 namespace py = pybind11;
+void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
+void bind_torch(py::module_& m);  // python/bind_torch.cpp: the PyTorch drop-in
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 namespace {
@@ -84,6 +86,10 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 }
 
 }  // namespace
+
+namespace mha::python {
+void bind_training(py::module_& m);  // train_bindings.cpp
+}  // namespace mha::python
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
@@ -237,7 +243,11 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
         return d;
       },
       py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
+  add_plot_bindings(m);
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
+
+  bind_torch(m);
+  mha::python::bind_training(m);
 }

@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev        # safetensors headers
   libcli11-dev              # the tool's argument parser
   libcairo2-dev             # PNG heatmaps and plots
+  fonts-dejavu-core         # the font the plots' text is set in
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
 )
 

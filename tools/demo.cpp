@@ -1,8 +1,14 @@
 // `mha demo`: the seed's check, with each head's attention weights shown.
-#include <cstdio>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "attention_figure.h"
 #include "commands.h"
 #include "mha/mha.h"
+#include "mha/plot.h"
 
 namespace mha::tools {
 
@@ -10,7 +16,35 @@ namespace {
 
 struct DemoOptions {
   uint64_t seed = 0;
+  std::string heatmap = "mha-demo-heatmap.png";
+  bool no_heatmap = false;
 };
+
+// The seed's first exercise: the weights of every head as a picture, and in a
+// terminal a shaded sketch of head 0 of batch row 0.
+void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& valid_lens) {
+  AttentionFigure fig;
+  fig.row_ids = {0, 1};
+  fig.title = "Attention weights of the seed's example, every head (ones inputs, valid_lens [3, 2])";
+  const plot::Heatmaps h = draw_attention(w, valid_lens, fig);
+  plot::write_png(opt.heatmap, h.image);
+  std::printf("\nheatmap of the weights above (2 batch rows x %lld heads): wrote %s\n",
+              static_cast<long long>(w.size(1)), opt.heatmap.c_str());
+  if (!isatty(STDOUT_FILENO)) return;
+  const Tensor rows_head0 = masked_heads(w, valid_lens, {0});  // [2,1,Q,K]: row 0 comes first
+  const int64_t Q = w.size(2), K = w.size(3);
+  const Tensor head0({Q, K}, std::vector<float>(rows_head0.data(), rows_head0.data() + Q * K));
+  const float top = *std::max_element(w.values().begin(), w.values().end());
+  std::printf("\nhead 0 of batch row 0 as text: '%s' shades 0 .. %.4f, '//' is masked\n", plot::kShadeRamp, top);
+  std::printf("           keys 0..%lld\n", static_cast<long long>(K - 1));
+  const std::string shaded = plot::shade_matrix(head0, 0.0, top > 0 ? top : 1.0);
+  size_t start = 0;
+  for (int64_t q = 0; q < Q; ++q) {
+    const size_t end = shaded.find('\n', start);
+    std::printf("  query %lld  |%s|\n", static_cast<long long>(q), shaded.substr(start, end - start).c_str());
+    start = end + 1;
+  }
+}
 
 void run_demo(const DemoOptions& opt) {
   // The seed: num_hiddens 100, 5 heads, dropout 0.5; B 2, Q 4, K 6;
@@ -44,6 +78,7 @@ void run_demo(const DemoOptions& opt) {
       std::printf("\n");
     }
   }
+  if (!opt.no_heatmap) show_heatmap(opt, w, valid_lens);
 }
 
 }  // namespace
@@ -52,6 +87,9 @@ void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand("demo", "Run the seed's check and show each head's weights");
   cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")->capture_default_str();
+  cmd->add_option("--heatmap", opt->heatmap, "PNG file for the heatmap of every head's weights")
+      ->capture_default_str();
+  cmd->add_flag("--no-heatmap", opt->no_heatmap, "Do not write the heatmap");
   cmd->callback([opt] { run_demo(*opt); });
 }
 

@@ -14,6 +14,15 @@
 //
 // Like a torch.nn.Module, a new module is in training mode: dropout acts on
 // the attention weights until eval() is called.
+//
+// Training: a training-mode forward keeps what the backward pass needs (the
+// inputs, their projections, the heads' outputs, the weights and the dropout
+// key); backward() then returns the inputs' gradients and adds the
+// parameters' gradients into grads(), which accumulate until zero_grad():
+//
+//   Tensor out = attention(X, Y, Y, lens);            // training mode
+//   auto g = attention.backward(grad_out);            // g.queries:[B,Q,Dq] ...
+//   attention.grads().at("W_q.weight");               // (num_hiddens, Dq)
 #pragma once
 
 #include <cstdint>
@@ -24,6 +33,7 @@
 
 #include "mha/attention.h"
 #include "mha/linear.h"
+#include "mha/parameter.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
@@ -81,6 +91,32 @@ class MultiHeadAttention {
   // fixes the lazy input widths. Nothing changes if any check fails.
   void load_state_dict(const StateDict& state);
 
+  // Fixes the lazy input widths as a first call with queries (., ., dq),
+  // keys (., ., dk) and values (., ., dv) would, drawing the same numbers.
+  void initialize(int64_t dq, int64_t dk, int64_t dv);
+
+  // --- Training (src/nn/multihead_backward.cpp) ---
+  struct InputGrads {
+    Tensor queries, keys, values;  // [B,Q,Dq], [B,K,Dk], [B,K,Dv]
+  };
+  // grad_output:[B,Q,num_hiddens], the gradient of the last forward's output
+  // -> the gradients of its queries, keys and values. Adds the parameters'
+  // gradients into grads(). The last forward must have run in training mode.
+  InputGrads backward(const Tensor& grad_output);
+  // Sets every accumulated gradient to zero (PyTorch's zero_grad(set_to_none=False)).
+  void zero_grad();
+  // Accumulated gradients by state-dict name, shaped like the parameters
+  // (zeros before any backward); only initialised layers appear.
+  const StateDict& grads();
+  // Replaces gradients by name (names and shapes as grads()).
+  void set_grads(const StateDict& grads);
+  // (name, value, gradient) of every initialised parameter, in the seed's
+  // parameters() order: W_q, W_k, W_v, W_o, each weight before its bias.
+  ParamList parameters();
+  // [B,h,Q,K]: the dropout multipliers of the last forward, 0 or 1/(1-p);
+  // all ones when that call had no dropout (evaluation mode or p = 0).
+  Tensor last_dropout_mask() const;
+
   void set_kernel(AttentionKernel k) { kernel_ = k; }
   AttentionKernel kernel() const { return kernel_; }
   void seed(uint64_t s) { gen_.seed(s); }
@@ -110,6 +146,18 @@ class MultiHeadAttention {
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
   std::shared_ptr<nn::AttentionState> state_;  // of the last call
+
+  // What a training-mode forward keeps for backward() beside state_ (the
+  // projections, heads' outputs and lengths); cleared in eval mode.
+  struct Saved {
+    bool valid = false;
+    Tensor queries, keys, values;  // the inputs
+  };
+  Saved saved_;
+  float last_dropout_p_ = 0.0f;  // dropout of the last forward (0 when off)
+  uint64_t last_dropout_key_ = 0;
+  StateDict grads_;
+  void ensure_grads();
 };
 
 }  // namespace mha

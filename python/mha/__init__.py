@@ -9,6 +9,14 @@
 """
 from ._core import (  # noqa: F401
     __version__,
+    Causal,
+    FullyMaskedRows,
+    Mask,
+    TorchMultiheadAttention,
+    mask_from_sdpa,
+    mask_from_torch_mha,
+    mask_to_sdpa,
+    mask_to_torch_mha,
     DotProductAttention,
     Kernel,
     get_num_threads,
@@ -19,3 +27,14 @@ from ._core import (  # noqa: F401
     save_safetensors,
     set_num_threads,
 )
+from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
+from .plot import show_heatmaps  # noqa: F401
+# Training (issue 3): the model, its task and loss, checkpoints, optimisers.
+from ._core import (  # noqa: F401,E402
+    AttentionModel,
+    OffsetPairTask,
+    Positions,
+    cross_entropy,
+    load_checkpoint,
+)
+from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)

@@ -1,12 +1,13 @@
 // The unfused attention forward: for each (batch row, head) the (Q, K) score
 // matrix is one BLAS product, the masked softmax runs over its rows, and the
 // output is a second BLAS product. Its cost is the Q x K scratch per head; it
-// is the path that materialises attention weights most simply.
-#include <cmath>
+// is the path that materialises attention weights most simply, and the one
+// that honours every option of AttentionForward (the fallback of the others).
 #include <vector>
 
 #include "cpu/blas.h"
 #include "kernels/attention_params.h"
+#include "kernels/masked_row.h"
 
 namespace mha::kernels {
 
@@ -18,35 +19,21 @@ void attention_forward_blas(const AttentionForward& p) {
   if (p.dropout.active()) dropped.resize(static_cast<size_t>(Q * K));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = p.kv_head(h);  // grouped heads share k and v
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
       float* s = p.weights ? p.weights + base : scratch.data();
-      // s:[Q,K] = q_bh:[Q,d] @ k_bh:[K,d]^T
-      cpu::sgemm(false, true, Q, K, d, 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, h),
+      // s:[Q,K] = q_bh:[Q,d] @ k_bhk:[K,d]^T
+      cpu::sgemm(false, true, Q, K, d, 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, hk),
                  p.k.stride[2], 0.0f, s, K);
-      for (int64_t i = 0; i < Q; ++i) {
-        float* row = s + i * K;
-        const float len = p.length(b, i);
-        float row_max = -INFINITY;
-        for (int64_t j = 0; j < K; ++j) {
-          float x = row[j] / p.scale_divisor;
-          if (!(static_cast<float>(j) < len)) x = kMaskFill;
-          row[j] = x;
-          row_max = std::fmax(row_max, x);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < K; ++j) {
-          row[j] = std::exp(row[j] - row_max);
-          sum += row[j];
-        }
-        for (int64_t j = 0; j < K; ++j) row[j] /= sum;
-      }
+      for (int64_t i = 0; i < Q; ++i)
+        masked_softmax_row(p.masks, p.length(b, i), p.scale_divisor, b, h, i, Q, K, s + i * K);
       const float* pw = s;
       if (p.dropout.active()) {
         for (int64_t x = 0; x < Q * K; ++x) dropped[x] = s[x] * p.dropout.multiplier(base + x);
         pw = dropped.data();
       }
-      // out_bh:[Q,dv] = pw:[Q,K] @ v_bh:[K,dv]
-      cpu::sgemm(false, false, Q, dv, K, 1.0f, pw, K, p.v.ptr(b, h), p.v.stride[2], 0.0f,
+      // out_bh:[Q,dv] = pw:[Q,K] @ v_bhk:[K,dv]
+      cpu::sgemm(false, false, Q, dv, K, 1.0f, pw, K, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
                  p.out.ptr(b, h), p.out.stride[2]);
     }
   }

@@ -12,4 +12,13 @@ void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
   }
 }
 
+void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
+  switch (kernel) {
+    case AttentionKernel::Reference: attention_backward_reference(p); return;
+    case AttentionKernel::Blas: attention_backward_blas(p); return;
+    case AttentionKernel::Fused: break;  // no fused backward yet: the BLAS one below
+  }
+  attention_backward_blas(p);
+}
+
 }  // namespace mha::kernels

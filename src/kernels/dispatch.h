@@ -1,6 +1,7 @@
 // src/kernels/dispatch.h: runs the kernel a module chose.
 #pragma once
 
+#include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
 #include "mha/attention.h"
 #include "mha/valid_lens.h"
@@ -8,6 +9,9 @@
 namespace mha::kernels {
 
 void attention_forward(AttentionKernel kernel, const AttentionForward& p);
+// A kernel without a backward of its own uses the BLAS one: all kernels
+// compute the same function, so any backward differentiates any forward.
+void attention_backward(AttentionKernel kernel, const AttentionBackward& p);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.
 inline void set_lengths(AttentionForward& p, const ValidLens& lens) {
@@ -17,6 +21,12 @@ inline void set_lengths(AttentionForward& p, const ValidLens& lens) {
     case ValidLens::Kind::PerQuery: p.length_kind = LengthKind::PerQuery; break;
   }
   p.lens = lens.data();
+}
+inline void set_lengths(AttentionBackward& p, const ValidLens& lens) {
+  AttentionForward f;
+  set_lengths(f, lens);
+  p.length_kind = f.length_kind;
+  p.lens = f.lens;
 }
 
 }  // namespace mha::kernels

@@ -90,11 +90,15 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   st->B = B, st->H = H, st->Q = Q, st->K = K;
   st->lens = valid_lens;
   st->scale_divisor = std::sqrt(static_cast<float>(head_dim()));
+  // This module sets none of the kernel options beyond the seed
+  // (kernels/features.h), so every kernel can run it.
   const bool fused = kernel_ == AttentionKernel::Fused;
   // Projections (B, L, width) -> (B, L, D), heads being strided views. The
   // fused kernel never reads keys past the lengths, so their projections
-  // are skipped (nn/padding.h); the other kernels read every row.
-  const nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
+  // are skipped (nn/padding.h); the other kernels, and the backward after a
+  // training-mode call, read every row.
+  const nn::RowNeeds needs =
+      fused && !training_ ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
   st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs, &spare);
   if (fused) nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
 
@@ -110,6 +114,8 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   kernels::set_lengths(p, st->lens);
   p.scale_divisor = st->scale_divisor;
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  last_dropout_p_ = p.dropout.p;
+  last_dropout_key_ = p.dropout.key;
   if (fused) {
     st->stats.resize(static_cast<size_t>(2 * B * H * Q));
     kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q});
@@ -118,11 +124,16 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     p.weights = st->weights.data();
     kernels::attention_forward(kernel_, p);
     st->have_all = true;
-    st->proj = {};  // the weights are all a later access needs
+    if (!training_) st->proj = {};  // the weights are all a later access needs
   }
   Tensor out = W_o_.forward(concat, gen_, kForward);
   st->concat = std::move(concat);
   state_ = std::move(st);
+  if (training_) {
+    saved_ = {true, queries, keys, values};
+  } else {
+    saved_ = {};
+  }
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cpu/fused/fused_job.h"
+#include "kernels/features.h"
 #include "kernels/attention_fused.h"
 #include "mha/error.h"
 #include "mha/threads.h"
@@ -154,6 +155,12 @@ const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   check_keys("attention_forward_fused", K);
+  // Callers pick another kernel for options this one does not honour
+  // (kernels/features.h: kernel_for); computing without them would be wrong.
+  if (features_used(p) != 0)
+    fail("attention_forward_fused", "masks, fill, fully-masked policy or grouped heads set; "
+                                    "the fused kernel implements the seed's semantics only "
+                                    "(use kernels::kernel_for)");
   const IsaKernels& isa = kernels_for(g_isa);
   const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
 

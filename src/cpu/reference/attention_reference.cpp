@@ -1,7 +1,8 @@
 // The reference attention forward: the seed's DotProductAttention written as
 // plain loops over (b, head, query), one query row at a time. Dot products and
 // the weighted sum accumulate in double so that the reference is at least as
-// accurate as anything it judges.
+// accurate as anything it judges. Every option of AttentionForward is spelled
+// out here, one line each, in the order the module applies them.
 #include <cmath>
 #include <vector>
 
@@ -14,27 +15,44 @@ void attention_forward_reference(const AttentionForward& p) {
   std::vector<float> w(static_cast<size_t>(K));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = p.kv_head(h);  // grouped heads share k and v
       for (int64_t i = 0; i < Q; ++i) {
+        const MaskOptions& m = p.masks;
         const float* q = p.q.ptr(b, h, i);
         const float len = p.length(b, i);
-        // scores = q . k / sqrt(d); masked keys become -1e6 (masked_softmax).
+        // scores = q . k / sqrt(d) (+ additive masks); masked keys get the fill.
         float row_max = -INFINITY;
+        int64_t live = 0;
         for (int64_t j = 0; j < K; ++j) {
-          const float* k = p.k.ptr(b, h, j);
+          const float* k = p.k.ptr(b, hk, j);
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
           float s = static_cast<float>(dot) / p.scale_divisor;
-          if (!(static_cast<float>(j) < len)) s = kMaskFill;
+          if (m.key_bias) s += m.key_bias[b * K + j];
+          if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
+          bool keep = static_cast<float>(j) < len;
+          if (m.key_keep && !m.key_keep[b * K + j]) keep = false;
+          if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
+          if (j > m.causal_last_key(i, Q, K)) keep = false;
+          if (!keep) s = m.fill_value();
+          if (keep && s != -INFINITY) ++live;
           w[j] = s;
           row_max = std::fmax(row_max, s);
         }
-        // softmax over the row.
-        double sum = 0.0;
-        for (int64_t j = 0; j < K; ++j) {
-          w[j] = std::exp(w[j] - row_max);
-          sum += w[j];
+        if (live == 0) {
+          // No key takes part: the caller's policy, never exp(-inf - -inf).
+          const float fill = m.fully_masked == FullyMaskedRows::Uniform
+                                 ? static_cast<float>(1.0 / static_cast<double>(K))
+                                 : 0.0f;
+          for (int64_t j = 0; j < K; ++j) w[j] = fill;
+        } else {
+          double sum = 0.0;
+          for (int64_t j = 0; j < K; ++j) {
+            w[j] = std::exp(w[j] - row_max);
+            sum += w[j];
+          }
+          for (int64_t j = 0; j < K; ++j) w[j] = static_cast<float>(w[j] / sum);
         }
-        for (int64_t j = 0; j < K; ++j) w[j] = static_cast<float>(w[j] / sum);
         const uint64_t row_index = static_cast<uint64_t>(((b * H + h) * Q + i) * K);
         if (p.weights) {
           for (int64_t j = 0; j < K; ++j) p.weights[row_index + j] = w[j];
@@ -45,7 +63,7 @@ void attention_forward_reference(const AttentionForward& p) {
           double acc = 0.0;
           for (int64_t j = 0; j < K; ++j) {
             const float wj = w[j] * p.dropout.multiplier(row_index + j);
-            acc += static_cast<double>(wj) * p.v.ptr(b, h, j)[c];
+            acc += static_cast<double>(wj) * p.v.ptr(b, hk, j)[c];
           }
           out[c] = static_cast<float>(acc);
         }

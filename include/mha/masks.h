@@ -1,0 +1,90 @@
+// mha/masks.h: masks beside valid_lens, as typed values.
+//
+// A Mask is either boolean or additive. mha stores every boolean mask in ONE
+// convention, "keep": true means the key takes part in attention. PyTorch has
+// two opposite conventions, so a boolean array from PyTorch must come through
+// the function named after where it came from (docs/masks.md has the table):
+//
+//   nn.MultiheadAttention key_padding_mask / attn_mask: True = masked out
+//       -> mha::mask_from_torch_mha(shape, bits)
+//   F.scaled_dot_product_attention attn_mask:           True = takes part
+//       -> mha::mask_from_sdpa(shape, bits)
+//
+// An additive mask is a float added to the scaled score of each (query, key)
+// pair; -inf removes the key, and NaN or +inf are refused.
+//
+//   mha::Mask pad = mha::mask_from_torch_mha({2, 6}, {0,0,0,1,1,1, 0,0,1,1,1,1});
+//   // pad.keep_data()[3] == 0: key 3 of row 0 is masked out
+//
+// Causal masking and the policy for rows with every key masked are enums.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mha/tensor.h"
+
+namespace mha {
+
+// Causal masking for Q queries over K keys. With Q == K both alignments are
+// the usual lower triangle; they differ when Q != K:
+//   TopLeft:     query i sees keys j <= i            (PyTorch's is_causal,
+//                                                     torch.ones(Q, K).tril())
+//   BottomRight: query i sees keys j <= i + (K - Q)  (the last query sees
+//                                                     every key: decoding with
+//                                                     a cache of K - Q keys)
+enum class Causal { None, TopLeft, BottomRight };
+
+// What a row gets when every key of it is masked (by any mask, or by an
+// additive -inf on every key). Never NaN, in either case.
+enum class FullyMaskedRows {
+  Uniform,  // weights 1/K over all K keys: the seed's -1e6 fill (its default)
+  Zeros,    // weights 0, attention output 0: scaled_dot_product_attention's
+};
+
+class Mask {
+ public:
+  enum class Kind { None, Keep, Additive };
+
+  Mask() = default;  // no mask
+  // Boolean mask in mha's convention: keep[i] != 0 means "takes part".
+  // Values are normalised to 0/1. `shape` must hold keep.size() elements.
+  static Mask keep(Shape shape, std::vector<uint8_t> keep);
+  // Additive mask: bias[i] is added to the scaled score. NaN and +inf are
+  // refused (mha::Error naming the element); -inf removes the pair.
+  static Mask additive(Tensor bias);
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  bool is_keep() const { return kind_ == Kind::Keep; }
+  bool is_additive() const { return kind_ == Kind::Additive; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t numel() const;
+  const uint8_t* keep_data() const { return keep_.empty() ? nullptr : keep_.data(); }
+  const float* bias_data() const { return bias_.empty() ? nullptr : bias_.data(); }
+  const std::vector<uint8_t>& keep_values() const { return keep_; }
+  const std::vector<float>& bias_values() const { return bias_.values(); }
+
+ private:
+  Kind kind_ = Kind::None;
+  Shape shape_;
+  std::vector<uint8_t> keep_;
+  Tensor bias_;
+};
+
+// nn.MultiheadAttention's boolean convention (key_padding_mask, attn_mask,
+// and nn.Transformer's masks): masked_out[i] != 0 means "may NOT attend".
+Mask mask_from_torch_mha(Shape shape, const std::vector<uint8_t>& masked_out);
+// scaled_dot_product_attention's boolean convention (PyTorch 2.x):
+// takes_part[i] != 0 means "takes part" (the same as mha's).
+Mask mask_from_sdpa(Shape shape, const std::vector<uint8_t>& takes_part);
+// The inverse conversions, for handing a boolean mask back to PyTorch.
+std::vector<uint8_t> mask_to_torch_mha(const Mask& keep_mask);
+std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask);
+
+// Throws mha::Error naming `op` and `arg` unless the mask has `wanted` shape
+// (or is none). Used by every module that takes masks.
+void check_mask_shape(const char* op, const char* arg, const Mask& mask, const Shape& wanted);
+
+}  // namespace mha

@@ -1,0 +1,146 @@
+// mha/torch_mha.h: torch.nn.MultiheadAttention, loaded from its state dict.
+//
+//   // PyTorch side: the module's state_dict() saved as safetensors (F32).
+//   mha::TorchMhaOptions o;
+//   o.batch_first = false;                    // as the PyTorch module was built
+//   auto attn = mha::TorchMultiheadAttention::from_safetensors("m.safetensors", /*num_heads=*/8, o);
+//   attn.eval();
+//   auto [out, weights] = attn(query, key, value, key_padding_mask, /*need_weights=*/true);
+//   // out:(L, B, E) as PyTorch's; weights:(B, L, S) averaged over heads
+//
+// Shapes (E = embed_dim, h = num_heads, B batch, L queries, S keys):
+//   batch_first:   query (B, L, E)  key (B, S, kdim)  value (B, S, vdim) -> (B, L, E)
+//   sequence-first (PyTorch's default): query (L, B, E) ... -> (L, B, E)
+//   unbatched:     query (L, E)     key (S, kdim)     value (S, vdim)    -> (L, E)
+//   key_padding_mask (B, S) [(S,) unbatched], boolean or additive
+//   attn_mask (L, S) or (B*h, L, S) [(h, L, S) unbatched], boolean or additive
+//   weights (B, L, S') averaged or (B, h, L, S') per head, always batch-major;
+//   S' = S + 1 with bias_k/bias_v, + 1 more with add_zero_attn.
+//
+// The state dict holds PyTorch's names: in_proj_weight (3E, E) or, when
+// kdim/vdim differ from E, q_proj_weight (E, E), k_proj_weight (E, kdim),
+// v_proj_weight (E, vdim); in_proj_bias (3E,) and out_proj.bias (E,) when
+// the module had bias=True; out_proj.weight (E, E); bias_k and bias_v
+// (1, 1, E) when it had add_bias_kv=True. Grouped-query attention (an mha
+// extension; PyTorch has none) keeps the same names with num_kv_heads heads
+// of width E/h for keys and values: k and v rows are E_kv = num_kv_heads*E/h
+// wide, so in_proj_weight is (E + 2 E_kv, E).
+//
+// Where mha differs from PyTorch 1.13, on purpose:
+// - A row whose every key is masked gets FullyMaskedRows (zeros by default,
+//   as scaled_dot_product_attention), never NaN (pytorch issue 41508).
+// - Causal masking (is_causal, or Causal::BottomRight) is always applied and
+//   combines with attn_mask; PyTorch treats is_causal as a hint that it may
+//   ignore, and 1.13's module has no is_causal at all.
+// - Boolean and additive masks combine by one rule: a pair is masked if any
+//   boolean mask masks it, and every additive mask is added. PyTorch turns an
+//   additive key_padding_mask into a boolean one (nonzero = masked) when
+//   attn_mask is boolean, and refuses two additive masks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "mha/attention.h"
+#include "mha/linear.h"
+#include "mha/masks.h"
+#include "mha/multihead.h"
+#include "mha/random.h"
+#include "mha/tensor.h"
+
+namespace mha {
+
+// Construction options: everything nn.MultiheadAttention's constructor takes
+// that the state dict does not already say (bias and add_bias_kv are read
+// from the names present).
+struct TorchMhaOptions {
+  // Layout of query/key/value and the output. NOTE: PyTorch's default is
+  // false (sequence-first); this default is true, as mha's other modules.
+  bool batch_first = true;
+  int64_t kdim = 0;          // 0: read from the state dict; otherwise checked
+  int64_t vdim = 0;
+  bool add_zero_attn = false;
+  int64_t num_kv_heads = 0;  // 0: num_heads (no grouping); must divide num_heads
+  float dropout = 0.0f;      // on the attention weights, training mode only
+  FullyMaskedRows fully_masked_rows = FullyMaskedRows::Zeros;
+  uint64_t seed = 0;         // dropout masks
+};
+
+// One call's masks and outputs, PyTorch's forward() arguments as fields.
+struct TorchMhaCall {
+  Mask key_padding_mask;
+  bool need_weights = true;
+  Mask attn_mask;
+  bool average_attn_weights = true;
+  Causal causal = Causal::None;  // PyTorch's is_causal=True is Causal::TopLeft
+};
+
+struct TorchMhaResult {
+  Tensor output;
+  std::optional<Tensor> weights;  // present iff need_weights
+};
+
+class TorchMultiheadAttention {
+ public:
+  // Throws mha::Error naming the parameter on an unknown, missing or
+  // misshapen parameter, or on num_heads / num_kv_heads that do not divide.
+  static TorchMultiheadAttention from_state_dict(const StateDict& state, int64_t num_heads,
+                                                 const TorchMhaOptions& options = {});
+  // The same from a safetensors file (F32 tensors by PyTorch's names).
+  static TorchMultiheadAttention from_safetensors(const std::string& path, int64_t num_heads,
+                                                  const TorchMhaOptions& options = {});
+
+  TorchMhaResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                         const TorchMhaCall& call = {});
+  // PyTorch's forward() signature, argument for argument.
+  TorchMhaResult operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                            const Mask& key_padding_mask = {}, bool need_weights = true,
+                            const Mask& attn_mask = {}, bool average_attn_weights = true,
+                            bool is_causal = false);
+
+  // The parameters by PyTorch's names, in the layout they were loaded in.
+  StateDict state_dict() const;
+
+  // Like a torch.nn.Module, a new module is in training mode.
+  void train(bool on = true) { training_ = on; }
+  void eval() { training_ = false; }
+  bool training() const { return training_; }
+  void set_kernel(AttentionKernel k) { kernel_ = k; }
+  AttentionKernel kernel() const { return kernel_; }
+  void set_fully_masked_rows(FullyMaskedRows p) { fully_masked_ = p; }
+  FullyMaskedRows fully_masked_rows() const { return fully_masked_; }
+  void seed(uint64_t s) { gen_.seed(s); }
+
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
+  int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  int64_t kdim() const { return k_proj_.in_features(); }
+  int64_t vdim() const { return v_proj_.in_features(); }
+  bool batch_first() const { return batch_first_; }
+  bool add_zero_attn() const { return add_zero_attn_; }
+  bool has_bias() const { return bias_; }
+  bool has_bias_kv() const { return !bias_k_.empty(); }
+  float dropout() const { return dropout_; }
+
+ private:
+  TorchMultiheadAttention(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, bool bias,
+                          const TorchMhaOptions& options);
+
+  int64_t embed_dim_, num_heads_, num_kv_heads_;
+  bool bias_;
+  bool batch_first_;
+  bool add_zero_attn_;
+  bool packed_ = true;  // in_proj_weight (true) or q/k/v_proj_weight
+  float dropout_;
+  FullyMaskedRows fully_masked_;
+  bool training_ = true;
+  AttentionKernel kernel_ = AttentionKernel::Blas;
+  Generator gen_;
+  LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;
+  Tensor bias_k_, bias_v_;  // (1, 1, E_kv) or empty
+};
+
+}  // namespace mha

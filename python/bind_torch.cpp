@@ -1,0 +1,303 @@
+// python/bind_torch.cpp: the PyTorch drop-in part of mha._core: masks,
+// their enums, and TorchMultiheadAttention. Called from module.cpp.
+//
+// Arrays may be numpy arrays or CPU torch tensors (read through .numpy()).
+// A plain boolean array passed as a mask to TorchMultiheadAttention means
+// what it means to nn.MultiheadAttention (True = masked out); an mha.Mask
+// says its meaning itself.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "mha/error.h"
+#include "mha/masks.h"
+#include "mha/torch_mha.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
+
+// A torch tensor becomes its numpy array (detached, on the CPU); anything
+// else is returned as it is.
+py::object as_numpy(const py::object& obj) {
+  if (py::hasattr(obj, "detach") && py::hasattr(obj, "numpy"))
+    return obj.attr("detach")().attr("cpu")().attr("numpy")();
+  return obj;
+}
+
+mha::Shape shape_of(const py::array& a) { return mha::Shape(a.shape(), a.shape() + a.ndim()); }
+
+mha::Tensor to_tensor(const py::object& obj, const char* op, const char* arg) {
+  FloatArray a = FloatArray::ensure(as_numpy(obj));
+  if (!a) {
+    PyErr_Clear();
+    mha::fail(op, arg, ": cannot be read as a numeric array");
+  }
+  return mha::Tensor(shape_of(a), std::vector<float>(a.data(), a.data() + a.size()));
+}
+
+py::array_t<float> to_numpy(const mha::Tensor& t) {
+  py::array_t<float> out(std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()));
+  if (t.numel()) std::memcpy(out.mutable_data(), t.data(), static_cast<size_t>(t.numel()) * 4);
+  return out;
+}
+
+std::vector<uint8_t> bits_of(const py::array& a) {
+  BoolArray b = BoolArray::ensure(a);
+  std::vector<uint8_t> bits(static_cast<size_t>(b.size()));
+  for (py::ssize_t i = 0; i < b.size(); ++i) bits[static_cast<size_t>(i)] = b.data()[i] ? 1 : 0;
+  return bits;
+}
+
+// Which boolean convention a plain array follows.
+enum class Convention { TorchMha, Sdpa, Keep };
+
+// None, an mha.Mask, or an array: bool (read in `convention`) or floating
+// (additive). `uint8_ok`: nn.MultiheadAttention still reads a uint8
+// attn_mask as boolean (deprecated); it refuses one for key_padding_mask.
+mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Convention convention,
+                  bool uint8_ok) {
+  if (obj.is_none()) return {};
+  if (py::isinstance<mha::Mask>(obj)) return obj.cast<mha::Mask>();
+  py::array a = py::array::ensure(as_numpy(obj));
+  if (!a) {
+    PyErr_Clear();
+    mha::fail(op, arg, ": cannot be read as an array");
+  }
+  const char kind = a.dtype().kind();
+  if (kind == 'f') return mha::Mask::additive(to_tensor(a, op, arg));
+  if (kind == 'b' || (uint8_ok && a.dtype().is(py::dtype::of<uint8_t>()))) {
+    switch (convention) {
+      case Convention::TorchMha: return mha::mask_from_torch_mha(shape_of(a), bits_of(a));
+      case Convention::Sdpa: return mha::mask_from_sdpa(shape_of(a), bits_of(a));
+      case Convention::Keep: return mha::Mask::keep(shape_of(a), bits_of(a));
+    }
+  }
+  mha::fail(op, arg, ": dtype ", std::string(py::str(a.dtype())),
+            " is neither bool nor floating (use .astype(bool) for a boolean mask)");
+}
+
+mha::TorchMhaOptions make_options(bool batch_first, const py::object& kdim, const py::object& vdim,
+                                  bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+                                  mha::FullyMaskedRows rows, uint64_t seed) {
+  mha::TorchMhaOptions o;
+  o.batch_first = batch_first;
+  o.kdim = kdim.is_none() ? 0 : kdim.cast<int64_t>();
+  o.vdim = vdim.is_none() ? 0 : vdim.cast<int64_t>();
+  o.add_zero_attn = add_zero_attn;
+  o.num_kv_heads = num_kv_heads.is_none() ? 0 : num_kv_heads.cast<int64_t>();
+  o.dropout = dropout;
+  o.fully_masked_rows = rows;
+  o.seed = seed;
+  return o;
+}
+
+mha::StateDict to_state_dict(const py::dict& d, const char* op) {
+  mha::StateDict s;
+  for (auto [k, v] : d) {
+    const std::string name = py::cast<std::string>(k);
+    s[name] = to_tensor(py::reinterpret_borrow<py::object>(v), op, name.c_str());
+  }
+  return s;
+}
+
+const char* kOptionsDoc = R"doc(
+    num_heads: heads of the PyTorch module (it must divide embed_dim)
+    batch_first: layout of query/key/value/output; NOTE: PyTorch's default is
+        False (sequence-first), this one's is True
+    kdim, vdim: checked against the state dict when given
+    add_zero_attn: as the PyTorch module was built (not in the state dict)
+    num_kv_heads: grouped-query attention (mha extension); None = num_heads
+    dropout: on the attention weights, in training mode only
+    fully_masked_rows: mha.FullyMaskedRows.ZEROS (default) or UNIFORM: what a
+        row whose every key is masked gets (PyTorch gives NaN)
+    seed: of the dropout masks)doc";
+
+}  // namespace
+
+void bind_torch(py::module_& m) {
+  py::enum_<mha::Causal>(m, "Causal", "Causal masking; TOP_LEFT is PyTorch's is_causal=True.")
+      .value("NONE", mha::Causal::None)
+      .value("TOP_LEFT", mha::Causal::TopLeft, "query i sees keys j <= i")
+      .value("BOTTOM_RIGHT", mha::Causal::BottomRight, "query i sees keys j <= i + K - Q");
+  py::enum_<mha::FullyMaskedRows>(m, "FullyMaskedRows",
+                                  "What a row whose every key is masked gets (never NaN).")
+      .value("UNIFORM", mha::FullyMaskedRows::Uniform, "weights 1/K: the seed's -1e6 fill")
+      .value("ZEROS", mha::FullyMaskedRows::Zeros, "weights and output 0, as scaled_dot_product_attention");
+
+  py::class_<mha::Mask> mask(m, "Mask", R"doc(
+A boolean or additive attention mask with its meaning attached.
+
+Boolean masks are stored in mha's convention: True = the key takes part.
+Build one with the function named after the convention of your array:
+  mha.mask_from_torch_mha(a)   nn.MultiheadAttention: True = masked out
+  mha.mask_from_sdpa(a)        scaled_dot_product_attention: True = takes part
+  mha.Mask.keep(a)             mha: True = takes part
+  mha.Mask.additive(a)         floats added to the scores (-inf removes a key)
+)doc");
+  py::enum_<mha::Mask::Kind>(mask, "Kind")
+      .value("NONE", mha::Mask::Kind::None)
+      .value("KEEP", mha::Mask::Kind::Keep)
+      .value("ADDITIVE", mha::Mask::Kind::Additive);
+  mask.def_static(
+          "keep", [](const py::object& a) { return to_mask(a, "Mask.keep", "keep", Convention::Keep, false); },
+          py::arg("keep"), "Boolean mask in mha's convention: True = takes part.")
+      .def_static(
+          "additive",
+          [](const py::object& a) { return mha::Mask::additive(to_tensor(a, "Mask.additive", "bias")); },
+          py::arg("bias"), "Additive mask: floats added to the scaled scores; -inf removes a pair.")
+      .def_property_readonly("kind", &mha::Mask::kind)
+      .def_property_readonly("shape", [](const mha::Mask& s) { return py::tuple(py::cast(s.shape())); })
+      .def_property_readonly(
+          "values",
+          [](const mha::Mask& s) -> py::object {
+            if (s.is_keep()) {
+              BoolArray out(std::vector<py::ssize_t>(s.shape().begin(), s.shape().end()));
+              for (size_t i = 0; i < s.keep_values().size(); ++i) out.mutable_data()[i] = s.keep_values()[i];
+              return std::move(out);
+            }
+            if (s.is_additive()) return to_numpy(mha::Tensor(s.shape(), s.bias_values()));
+            return py::none();
+          },
+          "keep mask: bool array (True = takes part); additive: float32 array; none: None")
+      .def("__repr__", [](const mha::Mask& s) {
+        const char* k = s.is_keep() ? "keep" : s.is_additive() ? "additive" : "none";
+        return std::string("mha.Mask(") + k + ", shape " + mha::shape_str(s.shape()) + ")";
+      });
+
+  m.def(
+      "mask_from_torch_mha",
+      [](const py::object& a) {
+        return to_mask(a, "mask_from_torch_mha", "mask", Convention::TorchMha, false);
+      },
+      py::arg("mask"),
+      "nn.MultiheadAttention's boolean convention (True = masked out) -> mha.Mask.\n"
+      "A floating array becomes an additive mask, as PyTorch reads it.");
+  m.def(
+      "mask_from_sdpa",
+      [](const py::object& a) { return to_mask(a, "mask_from_sdpa", "mask", Convention::Sdpa, false); },
+      py::arg("mask"),
+      "scaled_dot_product_attention's boolean convention (True = takes part) -> mha.Mask.\n"
+      "A floating array becomes an additive mask, as PyTorch reads it.");
+  auto bool_array = [](const mha::Mask& s, std::vector<uint8_t> bits) {
+    BoolArray out(std::vector<py::ssize_t>(s.shape().begin(), s.shape().end()));
+    for (size_t i = 0; i < bits.size(); ++i) out.mutable_data()[i] = bits[i] != 0;
+    return out;
+  };
+  m.def(
+      "mask_to_torch_mha", [=](const mha::Mask& s) { return bool_array(s, mha::mask_to_torch_mha(s)); },
+      py::arg("mask"), "A boolean mha.Mask as nn.MultiheadAttention reads it (True = masked out).");
+  m.def(
+      "mask_to_sdpa", [=](const mha::Mask& s) { return bool_array(s, mha::mask_to_sdpa(s)); },
+      py::arg("mask"), "A boolean mha.Mask as scaled_dot_product_attention reads it (True = takes part).");
+
+  using TMHA = mha::TorchMultiheadAttention;
+  py::class_<TMHA>(m, "TorchMultiheadAttention", R"doc(
+torch.nn.MultiheadAttention, built from its state dict.
+
+  attn = mha.TorchMultiheadAttention.from_state_dict(
+      {k: v.numpy() for k, v in torch_module.state_dict().items()}, num_heads=8,
+      batch_first=torch_module.batch_first)
+  attn.eval()
+  out, weights = attn(query, key, value, key_padding_mask=None, need_weights=True,
+                      attn_mask=None, average_attn_weights=True, is_causal=False)
+
+Shapes as PyTorch's (E embed_dim, h heads, L queries, S keys):
+  query (B, L, E) if batch_first else (L, B, E), or unbatched (L, E);
+  key (.., S, kdim) and value (.., S, vdim) in the same layout;
+  key_padding_mask (B, S) or (S,); attn_mask (L, S) or (B*h, L, S);
+  output like query; weights (B, L, S') averaged or (B, h, L, S') per head,
+  S' = S (+1 with bias_k/bias_v, +1 with add_zero_attn); None without need_weights.
+A boolean mask array means True = masked out (PyTorch's nn.MultiheadAttention
+convention); a floating one is added to the scores; an mha.Mask carries its own
+meaning. is_causal=True applies torch.ones(L, S).tril() (mha.Causal.TOP_LEFT)
+and always combines with attn_mask; is_causal may also be an mha.Causal.
+Rows with every key masked get fully_masked_rows, never NaN.
+)doc")
+      .def_static(
+          "from_state_dict",
+          [](const py::dict& state, int64_t num_heads, bool batch_first, const py::object& kdim,
+             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+             mha::FullyMaskedRows rows, uint64_t seed) {
+            const char* op = "TorchMultiheadAttention.from_state_dict";
+            return TMHA::from_state_dict(
+                to_state_dict(state, op), num_heads,
+                make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
+          },
+          py::arg("state_dict"), py::arg("num_heads"), py::arg("batch_first") = true,
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn") = false,
+          py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
+          py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,
+          (std::string("From a dict of arrays (or tensors) by PyTorch's names.\n") + kOptionsDoc).c_str())
+      .def_static(
+          "from_safetensors",
+          [](const std::string& path, int64_t num_heads, bool batch_first, const py::object& kdim,
+             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+             mha::FullyMaskedRows rows, uint64_t seed) {
+            return TMHA::from_safetensors(
+                path, num_heads,
+                make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
+          },
+          py::arg("path"), py::arg("num_heads"), py::arg("batch_first") = true,
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn") = false,
+          py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
+          py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,
+          (std::string("From a safetensors file of F32 tensors by PyTorch's names.\n") + kOptionsDoc).c_str())
+      .def(
+          "__call__",
+          [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
+             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+             bool average_attn_weights, const py::object& is_causal) {
+            const char* op = "TorchMultiheadAttention.forward";
+            mha::Tensor q = to_tensor(query, op, "query"), k = to_tensor(key, op, "key"),
+                        v = to_tensor(value, op, "value");
+            mha::TorchMhaCall call;
+            call.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
+            call.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
+            call.need_weights = need_weights;
+            call.average_attn_weights = average_attn_weights;
+            if (py::isinstance<mha::Causal>(is_causal)) call.causal = is_causal.cast<mha::Causal>();
+            else if (py::isinstance<py::bool_>(is_causal)) call.causal = is_causal.cast<bool>() ? mha::Causal::TopLeft : mha::Causal::None;
+            else mha::fail(op, "is_causal: ", std::string(py::str(is_causal.get_type())), " is neither a bool nor an mha.Causal");
+            mha::TorchMhaResult r;
+            {
+              py::gil_scoped_release release;
+              r = self.forward(q, k, v, call);
+            }
+            py::object w = r.weights ? py::object(to_numpy(*r.weights)) : py::object(py::none());
+            return py::make_tuple(to_numpy(r.output), w);
+          },
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+          py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
+          py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+          "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
+          " average_attn_weights=True, is_causal=False) -> (output, weights or None)")
+      .def("state_dict", [](const TMHA& s) {
+             py::dict d;
+             for (const auto& [k, v] : s.state_dict()) d[py::str(k)] = to_numpy(v);
+             return d;
+           }, "Parameters by PyTorch's names, as float32 arrays.")
+      .def("train", [](TMHA& s, bool on) -> TMHA& { s.train(on); return s; }, py::arg("mode") = true,
+           py::return_value_policy::reference, "Training mode (dropout on); returns self.")
+      .def("eval", [](TMHA& s) -> TMHA& { s.eval(); return s; }, py::return_value_policy::reference,
+           "Evaluation mode (dropout off); returns self.")
+      .def_property_readonly("training", &TMHA::training)
+      .def_property("kernel", &TMHA::kernel, &TMHA::set_kernel, "The attention implementation (mha.Kernel)")
+      .def_property("fully_masked_rows", &TMHA::fully_masked_rows, &TMHA::set_fully_masked_rows)
+      .def_property_readonly("embed_dim", &TMHA::embed_dim)
+      .def_property_readonly("num_heads", &TMHA::num_heads)
+      .def_property_readonly("num_kv_heads", &TMHA::num_kv_heads)
+      .def_property_readonly("head_dim", &TMHA::head_dim)
+      .def_property_readonly("kdim", &TMHA::kdim)
+      .def_property_readonly("vdim", &TMHA::vdim)
+      .def_property_readonly("batch_first", &TMHA::batch_first)
+      .def_property_readonly("add_zero_attn", &TMHA::add_zero_attn)
+      .def_property_readonly("bias", &TMHA::has_bias)
+      .def_property_readonly("bias_kv", &TMHA::has_bias_kv)
+      .def_property_readonly("dropout", &TMHA::dropout);
+}

@@ -1,0 +1,244 @@
+// python/train_bindings.cpp: training in Python: MultiHeadAttention's
+// backward and gradients, and the optimisers (mha.optim).
+#include <pybind11/stl.h>
+
+#include "convert.h"
+#include "mha/mha.h"
+
+namespace mha::python {
+
+namespace {
+
+// Anything with parameters(): the optimisers take the module itself and keep
+// it alive, so the parameter pointers they hold stay valid.
+ParamList params_of(py::object module) {
+  if (py::isinstance<MultiHeadAttention>(module)) return module.cast<MultiHeadAttention&>().parameters();
+  if (py::isinstance<AttentionModel>(module)) return module.cast<AttentionModel&>().parameters();
+  throw Error("[mha.optim] module: expected mha.MultiHeadAttention or mha.AttentionModel, got " +
+              std::string(py::str(py::type::of(module))));
+}
+
+using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+// tokens (B, T) of any integer dtype -> ids, B, T.
+std::vector<int32_t> to_ids(const IntArray& a, const char* op, const char* what, int64_t& B, int64_t& T) {
+  if (a.ndim() != 2) {
+    Shape s(a.shape(), a.shape() + a.ndim());
+    fail(op, what, ": shape ", shape_str(s), " is not (B, T)");
+  }
+  B = a.shape(0);
+  T = a.shape(1);
+  return std::vector<int32_t>(a.data(), a.data() + a.size());
+}
+
+py::array_t<int32_t> ids_to_numpy(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
+  py::array_t<int32_t> out({B, T});
+  std::copy(ids.begin(), ids.end(), out.mutable_data());
+  return out;
+}
+
+ValidLens lens_of(const py::object& obj) {
+  if (obj.is_none()) return {};
+  return ValidLens::from_tensor(to_tensor(FloatArray::ensure(obj)));
+}
+
+py::dict task_config_dict(const OffsetPairTaskConfig& c) {
+  py::dict d;
+  d["vocab"] = c.vocab;
+  d["near"] = c.near;
+  d["far"] = c.far;
+  d["min_len"] = c.min_len;
+  d["max_len"] = c.max_len;
+  return d;
+}
+
+// Adam and AdamW share their arguments; AdamW's weight_decay defaults to 1e-2.
+template <typename Opt>
+std::unique_ptr<Opt> make_adam(py::object module, double lr, std::pair<double, double> betas,
+                               double eps, double weight_decay, bool amsgrad) {
+  return std::make_unique<Opt>(params_of(module),
+                               optim::AdamOptions{lr, betas.first, betas.second, eps, weight_decay, amsgrad});
+}
+
+}  // namespace
+
+void bind_training(py::module_& m) {
+  auto mha_class = py::reinterpret_borrow<py::class_<MultiHeadAttention>>(m.attr("MultiHeadAttention"));
+  mha_class
+      .def(
+          "backward",
+          [](MultiHeadAttention& self, const FloatArray& grad_output) {
+            const Tensor g = to_tensor(grad_output);
+            MultiHeadAttention::InputGrads grads;
+            {
+              py::gil_scoped_release release;
+              grads = self.backward(g);
+            }
+            return py::make_tuple(
+                py::make_tuple(to_numpy(grads.queries), to_numpy(grads.keys), to_numpy(grads.values)),
+                to_dict(self.grads()));
+          },
+          py::arg("grad_output"),
+          "backward(grad_output (B,Q,num_hiddens)) -> ((grad_queries, grad_keys, grad_values), param_grads)\n\n"
+          "After a training-mode call: the gradients of that call's queries (B,Q,Dq), keys\n"
+          "(B,K,Dk) and values (B,K,Dv). The parameters' gradients are added to the\n"
+          "accumulated ones (until zero_grad()); param_grads is their dict by state-dict name.")
+      .def("zero_grad", &MultiHeadAttention::zero_grad, "Set every accumulated gradient to zero.")
+      .def("grads", [](MultiHeadAttention& s) { return to_dict(s.grads()); },
+           "The accumulated parameter gradients by state-dict name.")
+      .def("set_grads", [](MultiHeadAttention& s, const py::dict& d) { s.set_grads(to_tensors(d)); },
+           py::arg("grads"), "Replace accumulated gradients by name (shapes as the parameters').")
+      .def("initialize", &MultiHeadAttention::initialize, py::arg("dq"), py::arg("dk"), py::arg("dv"),
+           "Fix the lazy input widths as a first call with these widths would.")
+      .def_property_readonly(
+          "last_dropout_mask", [](const MultiHeadAttention& s) { return to_numpy(s.last_dropout_mask()); },
+          "(B, num_heads, Q, K) dropout multipliers of the last call: 0 or 1/(1-p), all 1 without dropout");
+
+  py::enum_<PositionKind>(m, "Positions", "How AttentionModel encodes positions.")
+      .value("LEARNED", PositionKind::Learned, "a trained (max_len, D) table")
+      .value("SINUSOIDAL", PositionKind::Sinusoidal, "d2l's fixed sin/cos encoding");
+
+  py::class_<AttentionModel>(m, "AttentionModel", R"doc(
+Token embedding + positions + num_layers MultiHeadAttention self-attention
+layers (residual when more than one) + a linear read-out (mha/model.h).
+
+AttentionModel(vocab_size, num_classes, max_len, num_hiddens=64, num_heads=4,
+               num_layers=1, dropout=0.0, bias=False, positions=Positions.LEARNED, seed=0)
+
+Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,num_classes).
+)doc")
+      .def(py::init([](int64_t vocab_size, int64_t num_classes, int64_t max_len, int64_t num_hiddens,
+                       int64_t num_heads, int64_t num_layers, float dropout, bool bias,
+                       PositionKind positions, uint64_t seed) {
+             ModelConfig c{vocab_size, num_classes, max_len, num_hiddens, num_heads, num_layers, dropout, bias, positions};
+             return std::make_unique<AttentionModel>(c, seed);
+           }),
+           py::arg("vocab_size"), py::arg("num_classes"), py::arg("max_len"), py::arg("num_hiddens") = 64,
+           py::arg("num_heads") = 4, py::arg("num_layers") = 1, py::arg("dropout") = 0.0f,
+           py::arg("bias") = false, py::arg("positions") = PositionKind::Learned, py::arg("seed") = 0)
+      .def(
+          "__call__",
+          [](AttentionModel& self, const IntArray& tokens, const py::object& vl) {
+            int64_t B = 0, T = 0;
+            const std::vector<int32_t> ids = to_ids(tokens, "AttentionModel.forward", "tokens", B, T);
+            const ValidLens lens = lens_of(vl);
+            Tensor out;
+            {
+              py::gil_scoped_release release;
+              out = self.forward(ids, B, T, lens);
+            }
+            return to_numpy(out);
+          },
+          py::arg("tokens"), py::arg("valid_lens") = py::none(), "(tokens (B,T), valid_lens) -> logits (B,T,C)")
+      .def(
+          "backward",
+          [](AttentionModel& self, const FloatArray& grad_logits) {
+            const Tensor g = to_tensor(grad_logits);
+            {
+              py::gil_scoped_release release;
+              self.backward(g);
+            }
+            return to_dict(self.grads());
+          },
+          py::arg("grad_logits"),
+          "backward(grad_logits (B,T,C)) -> param_grads: accumulates and returns every parameter's gradient")
+      .def("zero_grad", &AttentionModel::zero_grad)
+      .def("grads", [](AttentionModel& s) { return to_dict(s.grads()); })
+      .def("state_dict", [](const AttentionModel& s) { return to_dict(s.state_dict()); })
+      .def("load_state_dict", [](AttentionModel& s, const py::dict& d) { s.load_state_dict(to_tensors(d)); },
+           py::arg("state_dict"))
+      .def("train", [](AttentionModel& s, bool on) -> AttentionModel& { s.train(on); return s; },
+           py::arg("mode") = true, py::return_value_policy::reference)
+      .def("eval", [](AttentionModel& s) -> AttentionModel& { s.eval(); return s; },
+           py::return_value_policy::reference)
+      .def_property_readonly("training", &AttentionModel::training)
+      .def("layer", py::overload_cast<int64_t>(&AttentionModel::layer), py::arg("index"),
+           py::return_value_policy::reference_internal,
+           "The index-th MultiHeadAttention (its attention_weights are the last call's)")
+      .def_property_readonly("num_layers", &AttentionModel::num_layers)
+      .def_property_readonly("positions", [](const AttentionModel& s) { return to_numpy(s.positions()); },
+                             "(max_len, D) position table (learned or sinusoidal)");
+
+  m.def(
+      "cross_entropy",
+      [](const FloatArray& logits, const IntArray& targets) {
+        std::vector<int32_t> t(targets.data(), targets.data() + targets.size());
+        const CrossEntropy ce = cross_entropy(to_tensor(logits), t);
+        return py::make_tuple(ce.loss, to_numpy(ce.grad.reshape(to_tensor(logits).shape())), ce.correct, ce.scored);
+      },
+      py::arg("logits"), py::arg("targets"),
+      "cross_entropy(logits (...,C), targets (...) ints, -100 ignored) -> (loss, grad_logits, correct, scored)\n\n"
+      "The mean cross-entropy over scored rows, as torch's cross_entropy(ignore_index=-100).");
+
+  py::class_<OffsetPairTask>(m, "OffsetPairTask", R"doc(
+The synthetic task of mha/task.h: target[t] = token[t-near] * vocab + token[t-far]
+for t >= far (else -100), lengths uniform in [min_len, max_len], padded with token `vocab`.
+)doc")
+      .def(py::init([](int64_t vocab, int64_t near, int64_t far, int64_t min_len, int64_t max_len) {
+             return OffsetPairTask({vocab, near, far, min_len, max_len});
+           }),
+           py::arg("vocab") = 8, py::arg("near") = 1, py::arg("far") = 10, py::arg("min_len") = 12,
+           py::arg("max_len") = 32)
+      .def(
+          "sample",
+          [](const OffsetPairTask& task, int64_t batch_size, uint64_t seed) {
+            Generator gen(seed);
+            const TokenBatch b = task.sample(batch_size, gen);
+            py::dict d;
+            d["tokens"] = ids_to_numpy(b.tokens, b.batch, b.length);
+            d["targets"] = ids_to_numpy(b.targets, b.batch, b.length);
+            d["valid_lens"] = to_numpy(Tensor({b.batch}, b.lengths));
+            return d;
+          },
+          py::arg("batch_size"), py::arg("seed"),
+          "A batch drawn from Generator(seed): dict of tokens (B,T), targets (B,T), valid_lens (B,)")
+      .def_property_readonly("config", [](const OffsetPairTask& t) { return task_config_dict(t.config()); })
+      .def_property_readonly("input_vocab", &OffsetPairTask::input_vocab)
+      .def_property_readonly("num_classes", &OffsetPairTask::num_classes)
+      .def_property_readonly("pad_token", &OffsetPairTask::pad_token);
+
+  m.def(
+      "load_checkpoint",
+      [](const std::string& path) {
+        const Checkpoint ck = read_checkpoint(path);
+        return py::make_tuple(load_model(ck), OffsetPairTask(ck.config.task), ck.metadata);
+      },
+      py::arg("path"),
+      "load_checkpoint(path) -> (model, task, metadata): a checkpoint written by `mha train`,\n"
+      "the model in evaluation mode.");
+
+  py::module_ optim = m.def_submodule("optim", "Optimisers with PyTorch's update rules.");
+  py::class_<optim::Optimizer>(optim, "Optimizer")
+      .def("step", &optim::Optimizer::step, "One update of every parameter from its gradient.")
+      .def("zero_grad", &optim::Optimizer::zero_grad, "Zero every parameter's gradient.")
+      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
+      .def_property_readonly("steps", &optim::Optimizer::steps)
+      .def("state", [](const optim::Optimizer& o) { return to_dict(o.state()); },
+           "State buffers by '<parameter>.<buffer>' (e.g. 'W_q.weight.exp_avg').");
+  py::class_<optim::SGD, optim::Optimizer>(optim, "SGD", "torch.optim.SGD's update rule.")
+      .def(py::init([](py::object module, double lr, double momentum, double dampening,
+                       double weight_decay, bool nesterov) {
+             return std::make_unique<optim::SGD>(
+                 params_of(module), optim::SGDOptions{lr, momentum, dampening, weight_decay, nesterov});
+           }),
+           py::arg("module"), py::arg("lr"), py::arg("momentum") = 0.0, py::arg("dampening") = 0.0,
+           py::arg("weight_decay") = 0.0, py::arg("nesterov") = false, py::keep_alive<1, 2>());
+  py::class_<optim::Adam, optim::Optimizer>(optim, "Adam", "torch.optim.Adam's update rule.")
+      .def(py::init(&make_adam<optim::Adam>), py::arg("module"), py::arg("lr") = 1e-3,
+           py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("weight_decay") = 0.0, py::arg("amsgrad") = false, py::keep_alive<1, 2>());
+  py::class_<optim::AdamW, optim::Adam>(optim, "AdamW", "torch.optim.AdamW's update rule.")
+      .def(py::init(&make_adam<optim::AdamW>), py::arg("module"), py::arg("lr") = 1e-3,
+           py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false, py::keep_alive<1, 2>());
+  optim.def(
+      "clip_grad_norm",
+      [](py::object module, double max_norm, double norm_type) {
+        return optim::clip_grad_norm(params_of(module), max_norm, norm_type);
+      },
+      py::arg("module"), py::arg("max_norm"), py::arg("norm_type") = 2.0,
+      "Scale the module's gradients so their global norm is at most max_norm (as\n"
+      "torch.nn.utils.clip_grad_norm_); returns the norm before clipping.");
+}
+
+}  // namespace mha::python

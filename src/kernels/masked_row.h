@@ -1,0 +1,65 @@
+// src/kernels/masked_row.h: one row of scores -> softmax weights, every mask
+// applied. The one definition shared by the kernels that materialise score
+// rows (the BLAS forward, and a backward that recomputes the weights), so
+// that they cannot drift apart; the reference kernel spells the same rules
+// out on its own, and the tests hold the two together.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention_params.h"
+
+namespace mha::kernels {
+
+// Whether key j takes part for query i of (b, h): the valid length `len`
+// (float(j) < len, the seed's comparison), the boolean masks and causality.
+inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i, int64_t j,
+                       int64_t Q, int64_t K) {
+  return static_cast<float>(j) < len && j <= m.causal_last_key(i, Q, K) &&
+         (!m.key_keep || m.key_keep[b * K + j]) &&
+         (!m.pair_keep || m.pair_keep[m.pair_offset(b, h, i, K) + j]);
+}
+
+// row:[K] raw scores q.k of query i in (b, h) -> its weights, in place:
+// scaled, additive masks added, masked keys set to the fill, then a softmax,
+// or the fully-masked policy when no key is live. Returns true for a fully
+// masked row (its weights do not depend on the scores: no gradient flows).
+inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divisor, int64_t b,
+                               int64_t h, int64_t i, int64_t Q, int64_t K, float* row) {
+  const int64_t last = m.causal_last_key(i, Q, K);  // keys after it are masked
+  const uint8_t* key_keep = m.key_keep ? m.key_keep + b * K : nullptr;
+  const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;
+  const uint8_t* pair_keep = m.pair_keep ? m.pair_keep + m.pair_offset(b, h, i, K) : nullptr;
+  const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
+  const float fill = m.fill_value();
+  float row_max = -INFINITY;
+  int64_t live = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    float x = row[j] / scale_divisor;
+    if (key_bias) x += key_bias[j];
+    if (pair_bias) x += pair_bias[j];
+    // float(j) < len is the seed's comparison (a length 2.5 keeps key 2).
+    const bool keep = static_cast<float>(j) < len && j <= last &&
+                      (!key_keep || key_keep[j]) && (!pair_keep || pair_keep[j]);
+    if (!keep) x = fill;
+    live += keep && x != -INFINITY;
+    row[j] = x;
+    row_max = std::fmax(row_max, x);
+  }
+  if (live == 0) {
+    const float w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0f / static_cast<float>(K) : 0.0f;
+    std::fill(row, row + K, w);
+    return true;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < K; ++j) {
+    row[j] = std::exp(row[j] - row_max);
+    sum += row[j];
+  }
+  for (int64_t j = 0; j < K; ++j) row[j] /= sum;
+  return false;
+}
+
+}  // namespace mha::kernels

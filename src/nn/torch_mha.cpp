@@ -1,0 +1,236 @@
+// TorchMultiheadAttention::forward: nn.MultiheadAttention's forward on mha's
+// kernels. The projections read and write rows in the caller's layout
+// (batch- or sequence-first), and the kernel sees heads through strides, so
+// neither layout costs a transpose. bias_k/bias_v and add_zero_attn append
+// key/value rows after projection, as PyTorch does, and every mask gets a
+// "takes part" column for each appended key.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention_params.h"
+#include "kernels/dispatch.h"
+#include "kernels/features.h"
+#include "mha/error.h"
+#include "mha/torch_mha.h"
+
+namespace mha {
+
+namespace {
+
+const char* kForward = "TorchMultiheadAttention.forward";
+
+// The call's geometry. Rows of every buffer are (b, position) pairs in the
+// caller's layout: b-major when batch_first, position-major otherwise.
+struct Geometry {
+  bool seq_first;
+  int64_t B, Q, K, Kt;  // Kt: keys after bias_k/bias_v and the zero key
+  int64_t row(int64_t b, int64_t pos, int64_t L) const { return seq_first ? pos * B + b : b * L + pos; }
+};
+
+// A buffer of B*L rows of `heads * d` floats, seen as (B, heads, L, d).
+TensorView head_view(float* data, const Geometry& g, int64_t L, int64_t heads, int64_t d) {
+  const int64_t width = heads * d;
+  TensorView v;
+  v.data = data;
+  v.rank = 4;
+  v.shape[0] = g.B; v.stride[0] = g.seq_first ? width : L * width;
+  v.shape[1] = heads; v.stride[1] = d;
+  v.shape[2] = L; v.stride[2] = g.seq_first ? g.B * width : width;
+  v.shape[3] = d; v.stride[3] = 1;
+  return v;
+}
+
+// x:[B*K rows, in] -> out:[B*Kt rows, width]: the projection of the K given
+// keys, then the bias row (bias_k / bias_v, if any) at position K of every
+// batch row; any position after that (add_zero_attn's) stays zero.
+std::vector<float> project_keys(const LazyLinear& layer, const Tensor& x, const Geometry& g,
+                                const Tensor& extra_row) {
+  const int64_t width = layer.out_features(), in = layer.in_features();
+  std::vector<float> out(static_cast<size_t>(g.B * g.Kt * width), 0.0f);
+  if (g.seq_first || g.Kt == g.K) {
+    // The K given positions are the first B*K rows in both layouts here.
+    layer.forward_rows(x.data(), g.B * g.K, out.data(), width);
+  } else {
+    for (int64_t b = 0; b < g.B; ++b)
+      layer.forward_rows(x.data() + b * g.K * in, g.K, out.data() + b * g.Kt * width, width);
+  }
+  if (!extra_row.empty())
+    for (int64_t b = 0; b < g.B; ++b)
+      std::copy(extra_row.data(), extra_row.data() + width, out.data() + g.row(b, g.K, g.Kt) * width);
+  return out;
+}
+
+// A mask whose last axis has K entries, padded to Kt with `pad` per row.
+template <typename T>
+std::vector<T> pad_last_axis(const T* data, int64_t rows, int64_t K, int64_t Kt, T pad) {
+  std::vector<T> out(static_cast<size_t>(rows * Kt), pad);
+  for (int64_t r = 0; r < rows; ++r) std::copy(data + r * K, data + (r + 1) * K, out.data() + r * Kt);
+  return out;
+}
+
+bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
+  switch (c) {
+    case Causal::None: return false;
+    case Causal::TopLeft: return j > i;
+    case Causal::BottomRight: return j > i + K - Q;
+  }
+  return false;
+}
+
+}  // namespace
+
+TorchMhaResult TorchMultiheadAttention::operator()(const Tensor& query, const Tensor& key,
+                                                   const Tensor& value, const Mask& key_padding_mask,
+                                                   bool need_weights, const Mask& attn_mask,
+                                                   bool average_attn_weights, bool is_causal) {
+  TorchMhaCall call;
+  call.key_padding_mask = key_padding_mask;
+  call.need_weights = need_weights;
+  call.attn_mask = attn_mask;
+  call.average_attn_weights = average_attn_weights;
+  call.causal = is_causal ? Causal::TopLeft : Causal::None;
+  return forward(query, key, value, call);
+}
+
+TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                                const Tensor& value, const TorchMhaCall& call) {
+  const int64_t E = embed_dim_, H = num_heads_, Hkv = num_kv_heads_, d = head_dim();
+  const int64_t Ekv = Hkv * d;
+  // --- shapes ---
+  const bool batched = query.dim() == 3;
+  if (query.dim() != 2 && query.dim() != 3)
+    fail(kForward, "query: shape ", shape_str(query.shape()), " is neither ",
+         batch_first_ ? "(B, L, E)" : "(L, B, E)", " nor unbatched (L, E)");
+  if (key.dim() != query.dim() || value.dim() != query.dim())
+    fail(kForward, "key/value: shapes ", shape_str(key.shape()), " and ", shape_str(value.shape()),
+         " do not have the rank of query ", shape_str(query.shape()));
+  Geometry g;
+  g.seq_first = !batched || !batch_first_;
+  const int bax = batched && batch_first_ ? 0 : 1;  // batch axis when batched
+  const int pax = batched && batch_first_ ? 1 : 0;  // position axis
+  g.B = batched ? query.size(bax) : 1;
+  g.Q = query.size(pax);
+  g.K = key.size(pax);
+  g.Kt = g.K + (has_bias_kv() ? 1 : 0) + (add_zero_attn_ ? 1 : 0);
+  const char* layout = !batched ? "(S, width)" : batch_first_ ? "(B, S, width)" : "(S, B, width)";
+  if (query.size(-1) != E)
+    fail(kForward, "query: shape ", shape_str(query.shape()), " has width ", query.size(-1),
+         "; wanted embed_dim ", E);
+  if (key.size(-1) != kdim())
+    fail(kForward, "key: shape ", shape_str(key.shape()), " has width ", key.size(-1),
+         "; wanted kdim ", kdim());
+  if (value.size(-1) != vdim())
+    fail(kForward, "value: shape ", shape_str(value.shape()), " has width ", value.size(-1),
+         "; wanted vdim ", vdim());
+  if (batched && (key.size(bax) != g.B || value.size(bax) != g.B))
+    fail(kForward, "key/value: shapes ", shape_str(key.shape()), " and ", shape_str(value.shape()),
+         " do not have query's batch size ", g.B, " (layout ", layout, ")");
+  if (value.size(pax) != g.K)
+    fail(kForward, "value: shape ", shape_str(value.shape()), " has ", value.size(pax),
+         " positions but key ", shape_str(key.shape()), " has ", g.K);
+  if (g.Kt == 0) fail(kForward, "key: shape ", shape_str(key.shape()), " has no keys to attend to");
+  const Mask& kpm = call.key_padding_mask;
+  const Mask& am = call.attn_mask;
+  check_mask_shape(kForward, "key_padding_mask", kpm, batched ? Shape{g.B, g.K} : Shape{g.K});
+  const bool am3 = am.dim() == 3;
+  if (!am.is_none() && am.dim() != 2 && !am3)
+    fail(kForward, "attn_mask: shape ", shape_str(am.shape()), " is neither ",
+         shape_str({g.Q, g.K}), " nor ", shape_str({batched ? g.B * H : H, g.Q, g.K}));
+  check_mask_shape(kForward, "attn_mask", am,
+                   am3 ? Shape{batched ? g.B * H : H, g.Q, g.K} : Shape{g.Q, g.K});
+
+  // --- projections; k and v get their appended rows ---
+  Tensor q_proj({g.B * g.Q, E});
+  q_proj_.forward_rows(query.data(), g.B * g.Q, q_proj.data(), E);
+  const Tensor bk = has_bias_kv() ? bias_k_.reshape({Ekv}) : Tensor();
+  const Tensor bv = has_bias_kv() ? bias_v_.reshape({Ekv}) : Tensor();
+  std::vector<float> k_proj = project_keys(k_proj_, key, g, bk);
+  std::vector<float> v_proj = project_keys(v_proj_, value, g, bv);
+
+  kernels::AttentionForward p;
+  Tensor concat({g.B * g.Q, E});
+  p.q = head_view(q_proj.data(), g, g.Q, H, d);
+  p.k = head_view(k_proj.data(), g, g.Kt, Hkv, d);
+  p.v = head_view(v_proj.data(), g, g.Kt, Hkv, d);
+  p.out = head_view(concat.data(), g, g.Q, H, d);
+  Tensor weights;
+  if (call.need_weights) {
+    weights = Tensor({g.B, H, g.Q, g.Kt});
+    p.weights = weights.data();
+  }
+  p.scale_divisor = std::sqrt(static_cast<float>(d));
+  // The fill and the policy only matter where something masks; leaving them
+  // at their defaults otherwise lets a kernel without them run the plain case.
+  if (!call.key_padding_mask.is_none() || !call.attn_mask.is_none() || call.causal != Causal::None) {
+    p.masks.fill = kernels::MaskFill::NegInf;
+    p.masks.fully_masked = fully_masked_;
+  }
+  if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+
+  // --- masks; appended keys always take part ---
+  const bool extra = g.Kt > g.K;
+  std::vector<uint8_t> key_keep, pair_keep;
+  std::vector<float> key_bias, pair_bias;
+  if (kpm.is_keep())
+    p.masks.key_keep = extra ? (key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1)).data()
+                       : kpm.keep_data();
+  if (kpm.is_additive())
+    p.masks.key_bias = extra ? (key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f)).data()
+                       : kpm.bias_data();
+  const int64_t slices = am3 ? am.shape()[0] : 1;  // (Q, K) slices of attn_mask
+  if (am3) {
+    p.masks.pair_stride_h = g.Q * g.Kt;
+    p.masks.pair_stride_b = H * g.Q * g.Kt;
+  }
+  if (!extra) {
+    p.masks.pair_keep = am.keep_data();
+    p.masks.pair_bias = am.bias_data();
+    p.masks.causal = call.causal;
+  } else {
+    // The kernel's causal limit would count the appended keys, so the causal
+    // pattern over the K given keys joins the pair mask instead.
+    if (am.is_keep()) pair_keep = pad_last_axis<uint8_t>(am.keep_data(), slices * g.Q, g.K, g.Kt, 1);
+    if (am.is_additive()) pair_bias = pad_last_axis<float>(am.bias_data(), slices * g.Q, g.K, g.Kt, 0.0f);
+    if (call.causal != Causal::None) {
+      if (am.is_none()) pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
+      for (int64_t s = 0; s < slices; ++s)
+        for (int64_t i = 0; i < g.Q; ++i)
+          for (int64_t j = 0; j < g.K; ++j) {
+            if (!causally_masked(call.causal, i, j, g.Q, g.K)) continue;
+            const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
+            if (!pair_bias.empty()) pair_bias[at] = -INFINITY;  // drops out under NegInf fill
+            else pair_keep[at] = 0;
+          }
+    }
+    if (!pair_keep.empty()) p.masks.pair_keep = pair_keep.data();
+    if (!pair_bias.empty()) p.masks.pair_bias = pair_bias.data();
+  }
+
+  kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
+
+  TorchMhaResult result;
+  result.output = Tensor(query.shape());
+  out_proj_.forward_rows(concat.data(), g.B * g.Q, result.output.data(), E);
+  if (!call.need_weights) return result;
+  // PyTorch returns the weights after dropout; the kernel's are before it,
+  // and its counter-based mask is recomputed here from the same key.
+  if (p.dropout.active())
+    for (int64_t x = 0; x < weights.numel(); ++x)
+      weights.data()[x] *= p.dropout.multiplier(static_cast<uint64_t>(x));
+  if (call.average_attn_weights) {
+    Tensor avg({g.B, g.Q, g.Kt}, 0.0f);
+    const int64_t QK = g.Q * g.Kt;
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < QK; ++x) avg.data()[b * QK + x] += weights.data()[(b * H + h) * QK + x];
+    for (float& x : avg.values()) x /= static_cast<float>(H);
+    weights = batched ? avg : avg.reshape({g.Q, g.Kt});
+  } else if (!batched) {
+    weights = weights.reshape({H, g.Q, g.Kt});
+  }
+  result.weights = std::move(weights);
+  return result;
+}
+
+}  // namespace mha

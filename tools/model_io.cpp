@@ -1,0 +1,93 @@
+// tools/model_io.cpp: see model_io.h.
+#include "model_io.h"
+
+#include <cstring>
+
+namespace mha::tools {
+
+MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_heads, const char* op) {
+  StateDict state = load_f32_tensors(weights_path);
+  auto wq = state.find("W_q.weight");
+  if (wq == state.end()) fail(op, "weights '", weights_path, "': no tensor 'W_q.weight'");
+  if (wq->second.dim() != 2)
+    fail(op, "weights '", weights_path, "': W_q.weight has shape ", shape_str(wq->second.shape()),
+         ", wanted (num_hiddens, Dq)");
+  const int64_t num_hiddens = wq->second.size(0);
+  const bool bias = state.count("W_q.bias") > 0;
+  if (num_heads <= 0) fail(op, "--heads: ", num_heads, " is not a positive number of heads");
+  MultiHeadAttention attention(num_hiddens, num_heads, 0.0f, bias);
+  attention.load_state_dict(state);
+  attention.eval();
+  return attention;
+}
+
+AttentionInputs load_inputs(const std::string& path, const char* op) {
+  const SafetensorsFile inputs = read_safetensors(path);
+  auto input = [&](const char* name) {
+    auto it = inputs.tensors.find(name);
+    if (it == inputs.tensors.end()) fail(op, "inputs '", path, "': no tensor '", name, "'");
+    return require_f32(it->second, std::string("inputs '") + path + "' tensor '" + name + "'");
+  };
+  AttentionInputs in;
+  in.queries = input("queries");
+  in.keys = input("keys");
+  in.values = input("values");
+  if (auto it = inputs.tensors.find("valid_lens"); it != inputs.tensors.end()) {
+    const DType t = it->second.dtype;
+    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
+      fail(op, "inputs '", path, "' tensor 'valid_lens': dtype ", dtype_name(t),
+           " where F32, I32 or I64 is wanted");
+    in.valid_lens = ValidLens::from_tensor(to_float_tensor(it->second, "valid_lens"));
+  }
+  for (const auto& [name, raw] : inputs.tensors)
+    if (name != "queries" && name != "keys" && name != "values" && name != "valid_lens")
+      fail(op, "inputs '", path, "': unexpected tensor '", name,
+           "' (wanted queries, keys, values and optionally valid_lens)");
+  return in;
+}
+
+namespace {
+
+// t:[B, ...] -> [rows.size(), ...]
+Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
+  Shape shape = t.shape();
+  const int64_t row_size = t.numel() / shape[0];
+  shape[0] = static_cast<int64_t>(rows.size());
+  Tensor out(shape);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.data() + static_cast<int64_t>(i) * row_size, t.data() + rows[i] * row_size,
+                static_cast<size_t>(row_size) * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+AttentionInputs select_rows(const AttentionInputs& in, const std::vector<int64_t>& rows) {
+  const int64_t B = in.queries.dim() > 0 ? in.queries.size(0) : 0;
+  for (int64_t r : rows)
+    if (r < 0 || r >= B) fail("select_rows", "row ", r, " is outside the batch of ", B, " rows (0 .. ", B - 1, ")");
+  if (in.queries.dim() != 3 || in.keys.dim() != 3 || in.values.dim() != 3 || in.keys.size(0) != B ||
+      in.values.size(0) != B)
+    fail("select_rows", "queries ", shape_str(in.queries.shape()), ", keys ", shape_str(in.keys.shape()),
+         ", values ", shape_str(in.values.shape()), ": wanted (B, Q, Dq), (B, K, Dk), (B, K, Dv)");
+  if (!in.valid_lens.is_none()) in.valid_lens.check("select_rows", B, in.queries.size(1));
+  AttentionInputs out;
+  out.queries = take_rows(in.queries, rows);
+  out.keys = take_rows(in.keys, rows);
+  out.values = take_rows(in.values, rows);
+  const ValidLens& v = in.valid_lens;
+  if (v.kind() == ValidLens::Kind::PerBatch) {
+    std::vector<float> lens;
+    for (int64_t r : rows) lens.push_back(v.at(r, 0));
+    out.valid_lens = ValidLens::per_batch(lens);
+  } else if (v.kind() == ValidLens::Kind::PerQuery) {
+    const int64_t Q = v.shape()[1];
+    std::vector<float> lens;
+    for (int64_t r : rows)
+      for (int64_t q = 0; q < Q; ++q) lens.push_back(v.at(r, q));
+    out.valid_lens = ValidLens::per_query(static_cast<int64_t>(rows.size()), Q, lens);
+  }
+  return out;
+}
+
+}  // namespace mha::tools

@@ -1,0 +1,35 @@
+// tools/model_io.h: reading a MultiHeadAttention and its inputs from
+// safetensors files, shared by `mha run` and `mha viz`.
+//
+// weights file: W_q.weight (D, Dq), W_k.weight (D, Dk), W_v.weight (D, Dv),
+//   W_o.weight (D, D), and the four .bias (D,) when the module has biases.
+// inputs file: queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv) as F32 and
+//   optionally valid_lens (B,) or (B,Q) as F32, I32 or I64.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mha/mha.h"
+
+namespace mha::tools {
+
+struct AttentionInputs {
+  Tensor queries, keys, values;  // [B,Q,Dq] [B,K,Dk] [B,K,Dv]
+  ValidLens valid_lens;          // none, [B] or [B,Q]
+  int64_t batch() const { return queries.size(0); }
+};
+
+// A module in evaluation mode with the file's parameters; num_hiddens comes
+// from W_q.weight, biases iff the file has them. Errors name `op` and the file.
+MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_heads, const char* op);
+
+// The inputs file, checked for unexpected tensors (a typo must not be ignored).
+AttentionInputs load_inputs(const std::string& path, const char* op);
+
+// The same inputs restricted to batch rows `rows` (in that order), so that
+// only they are computed. Every row must be in [0, B).
+AttentionInputs select_rows(const AttentionInputs& in, const std::vector<int64_t>& rows);
+
+}  // namespace mha::tools
