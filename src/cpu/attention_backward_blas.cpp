@@ -2,12 +2,20 @@
 // weights are read from the forward's save (or recomputed), and the four
 // gradient products are BLAS calls:
 //   grad_v = (P*M)^T dO,  dP = (dO v^T) * M,  grad_q = dS k,  grad_k = dS^T q.
-// Scratch is two (Q, K) matrices per call, reused across heads.
+// Scratch is two (Q, K) matrices per thread, reused across heads.
+//
+// The (batch row, head) pairs are split over mha's threads, one pair per
+// thread from start to end, so that the softmax work runs in parallel with
+// the products and the result does not depend on the thread count (inside,
+// cpu::sgemm is one single-threaded BLAS call).
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
 #include "cpu/blas.h"
 #include "kernels/attention_backward.h"
+#include "mha/threads.h"
 
 namespace mha::kernels {
 
@@ -45,7 +53,11 @@ void recompute_weights(const AttentionBackward& p, int64_t b, int64_t h, float* 
 void attention_backward_blas(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   const size_t QK = static_cast<size_t>(Q * K);
+  const int threads = B * H > 1 ? num_threads() : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
   std::vector<float> weights_scratch(p.weights ? 0 : QK), dropped(p.dropout.active() ? QK : 0), dS(QK);
+#pragma omp for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
@@ -83,6 +95,7 @@ void attention_backward_blas(const AttentionBackward& p) {
       cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.q.ptr(b, h), p.q.stride[2], 0.0f,
                  p.grad_k.ptr(b, h), p.grad_k.stride[2]);
     }
+  }
   }
 }
 

@@ -15,22 +15,34 @@ int64_t gemm_row_block(int64_t M) {
   return std::clamp<int64_t>((eighth + 63) / 64 * 64, 128, 1024);
 }
 
-void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
+void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const int64_t rows = gemm_row_block(M);
+  // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
+  const int64_t a_step = trans_a ? 1 : lda;
   for (int64_t r0 = 0; r0 < M; r0 += rows)
-    blocks_.push_back({A + r0 * lda, lda, B, ldb, trans_b, bias, C + r0 * ldc, ldc,
-                       std::min(rows, M - r0), N, K});
+    blocks_.push_back({trans_a, trans_b, std::min(rows, M - r0), N, K, alpha, A + r0 * a_step, lda,
+                       B, ldb, beta, nullptr, C + r0 * ldc, ldc});
+}
+
+void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
+  const size_t first = blocks_.size();
+  add(false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+  for (size_t i = first; i < blocks_.size(); ++i) blocks_[i].bias = bias;
 }
 
 namespace {
 
 void run_block(const GemmBlock& g) {
-  if (g.bias)
+  float beta = g.beta;
+  if (g.bias) {
     for (int64_t r = 0; r < g.M; ++r) std::memcpy(g.C + r * g.ldc, g.bias, sizeof(float) * g.N);
-  sgemm(false, g.trans_b, g.M, g.N, g.K, 1.0f, g.A, g.lda, g.B, g.ldb, g.bias ? 1.0f : 0.0f, g.C,
-        g.ldc);
+    beta = 1.0f;
+  }
+  blas_sgemm(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc);
 }
 
 }  // namespace
@@ -51,6 +63,19 @@ void GemmBatch::run() const {
       work < kMinParallelWork ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), n));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) run_block(blocks_[static_cast<size_t>(i)]);
+}
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc) {
+  if (omp_in_parallel()) {  // already on one of mha's threads: one block, here
+    if (blas_threads() != 1) set_blas_threads(1);
+    blas_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  GemmBatch batch;
+  batch.add(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  batch.run();
 }
 
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,

@@ -23,23 +23,29 @@ namespace mha::cpu {
 // [128, 1024] (one block when M <= 128). Depends on M only.
 int64_t gemm_row_block(int64_t M);
 
-// One block: C:[M,N] = op(A) op(B) + (bias ? bias broadcast over rows : 0),
-// with op(A) = A (row-major, row stride lda) and op(B) = B^T if trans_b.
+// One block: C:[M,N] = alpha op(A) op(B) + beta C (+ bias broadcast over
+// rows, then beta = 1), op(A) = A^T if trans_a, op(B) = B^T if trans_b.
 struct GemmBlock {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  float alpha;
   const float* A;
   int64_t lda;
   const float* B;
   int64_t ldb;
-  bool trans_b;
+  float beta;
   const float* bias;  // [N] or null
   float* C;
   int64_t ldc;
-  int64_t M, N, K;
 };
 
 class GemmBatch {
  public:
-  // Adds C = A op(B) (+ bias) in row blocks of gemm_row_block(M).
+  // Adds C = alpha op(A) op(B) + beta C in row blocks of gemm_row_block(M).
+  void add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc);
+  // Adds C = A op(B) + bias (bias:[N] or null) in row blocks.
   void add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
            int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
   // Runs every block on mha::num_threads() threads, after setting OpenBLAS's
@@ -50,7 +56,8 @@ class GemmBatch {
   std::vector<GemmBlock> blocks_;
 };
 
-// One product through a GemmBatch: C = A op(B) (+ bias).
+// One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm
+// (blas.h) is the general one, run the same way.
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
 
