@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
 
 namespace mha::kernels {
@@ -60,6 +61,15 @@ struct AttentionWeightsParams {
   float* out = nullptr;             // [rows, heads, Q, K] contiguous
 };
 void attention_weights_fused(const AttentionWeightsParams& p);
+
+// The fused backward: gradients of q, k, v from the statistics a fused
+// forward saved (recomputing P tile by tile, never a (Q, K) matrix), in
+// memory linear in the lengths. p.out (the forward's output) is required;
+// p.weights and p.lse are ignored.
+//   q:[B,h,Q,d] k,v:[B,h,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
+//     -> grad_q:[B,h,Q,d] grad_k:[B,h,K,d] grad_v:[B,h,K,dv]
+void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
+                              const float* row_sum);
 
 // n[b*Q + q] = #{k < K : float(k) < length(b, q)}: how many keys query q of
 // row b sees (K when unmasked). K must be at most 2^24.

@@ -94,11 +94,10 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // (kernels/features.h), so every kernel can run it.
   const bool fused = kernel_ == AttentionKernel::Fused;
   // Projections (B, L, width) -> (B, L, D), heads being strided views. The
-  // fused kernel never reads keys past the lengths, so their projections
-  // are skipped (nn/padding.h); the other kernels, and the backward after a
-  // training-mode call, read every row.
-  const nn::RowNeeds needs =
-      fused && !training_ ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
+  // fused kernels (forward and backward) never read keys past the lengths,
+  // so their projections are skipped (nn/padding.h); the other kernels read
+  // every row.
+  const nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
   st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs, &spare);
   if (fused) nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
 

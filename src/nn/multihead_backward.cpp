@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/multihead.h"
@@ -145,7 +146,14 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   p.grad_q = dq.view().split_heads(H);
   p.grad_k = dk.view().split_heads(H);
   p.grad_v = dv.view().split_heads(H);
-  kernels::attention_backward(kernel_, p);
+  if (!st.stats.empty()) {
+    // The forward ran the fused kernel: the fused backward recomputes the
+    // weights tile by tile from its statistics (linear memory), and reads
+    // only the key rows that forward projected.
+    kernels::attention_backward_fused(p, st.stats.data(), st.stats.data() + B * H * Q);
+  } else {
+    kernels::attention_backward(kernel_, p);
+  }
 
   // q = X_q W_q^T + b_q, and likewise for k and v.
   InputGrads g{Tensor(X_q.shape()), Tensor(X_k.shape()), Tensor(X_v.shape())};

@@ -232,4 +232,28 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
   run_weights(w, Q, K, d);
 }
 
+void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
+                              const float* row_sum) {
+  const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+  check_keys("attention_backward_fused", K);
+  if (!p.out.data || !row_max2 || !row_sum)
+    fail("attention_backward_fused", "the forward's output and softmax statistics are required");
+  const IsaKernels& isa = kernels_for(g_isa);
+  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  fused::BackwardJob job;
+  job.p = &p;
+  job.n_valid = n_valid.data();
+  job.row_max2 = row_max2;
+  job.row_sum = row_sum;
+  job.c2 = kLog2e / p.scale_divisor;
+  job.kv_rows = kv_rows.data();
+  job.pack_rows = max_of(kv_rows);
+  double work = 0;
+  for (int64_t r : kv_rows) work += static_cast<double>(r);
+  work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
+  run_chunks(B * H, isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+             [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
+}
+
 }  // namespace mha::kernels

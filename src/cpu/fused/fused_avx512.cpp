@@ -18,6 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "cpu/fused/simd_avx512.h"
 #include "cpu/fused/kernel_impl.h"
+#include "cpu/fused/backward_impl.h"
 
 namespace mha::kernels::fused {
 
@@ -34,10 +35,20 @@ void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
 void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
   K::weights_chunk(job, chunk, scratch);
 }
+using KB = BackwardKernel<Avx512, Avx512Tiles>;
+size_t backward_scratch_floats(int64_t Q, int64_t d, int64_t dv, int64_t rows) {
+  return KB::scratch_floats(KB::shape_of(Q, d, dv, rows));
+}
+void backward_chunk(const BackwardJob& job, int64_t chunk, float* scratch) {
+  KB::chunk(job, chunk, scratch);
+}
 
 }  // namespace
 
-const IsaKernels kAvx512Kernels = {Avx512::kName, K::MQ, &scratch_floats, &forward_chunk, &weights_chunk};
+const IsaKernels kAvx512Kernels = {Avx512::kName,        K::MQ,
+                                  &scratch_floats,        &forward_chunk,
+                                  &weights_chunk,         &backward_scratch_floats,
+                                  &backward_chunk};
 
 }  // namespace mha::kernels::fused
 

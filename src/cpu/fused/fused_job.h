@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
 
 namespace mha::kernels::fused {
@@ -41,6 +42,17 @@ struct WeightsJob {
   int64_t pack_rows = 0;
 };
 
+// One backward call. Chunk c is (b, head) = (c / H, c % H).
+struct BackwardJob {
+  const AttentionBackward* p = nullptr;
+  const int32_t* n_valid = nullptr;   // [B,Q]
+  const float* row_max2 = nullptr;    // [B,h,Q] from the fused forward
+  const float* row_sum = nullptr;     // [B,h,Q]
+  float c2 = 0.0f;                    // log2(e) / scale_divisor
+  const int64_t* kv_rows = nullptr;   // [B]: key rows with any live key
+  int64_t pack_rows = 0;              // max over b of kv_rows
+};
+
 // The entry points of one instruction set's kernel (fused_<isa>.cpp).
 struct IsaKernels {
   const char* name;
@@ -50,6 +62,8 @@ struct IsaKernels {
   size_t (*scratch_floats)(int64_t d, int64_t dv, int64_t rows);
   void (*forward_chunk)(const ForwardJob& job, int64_t chunk, float* scratch);
   void (*weights_chunk)(const WeightsJob& job, int64_t chunk, float* scratch);
+  size_t (*backward_scratch_floats)(int64_t Q, int64_t d, int64_t dv, int64_t rows);
+  void (*backward_chunk)(const BackwardJob& job, int64_t chunk, float* scratch);
 };
 
 extern const IsaKernels kScalarKernels;

@@ -130,14 +130,14 @@ struct Kernel {
   // first key row, ks is the key row stride, j_first that key's index.
   // kTrackMax: mx = max(mx, S^T).
   template <int R, int U, bool kTrackMax, bool kMask>
-  static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, float j_first,
+  static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, int64_t qs, float j_first,
                        const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     Reg acc[R][U];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < U; ++v) acc[r][v] = V::zero();
     for (int64_t c = 0; c < d; ++c) {
       Reg qv[U];
-      for (int v = 0; v < U; ++v) qv[v] = V::load(qt + c * MQ + v * L);
+      for (int v = 0; v < U; ++v) qv[v] = V::load(qt + c * qs + v * L);
       for (int r = 0; r < R; ++r) {
         const Reg a = V::set1(k0[r * ks + c]);
         for (int v = 0; v < U; ++v) acc[r][v] = V::fmadd(a, qv[v], acc[r][v]);
@@ -156,30 +156,30 @@ struct Kernel {
   // The R < MR remainder of a key tile.
   template <int R, int U, bool kTrackMax, bool kMask>
   static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
-                      float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+                      int64_t qs, float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     if constexpr (R >= 1) {
       if (rows == R)
-        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
-      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, j_first, nfv, c2v, masked, st, mx);
+        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
+      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
     }
   }
   // Keys [j0, j0 + nk) of S^T; `mask` when some lane's length ends before
   // j0 + nk (else the compare and blend are skipped).
   template <int U, bool kTrackMax>
-  static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t j0, int64_t nk,
+  static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0, int64_t nk,
                       bool mask, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
-    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, j0, nk, nfv, c2v, masked, st, mx);
-    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, j0, nk, nfv, c2v, masked, st, mx);
+    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
+    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
   }
   template <int U, bool kTrackMax, bool kMask>
-  static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t j0,
+  static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0,
                          int64_t nk, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
     int64_t jb = 0;
     for (; jb + MR <= nk; jb += MR)
-      qk_block<MR, U, kTrackMax, kMask>(kb + (j0 + jb) * ks, ks, d, qt, static_cast<float>(j0 + jb),
+      qk_block<MR, U, kTrackMax, kMask>(kb + (j0 + jb) * ks, ks, d, qt, qs, static_cast<float>(j0 + jb),
                                         nfv, c2v, masked, st + jb * MQ, mx);
     if (jb < nk)
-      qk_rows<MR - 1, U, kTrackMax, kMask>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt,
+      qk_rows<MR - 1, U, kTrackMax, kMask>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt, qs,
                                            static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
   }
 
@@ -281,7 +281,7 @@ struct Kernel {
       const int64_t nk = lmin(NK, kv_end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
-      qk_tile<U, true>(kb, ks, d, s.qt, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+      qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
       // Online softmax: rescale what came before to the new running max. A
       // lane that has seen no key yet keeps max -inf; it exponentiates
       // against 0 instead, so that -inf - -inf never makes a NaN.
@@ -409,7 +409,7 @@ struct Kernel {
     for (int64_t j0 = 0; j0 < K; j0 += NK) {
       const int64_t nk = lmin(NK, K - j0);
       const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
-      qk_tile<U, false>(kb, ks, d, s.qt, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
+      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
                         s.st, nullptr);
       for (int64_t r = computed; r < nk; ++r)
         for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
