@@ -19,19 +19,35 @@ void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                     int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-  const int64_t rows = gemm_row_block(M);
-  // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
-  const int64_t a_step = trans_a ? 1 : lda;
-  for (int64_t r0 = 0; r0 < M; r0 += rows)
-    blocks_.push_back({trans_a, trans_b, std::min(rows, M - r0), N, K, alpha, A + r0 * a_step, lda,
-                       B, ldb, beta, nullptr, C + r0 * ldc, ldc});
+  products_.push_back({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
 }
 
 void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
-  const size_t first = blocks_.size();
-  add(false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
-  for (size_t i = first; i < blocks_.size(); ++i) blocks_[i].bias = bias;
+  if (M <= 0 || N <= 0) return;
+  products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
+}
+
+std::vector<GemmBlock> GemmBatch::blocks() const {
+  // One block size for the whole batch, from its total rows: a product that
+  // padding cut into short pieces then stays one block per piece, instead of
+  // many small blocks that each repack the same right-hand matrix.
+  int64_t total = 0;
+  for (const GemmBlock& g : products_) total += g.M;
+  const int64_t rows = gemm_row_block(total);
+  std::vector<GemmBlock> out;
+  for (const GemmBlock& g : products_) {
+    // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
+    const int64_t a_step = g.trans_a ? 1 : g.lda;
+    for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
+      GemmBlock b = g;
+      b.M = std::min(rows, g.M - r0);
+      b.A = g.A + r0 * a_step;
+      b.C = g.C + r0 * g.ldc;
+      out.push_back(b);
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -48,6 +64,7 @@ void run_block(const GemmBlock& g) {
 }  // namespace
 
 void GemmBatch::run() const {
+  const std::vector<GemmBlock> blocks_ = blocks();
   const int64_t n = static_cast<int64_t>(blocks_.size());
   if (n == 0) return;
   // OpenBLAS must not thread inside our threads. Its count is set to one and

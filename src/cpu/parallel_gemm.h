@@ -19,8 +19,8 @@
 
 namespace mha::cpu {
 
-// Rows per block for an M-row product: about M/8, a multiple of 64, within
-// [128, 1024] (one block when M <= 128). Depends on M only.
+// Rows per block for a batch of products of M rows in all: about M/8, a
+// multiple of 64, within [128, 1024]. Depends on the shapes only.
 int64_t gemm_row_block(int64_t M);
 
 // One block: C:[M,N] = alpha op(A) op(B) + beta C (+ bias broadcast over
@@ -41,7 +41,8 @@ struct GemmBlock {
 
 class GemmBatch {
  public:
-  // Adds C = alpha op(A) op(B) + beta C in row blocks of gemm_row_block(M).
+  // Adds C = alpha op(A) op(B) + beta C, to be cut into row blocks of
+  // gemm_row_block(total rows of the batch).
   void add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc);
@@ -53,7 +54,8 @@ class GemmBatch {
   void run() const;
 
  private:
-  std::vector<GemmBlock> blocks_;
+  std::vector<GemmBlock> blocks() const;  // the products cut into row blocks
+  std::vector<GemmBlock> products_;
 };
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm

@@ -23,8 +23,8 @@ RowNeeds padding_row_needs(const ValidLens& lens, int64_t B, int64_t Q, int64_t 
 
 // The exception above, made safe after the projections: where a batch row's
 // v rows were cut short and its scores are not bounded away from the fill
-// (|q| |k| / scale_divisor < 9.9e5 over its heads), project its remaining v
-// rows from `values`. values:[B,K,Dv]
+// (d max|q| max|k| / scale_divisor < 9.9e5), project its remaining v rows
+// from `values`. values:[B,K,Dv]
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values,
                                const LazyLinear& W_v, int64_t heads, float scale_divisor);
 
