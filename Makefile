@@ -1,12 +1,22 @@
 # The two commands of the README:
 #   make demo   installs what is missing, builds, runs `mha demo`
-#   make test   installs what is missing, builds, runs every test
+#   make test   installs what is missing, builds, runs every test: the C++ and
+#               Python tests, the install checks, the API reference, the
+#               sanitizer builds (build-asan, build-tsan) and the fuzzers
+# and the parts of `make test`, each runnable alone:
+#   make docs          API reference -> build/docs/html (warnings fail)
+#   make test-install  cmake --install + examples/consumer + pkg-config; pip install into a venv
+#   make test-asan     C++ tests under ASan + UBSan + LSan (clang, build-asan)
+#   make test-tsan     C++ tests under TSan (clang + libomp's Archer, build-tsan)
+#   make test-fuzz     each fuzzer for FUZZ_SECONDS on the seed corpus (build-asan)
+#   make lint          every writer uses write_file_atomic; every error is in docs/errors.md
 BUILD ?= build
 JOBS ?= 2
 # Debian's Python: it has numpy, pytest and torch (the PATH python3 may not).
 PYTHON ?= /usr/bin/python3
+FUZZ_SECONDS ?= 30
 
-.PHONY: deps build demo test test-cpp test-python clean
+.PHONY: deps build demo test test-cpp test-python clean docs test-install test-asan test-tsan test-fuzz lint
 
 deps:
 	@bash scripts/install-deps.sh
@@ -19,7 +29,7 @@ demo: build
 	./$(BUILD)/mha demo
 
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python
+	$(MAKE) --no-print-directory test-cpp test-python lint test-install docs test-asan test-fuzz test-tsan
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
@@ -28,5 +38,26 @@ test-python:
 	MHA_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(CURDIR)/$(BUILD)/python \
 	  $(PYTHON) -m pytest -q tests/python
 
+docs: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PYTHON) > /dev/null
+	cmake --build $(BUILD) --target docs
+
+test-install: build
+	JOBS=$(JOBS) scripts/check-install.sh $(BUILD)
+	JOBS=$(JOBS) PYTHON=$(PYTHON) scripts/check-python-install.sh
+
+test-asan: deps
+	JOBS=$(JOBS) scripts/test-sanitizers.sh asan
+
+test-tsan: deps
+	JOBS=$(JOBS) scripts/test-sanitizers.sh tsan
+
+test-fuzz: deps
+	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
+
+lint:
+	$(PYTHON) scripts/check-atomic-writes.py
+	$(PYTHON) scripts/check-error-catalogue.py
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-tsan build-python

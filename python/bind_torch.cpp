@@ -299,5 +299,36 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def_property_readonly("add_zero_attn", &TMHA::add_zero_attn)
       .def_property_readonly("bias", &TMHA::has_bias)
       .def_property_readonly("bias_kv", &TMHA::has_bias_kv)
-      .def_property_readonly("dropout", &TMHA::dropout);
+      .def_property_readonly("dropout", &TMHA::dropout)
+      .def(
+          "backward",
+          [](TMHA& self, const py::object& grad_output) {
+            const mha::Tensor g = to_tensor(grad_output, "TorchMultiheadAttention.backward", "grad_output");
+            TMHA::InputGrads grads;
+            {
+              py::gil_scoped_release release;
+              grads = self.backward(g);
+            }
+            py::dict params;
+            for (const auto& [k, v] : self.grads()) params[py::str(k)] = to_numpy(v);
+            return py::make_tuple(
+                py::make_tuple(to_numpy(grads.query), to_numpy(grads.key), to_numpy(grads.value)), params);
+          },
+          py::arg("grad_output"),
+          "backward(grad_output) -> ((grad_query, grad_key, grad_value), param_grads)\n\n"
+          "After a training-mode call: grad_output shaped like that call's output; the\n"
+          "gradients of its query, key and value, shaped as they were given. The\n"
+          "parameters' gradients are added to the accumulated ones (until zero_grad());\n"
+          "param_grads is their dict by PyTorch's names, shaped like state_dict().\n"
+          "The call's masks, policy and dropout mask are reused; never NaN.")
+      .def("zero_grad", &TMHA::zero_grad, "Set every accumulated gradient to zero.")
+      .def("grads", [](const TMHA& s) {
+             py::dict d;
+             for (const auto& [k, v] : s.grads()) d[py::str(k)] = to_numpy(v);
+             return d;
+           }, "The accumulated parameter gradients by PyTorch's names (like state_dict()).")
+      .def_property_readonly(
+          "last_dropout_mask", [](const TMHA& s) { return to_numpy(s.last_dropout_mask()); },
+          "(B, num_heads, L, S') dropout multipliers of the last training-mode call:\n"
+          "0 or 1/(1-p), all 1 without dropout (batch-major, whatever the layout)");
 }

@@ -50,9 +50,16 @@ mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
   return mha::ValidLens::from_tensor(to_tensor(a));
 }
 
-mha::StateDict to_state_dict(const py::dict& d) {
+mha::StateDict to_state_dict(const py::dict& d, const char* op) {
   mha::StateDict s;
-  for (auto [k, v] : d) s[py::cast<std::string>(k)] = to_tensor(FloatArray::ensure(v));
+  for (auto [k, v] : d) {
+    const std::string name = py::cast<std::string>(k);
+    FloatArray a = FloatArray::ensure(v);
+    // ensure() gives a null array for what numpy cannot convert; using it
+    // would crash.
+    if (!a) mha::fail(op, "'", name, "': cannot be read as a numeric array");
+    s[name] = to_tensor(a);
+  }
   return s;
 }
 
@@ -89,6 +96,7 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 namespace mha::python {
 void bind_training(py::module_& m);  // train_bindings.cpp
+void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 }  // namespace mha::python
 
 PYBIND11_MODULE(_core, m) {
@@ -217,7 +225,9 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       .def("state_dict", [](const mha::MultiHeadAttention& s) { return to_dict(s.state_dict()); },
            "Parameters by the seed's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
       .def("load_state_dict",
-           [](mha::MultiHeadAttention& s, const py::dict& d) { s.load_state_dict(to_state_dict(d)); },
+           [](mha::MultiHeadAttention& s, const py::dict& d) {
+             s.load_state_dict(to_state_dict(d, "MultiHeadAttention.load_state_dict"));
+           },
            py::arg("state_dict"),
            "Load parameters by the seed's names; every name must be present, shapes must fit.")
       .def_property("kernel", &mha::MultiHeadAttention::kernel, &mha::MultiHeadAttention::set_kernel,
@@ -230,7 +240,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   m.def(
       "save_safetensors",
       [](const std::string& path, const py::dict& tensors, const std::map<std::string, std::string>& meta) {
-        mha::save_safetensors(path, to_state_dict(tensors), meta);
+        mha::save_safetensors(path, to_state_dict(tensors, "save_safetensors"), meta);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
       "Write a dict of arrays (stored as float32) to a safetensors file, atomically.");
@@ -244,10 +254,15 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       },
       py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
   add_plot_bindings(m);
+  m.def("set_memory_limit", &mha::set_memory_limit, py::arg("bytes"),
+        "Most bytes one call may allocate (0: the default, the machine's physical memory).\n"
+        "A call that would need more raises ValueError before allocating.");
+  m.def("memory_limit", &mha::memory_limit, "The current memory limit in bytes.");
   m.def(
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
 
   bind_torch(m);
   mha::python::bind_training(m);
+  mha::python::bind_inspect(m);
 }

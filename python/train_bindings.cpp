@@ -14,7 +14,10 @@ namespace {
 ParamList params_of(py::object module) {
   if (py::isinstance<MultiHeadAttention>(module)) return module.cast<MultiHeadAttention&>().parameters();
   if (py::isinstance<AttentionModel>(module)) return module.cast<AttentionModel&>().parameters();
-  throw Error("[mha.optim] module: expected mha.MultiHeadAttention or mha.AttentionModel, got " +
+  if (py::isinstance<TorchMultiheadAttention>(module))
+    return module.cast<TorchMultiheadAttention&>().parameters();
+  throw Error("[mha.optim] module: expected mha.MultiHeadAttention, mha.AttentionModel or "
+              "mha.TorchMultiheadAttention, got " +
               std::string(py::str(py::type::of(module))));
 }
 

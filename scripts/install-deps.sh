@@ -12,6 +12,10 @@ packages=(
   libcairo2-dev             # PNG heatmaps and plots
   fonts-dejavu-core         # the font the plots' text is set in
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  python3-setuptools python3-wheel python3-pip python3-venv   # pip install . (offline)
+  doxygen                   # make docs: the API reference
+  clang libclang-rt-dev     # sanitizer builds and libFuzzer (make test-asan/-tsan/-fuzz)
+  libomp-dev                # clang's OpenMP, with the Archer tool TSan needs
 )
 
 missing=()

@@ -53,13 +53,21 @@ plot::Heatmaps draw_attention(const Tensor& weights, const ValidLens& valid_lens
   opt.colorbar_label = "attention weight";
   opt.max_cells = fig.max_cells;
   opt.vmin = 0.0;  // weights are probabilities; the top of the scale follows the data
+  opt.note = fig.note;
+  const int64_t H = weights.size(1);
+  if (!fig.head_titles.empty() && static_cast<int64_t>(fig.head_titles.size()) != H)
+    fail(kOp, "head_titles: ", fig.head_titles.size(), " given for ", H, " heads");
+  if (!fig.row_labels.empty() && fig.row_labels.size() != fig.row_ids.size())
+    fail(kOp, "row_labels: ", fig.row_labels.size(), " given for ", fig.row_ids.size(), " rows");
   for (int64_t r : fig.row_ids) {
     (void)r;
-    for (int64_t h : heads) opt.titles.push_back("head " + std::to_string(h));
+    for (int64_t h : heads)
+      opt.titles.push_back(fig.head_titles.empty() ? "head " + std::to_string(h) : fig.head_titles[h]);
   }
   for (size_t i = 0; i < fig.row_ids.size(); ++i)
-    opt.row_labels.push_back("batch row " + std::to_string(fig.row_ids[i]) + " (" +
-                             valid_len_label(valid_lens, static_cast<int64_t>(i)) + ")");
+    opt.row_labels.push_back(!fig.row_labels.empty() ? fig.row_labels[i]
+                                                     : "batch row " + std::to_string(fig.row_ids[i]) + " (" +
+                                                           valid_len_label(valid_lens, static_cast<int64_t>(i)) + ")");
   return plot::render_heatmaps(panels, opt);
 }
 

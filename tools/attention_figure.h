@@ -17,6 +17,12 @@ struct AttentionFigure {
   std::vector<int64_t> heads;    // heads to draw, in this order; empty: all
   std::string title;
   int max_cells = 96;            // see plot::HeatmapOptions::max_cells
+  // Optional: a title for every head of the weights (index = head, not
+  // panel), and a heading for every row; empty: "head h" and the batch row
+  // with its valid length.
+  std::vector<std::string> head_titles;
+  std::vector<std::string> row_labels;
+  std::string note;              // small print under the figure; or none
 };
 
 // weights:[R,H,Q,K] (R = row_ids.size()), valid_lens none, [R] or [R,Q] for
@@ -24,8 +30,8 @@ struct AttentionFigure {
 // query q (float(k) >= valid_len, the seed's rule).
 Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads);
 
-// The picture: panel titles "head h", rows labelled with their batch row and
-// valid length, colour scale from 0 (weights are probabilities) to the
+// The picture: panel titles "head h" (or head_titles[h]), rows labelled with
+// their batch row and valid length (or row_labels), colour scale from 0 (weights are probabilities) to the
 // largest weight drawn. Throws mha::Error for heads outside [0, H).
 plot::Heatmaps draw_attention(const Tensor& weights, const ValidLens& valid_lens,
                               const AttentionFigure& figure);

@@ -3,12 +3,17 @@
 #include <exception>
 
 #include "commands.h"
+#include "mha/memory.h"
 #include "mha/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention, exact to the seed's PyTorch code"};
   app.set_version_flag("--version", std::string("mha ") + mha::kVersion);
   app.require_subcommand(1);
+  // Before any command runs: the most bytes one library call may allocate.
+  app.add_option_function<uint64_t>("--memory-limit", [](uint64_t bytes) { mha::set_memory_limit(bytes); },
+                                    "Most bytes one call may allocate (e.g. 512MB, 8GB; default: physical memory)")
+      ->transform(CLI::AsSizeValue(false));
   mha::tools::add_demo_command(app);
   mha::tools::add_run_command(app);
   mha::tools::add_bench_command(app);

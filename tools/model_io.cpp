@@ -6,44 +6,11 @@
 namespace mha::tools {
 
 MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_heads, const char* op) {
-  StateDict state = load_f32_tensors(weights_path);
-  auto wq = state.find("W_q.weight");
-  if (wq == state.end()) fail(op, "weights '", weights_path, "': no tensor 'W_q.weight'");
-  if (wq->second.dim() != 2)
-    fail(op, "weights '", weights_path, "': W_q.weight has shape ", shape_str(wq->second.shape()),
-         ", wanted (num_hiddens, Dq)");
-  const int64_t num_hiddens = wq->second.size(0);
-  const bool bias = state.count("W_q.bias") > 0;
-  if (num_heads <= 0) fail(op, "--heads: ", num_heads, " is not a positive number of heads");
-  MultiHeadAttention attention(num_hiddens, num_heads, 0.0f, bias);
-  attention.load_state_dict(state);
-  attention.eval();
-  return attention;
+  return run_module_from(load_f32_tensors(weights_path), num_heads, weights_path, op);
 }
 
 AttentionInputs load_inputs(const std::string& path, const char* op) {
-  const SafetensorsFile inputs = read_safetensors(path);
-  auto input = [&](const char* name) {
-    auto it = inputs.tensors.find(name);
-    if (it == inputs.tensors.end()) fail(op, "inputs '", path, "': no tensor '", name, "'");
-    return require_f32(it->second, std::string("inputs '") + path + "' tensor '" + name + "'");
-  };
-  AttentionInputs in;
-  in.queries = input("queries");
-  in.keys = input("keys");
-  in.values = input("values");
-  if (auto it = inputs.tensors.find("valid_lens"); it != inputs.tensors.end()) {
-    const DType t = it->second.dtype;
-    if (t != DType::F32 && t != DType::I32 && t != DType::I64)
-      fail(op, "inputs '", path, "' tensor 'valid_lens': dtype ", dtype_name(t),
-           " where F32, I32 or I64 is wanted");
-    in.valid_lens = ValidLens::from_tensor(to_float_tensor(it->second, "valid_lens"));
-  }
-  for (const auto& [name, raw] : inputs.tensors)
-    if (name != "queries" && name != "keys" && name != "values" && name != "valid_lens")
-      fail(op, "inputs '", path, "': unexpected tensor '", name,
-           "' (wanted queries, keys, values and optionally valid_lens)");
-  return in;
+  return run_inputs_from(read_safetensors(path), path, op);
 }
 
 namespace {

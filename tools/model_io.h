@@ -12,14 +12,12 @@
 #include <vector>
 
 #include "mha/mha.h"
+#include "run_inputs.h"
 
 namespace mha::tools {
 
-struct AttentionInputs {
-  Tensor queries, keys, values;  // [B,Q,Dq] [B,K,Dk] [B,K,Dv]
-  ValidLens valid_lens;          // none, [B] or [B,Q]
-  int64_t batch() const { return queries.size(0); }
-};
+// queries:[B,Q,Dq] keys:[B,K,Dk] values:[B,K,Dv], valid_lens none, [B] or [B,Q].
+using AttentionInputs = RunInputs;
 
 // A module in evaluation mode with the file's parameters; num_hiddens comes
 // from W_q.weight, biases iff the file has them. Errors name `op` and the file.

@@ -13,22 +13,23 @@ namespace mha::tools {
 
 namespace {
 
+const char* kOp = "run";
+
 struct RunOptions {
   std::string weights, inputs, out;
   int64_t heads = 0;
 };
 
-const char* kOp = "run";
-
 void run(const RunOptions& opt) {
   MultiHeadAttention attention = load_attention(opt.weights, opt.heads, kOp);
   const AttentionInputs in = load_inputs(opt.inputs, kOp);
   const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);
-  save_safetensors(opt.out, {{"output", output}, {"attention_weights", attention.attention_weights()}},
+  const Tensor weights = attention.attention_weights();
+  save_safetensors(opt.out, {{"output", output}, {"attention_weights", weights}},
                    {{"num_heads", std::to_string(opt.heads)}});
   std::printf("wrote %s: output %s, attention_weights %s\n", opt.out.c_str(),
               shape_str(output.shape()).c_str(),
-              shape_str(attention.attention_weights().shape()).c_str());
+              shape_str(weights.shape()).c_str());
 }
 
 }  // namespace

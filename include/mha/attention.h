@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 
+#include "mha/detail/copyable_mutex.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
@@ -22,26 +24,49 @@ enum class AttentionKernel {
 };
 
 // X:[N,Q,K], valid_lens none, (N,) or (N,Q) -> softmax over the last axis,
-// keys k with float(k) >= length replaced by -1e6 first.
+// keys k with float(k) >= length replaced by -1e6 first. Throws mha::Error
+// when X is not rank 3 or the lengths do not fit.
 Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens = {});
 
 // The seed's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
 // dropout on the weights (training mode only), weighted sum of values.
+// forward() may run on many threads at once; the mode, kernel, generator
+// and last weights are guarded by a lock.
 class DotProductAttention {
  public:
+  // 0 <= dropout <= 1 (else mha::Error); `seed` drives the dropout masks.
+  // Like a torch.nn.Module, a new one is in training mode.
   explicit DotProductAttention(float dropout = 0.0f, uint64_t seed = 0);
 
   // queries:[N,Q,d] keys:[N,K,d] values:[N,K,dv], valid_lens none/(N,)/(N,Q)
   //   -> [N,Q,dv]
+  // Throws mha::Error on a rank other than 3, mismatched N, K or d, K = 0,
+  // or bad lengths.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
 
-  void train(bool on = true) { training_ = on; }
-  void eval() { training_ = false; }
-  bool training() const { return training_; }
-  void set_kernel(AttentionKernel k) { kernel_ = k; }
-  // [N,Q,K], before dropout, from the last call.
-  const Tensor& attention_weights() const { return weights_; }
+  // Training mode (dropout on) when `on`, else evaluation mode.
+  void train(bool on = true) {
+    std::lock_guard lock(mutex_);
+    training_ = on;
+  }
+  // Evaluation mode: dropout off.
+  void eval() { train(false); }
+  // True in training mode.
+  bool training() const {
+    std::lock_guard lock(mutex_);
+    return training_;
+  }
+  // The implementation that computes attention (default: Blas).
+  void set_kernel(AttentionKernel k) {
+    std::lock_guard lock(mutex_);
+    kernel_ = k;
+  }
+  // [N,Q,K], before dropout, from the last call to finish, as a copy.
+  Tensor attention_weights() const {
+    std::lock_guard lock(mutex_);
+    return weights_;
+  }
 
  private:
   float dropout_;
@@ -49,6 +74,7 @@ class DotProductAttention {
   AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   Tensor weights_;
+  mutable detail::CopyableMutex mutex_;  // guards all of the above but dropout_
 };
 
 }  // namespace mha

@@ -15,6 +15,8 @@
 
 namespace mha {
 
+// The exception for every invalid input, file problem or size the library
+// refuses; what() is the message described above.
 class Error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;

@@ -18,13 +18,21 @@
 
 namespace mha {
 
+// PyTorch's nn.LazyLinear (see the file comment). Not thread-safe by itself:
+// MultiHeadAttention serialises its layers' initialisation.
 class LazyLinear {
  public:
+  // A lazy layer with `out_features` outputs (> 0, else mha::Error) and a
+  // bias iff `bias`.
   LazyLinear(int64_t out_features, bool bias);
 
+  // Output width, fixed at construction.
   int64_t out_features() const { return out_features_; }
-  int64_t in_features() const { return in_features_; }  // -1 until initialised
+  // Input width; -1 until initialised.
+  int64_t in_features() const { return in_features_; }
+  // True once the input width is fixed and the parameters exist.
   bool initialized() const { return in_features_ >= 0; }
+  // True when the layer adds a bias.
   bool has_bias() const { return has_bias_; }
 
   // Fixes the input width and draws the parameters from `gen`. Throws
@@ -39,12 +47,18 @@ class LazyLinear {
 
   const Tensor& weight() const { return weight_; }  // [out, in]
   const Tensor& bias() const { return bias_; }      // [out] (empty without bias)
+  // [out, in], writable (e.g. by an optimiser); keep the shape.
   Tensor& weight() { return weight_; }
+  // [out], writable; keep the shape.
   Tensor& bias() { return bias_; }
 
   // Replace the parameters; shapes must be (out, in) and (out,). Fixes the
   // input width if the layer is still lazy.
+  // Throws mha::Error naming `op` for a weight that is not (out, in>0), or
+  // whose in differs from an initialised layer's.
   void set_weight(const Tensor& w, const char* op = "LazyLinear.set_weight");
+  // Throws mha::Error naming `op` for a layer without bias or a bias that
+  // is not (out,).
   void set_bias(const Tensor& b, const char* op = "LazyLinear.set_bias");
 
  private:

@@ -23,6 +23,16 @@
 //   Tensor out = attention(X, Y, Y, lens);            // training mode
 //   auto g = attention.backward(grad_out);            // g.queries:[B,Q,Dq] ...
 //   attention.grads().at("W_q.weight");               // (num_hiddens, Dq)
+//
+// Threads: forward() may be called on one module from many threads at once,
+// in either mode, and gives each call exactly what a serial call gives (in
+// training mode the dropout masks are drawn in call order, whichever that
+// is). It holds a shared lock on the parameters for the whole call; what
+// changes them (the lazy initialisation of the first call, load_state_dict)
+// holds it exclusively, so it waits for running calls and blocks new ones.
+// The small mutable state (mode, kernel, generator, last attention weights)
+// has a lock of its own. Writing parameters through the non-const W_q() ...
+// W_o() accessors is not synchronised: do it while no call runs.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +42,7 @@
 #include <vector>
 
 #include "mha/attention.h"
+#include "mha/detail/copyable_mutex.h"
 #include "mha/linear.h"
 #include "mha/parameter.h"
 #include "mha/random.h"
@@ -41,46 +52,63 @@
 namespace mha {
 
 namespace nn {
-struct AttentionState;  // what a call keeps for attention_weights()
+struct AttentionState;  // what a call keeps for attention_weights() and backward()
 }
 
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
 
+// The seed's MultiHeadAttention module (see the file comment).
 class MultiHeadAttention {
  public:
-  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1.
-  // `seed` drives the lazy initialisation and the dropout masks.
+  // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1;
+  // otherwise mha::Error naming the argument. `seed` drives the lazy
+  // initialisation and the dropout masks. Nothing is allocated until the
+  // first call.
   MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, float dropout = 0.0f,
                      bool bias = false, uint64_t seed = 0);
 
   // queries:[B,Q,Dq] keys:[B,K,Dk] values:[B,K,Dv]; valid_lens none, (B,) or
   // (B,Q) -> [B,Q,num_hiddens]. Throws mha::Error on mismatched shapes, bad
-  // lengths, or input widths that differ from the first call's.
+  // lengths, input widths that differ from the first call's, or sizes
+  // whose tensors overflow 64 bits or exceed mha::memory_limit(); a call
+  // that throws changes nothing. NaN or infinity in the inputs or weights
+  // propagates as in the seed's PyTorch code (docs/errors.md).
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
+  // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {
     return forward(queries, keys, values, valid_lens);
   }
 
-  void train(bool on = true) { training_ = on; }
-  void eval() { training_ = false; }
-  bool training() const { return training_; }
+  // Training mode (dropout on) when `on`, else evaluation mode. Calls that
+  // have already started keep the mode they started with.
+  void train(bool on = true) {
+    std::lock_guard lock(state_mutex_);
+    training_ = on;
+  }
+  // Evaluation mode: dropout off.
+  void eval() { train(false); }
+  // True in training mode.
+  bool training() const {
+    std::lock_guard lock(state_mutex_);
+    return training_;
+  }
 
-  // [B,h,Q,K]: the softmax weights (before dropout) of the last call; empty
-  // before the first call. With the fused kernel (the default) they are
-  // computed on first access, not by forward(): forward() keeps the projected
-  // q and k and two floats per (b, head, query) instead, and the first access
-  // costs about half of the call's attention work plus the B*h*Q*K floats of
-  // the result. Other kernels form them during forward(). The reference is
-  // valid until the next forward() call.
-  const Tensor& attention_weights() const;
+  // [B,h,Q,K]: the softmax weights (before dropout) of the last call to
+  // finish, as a copy (another thread's call may replace them at any time).
+  // Empty before the first call. With the fused kernel (the default) they
+  // are computed on first access, not by forward(): forward() keeps the
+  // projected q and k and two floats per (b, head, query) instead, and the
+  // first access costs about half of the call's attention work plus the
+  // B*h*Q*K floats of the result. Other kernels form them during forward().
+  Tensor attention_weights() const;
   // [rows, heads, Q, K]: the weights of some batch rows and heads only, in the
   // order given, without forming the others.
   Tensor attention_weights(const std::vector<int64_t>& batch_rows,
                            const std::vector<int64_t>& heads) const;
-  // B of the last call (0 before the first).
+  // B of the last call to finish (0 before the first).
   int64_t last_batch_size() const;
 
   // The parameters by the seed's names; weights are (out, in) as in PyTorch.
@@ -88,7 +116,9 @@ class MultiHeadAttention {
   StateDict state_dict() const;
   // Requires exactly the names this module has (biases iff bias=true), with
   // W_q/W_k/W_v weights (num_hiddens, in) and W_o (num_hiddens, num_hiddens);
-  // fixes the lazy input widths. Nothing changes if any check fails.
+  // fixes the lazy input widths. Nothing changes if any check fails; a
+  // failed check throws mha::Error naming the parameter and its shape.
+  // Waits for calls running on other threads.
   void load_state_dict(const StateDict& state);
 
   // Fixes the lazy input widths as a first call with queries (., ., dq),
@@ -117,26 +147,50 @@ class MultiHeadAttention {
   // all ones when that call had no dropout (evaluation mode or p = 0).
   Tensor last_dropout_mask() const;
 
-  void set_kernel(AttentionKernel k) { kernel_ = k; }
-  AttentionKernel kernel() const { return kernel_; }
-  void seed(uint64_t s) { gen_.seed(s); }
 
+  // The implementation that computes attention (default: Fused); calls that
+  // have already started keep theirs.
+  void set_kernel(AttentionKernel k) {
+    std::lock_guard lock(state_mutex_);
+    kernel_ = k;
+  }
+  // The implementation in use.
+  AttentionKernel kernel() const {
+    std::lock_guard lock(state_mutex_);
+    return kernel_;
+  }
+  // Restart the generator behind initialisation and dropout from `s`.
+  void seed(uint64_t s) {
+    std::lock_guard lock(state_mutex_);
+    gen_.seed(s);
+  }
+
+  // p_o in the seed: the width of the output and of every projection.
   int64_t num_hiddens() const { return num_hiddens_; }
+  // h, the number of heads.
   int64_t num_heads() const { return num_heads_; }
+  // d = num_hiddens / num_heads, the width of one head.
   int64_t head_dim() const { return num_hiddens_ / num_heads_; }
+  // The probability of dropping an attention weight in training mode.
   float dropout() const { return dropout_; }
+  // True when the four projections have biases.
   bool has_bias() const { return bias_; }
 
+  // The projections (PyTorch names). The non-const ones let an optimiser
+  // or a test change the parameters: not while a call runs.
   LazyLinear& W_q() { return W_q_; }
-  LazyLinear& W_k() { return W_k_; }
-  LazyLinear& W_v() { return W_v_; }
-  LazyLinear& W_o() { return W_o_; }
-  const LazyLinear& W_q() const { return W_q_; }
-  const LazyLinear& W_k() const { return W_k_; }
-  const LazyLinear& W_v() const { return W_v_; }
-  const LazyLinear& W_o() const { return W_o_; }
+  LazyLinear& W_k() { return W_k_; }  // keys' projection, writable
+  LazyLinear& W_v() { return W_v_; }  // values' projection, writable
+  LazyLinear& W_o() { return W_o_; }  // output projection, writable
+  const LazyLinear& W_q() const { return W_q_; }  // queries' projection
+  const LazyLinear& W_k() const { return W_k_; }  // keys' projection
+  const LazyLinear& W_v() const { return W_v_; }  // values' projection
+  const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
+  // The first call's lazy initialisation, under the exclusive lock.
+  void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
+
   int64_t num_hiddens_;
   int64_t num_heads_;
   float dropout_;
@@ -145,10 +199,15 @@ class MultiHeadAttention {
   AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
-  std::shared_ptr<nn::AttentionState> state_;  // of the last call
+  // The last call to finish: its projections, heads' outputs, lengths, and
+  // its weights or the statistics they are recomputed from.
+  std::shared_ptr<nn::AttentionState> state_;
+  // Buffers of replaced states, for the next call to reuse (no page faults or
+  // zeroing of fresh memory: ~10% of a B8 L512 forward).
+  std::vector<Tensor> spare_;
 
-  // What a training-mode forward keeps for backward() beside state_ (the
-  // projections, heads' outputs and lengths); cleared in eval mode.
+  // What a training-mode forward keeps for backward() beside state_;
+  // cleared in eval mode.
   struct Saved {
     bool valid = false;
     Tensor queries, keys, values;  // the inputs
@@ -158,6 +217,10 @@ class MultiHeadAttention {
   uint64_t last_dropout_key_ = 0;
   StateDict grads_;
   void ensure_grads();
+  // Shared by running forward() calls; exclusive to what changes W_q..W_o.
+  mutable detail::CopyableSharedMutex params_mutex_;
+  // Guards training_, kernel_, gen_, state_, spare_ and saved_.
+  mutable detail::CopyableMutex state_mutex_;
 };
 
 }  // namespace mha

@@ -11,9 +11,13 @@
 
 namespace mha {
 
+// The library's random source: mt19937_64 and its own distributions.
+// Not thread-safe: one generator per thread, or a lock around it.
 class Generator {
  public:
+  // A generator whose stream is fixed by `seed`.
   explicit Generator(uint64_t seed = 0) : engine_(seed) {}
+  // Restart the stream from `s`.
   void seed(uint64_t s) { engine_.seed(s); }
 
   // Uniform in [0, 1) with 24 random bits (every float32 step is reachable).

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,10 +48,15 @@
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/multihead.h"
+#include "mha/parameter.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
 namespace mha {
+
+namespace nn {
+struct TorchMhaSaved;  // src/nn/torch_mha_impl.h
+}
 
 // Construction options: everything nn.MultiheadAttention's constructor takes
 // that the state dict does not already say (bias and add_bias_kv are read
@@ -103,6 +109,42 @@ class TorchMultiheadAttention {
   // The parameters by PyTorch's names, in the layout they were loaded in.
   StateDict state_dict() const;
 
+  // --- Training (src/nn/torch_mha_backward.cpp) ---
+  // A training-mode forward keeps what the backward needs; backward() then
+  // returns the gradients of that call's query, key and value (shaped as
+  // they were given) and adds the parameters' gradients into grads(), which
+  // accumulate until zero_grad(), as PyTorch's .grad fields do:
+  //
+  //   attn.train();
+  //   auto r = attn(query, key, value, key_padding_mask);
+  //   auto g = attn.backward(grad_output);     // g.query, g.key, g.value
+  //   attn.grads().at("in_proj_weight");       // (3E, E), like state_dict()
+  //
+  // The call's masks, causal option, fully-masked policy and dropout mask
+  // (recomputed from the call's key) are those of the forward. Rows whose
+  // every key is masked pass gradient to nothing but the values (uniform
+  // policy) or to nothing at all (zeros), never NaN.
+  struct InputGrads {
+    Tensor query, key, value;
+  };
+  // grad_output: shaped like the last forward's output. Throws mha::Error
+  // without a training-mode forward since the last eval-mode one, or when
+  // the shape differs.
+  InputGrads backward(const Tensor& grad_output);
+  void zero_grad();
+  // The accumulated gradients by PyTorch's names, shaped like state_dict()
+  // (in_proj_weight packed when the module was loaded packed).
+  StateDict grads() const;
+  // (name, value, gradient) of every parameter, for mha's optimisers. When
+  // the module was loaded with in_proj_weight/in_proj_bias, their q, k and v
+  // rows appear as three parameters each (q_proj_weight, k_proj_weight,
+  // v_proj_weight, q_proj_bias, ...): the optimisers update elementwise (and
+  // clip by the global norm), so this changes nothing in the arithmetic.
+  ParamList parameters();
+  // [B, h, L, S']: the dropout multipliers of the last training-mode call,
+  // 0 or 1/(1-p); all ones when it had no dropout.
+  Tensor last_dropout_mask() const;
+
   // Like a torch.nn.Module, a new module is in training mode.
   void train(bool on = true) { training_ = on; }
   void eval() { training_ = false; }
@@ -141,6 +183,13 @@ class TorchMultiheadAttention {
   Generator gen_;
   LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;
   Tensor bias_k_, bias_v_;  // (1, 1, E_kv) or empty
+
+  // The last training-mode forward's save (null after an eval-mode one).
+  std::shared_ptr<const nn::TorchMhaSaved> saved_;
+  // Gradients by layer ("q_proj.weight", ..., "out_proj.bias", "bias_k",
+  // "bias_v"), made on first use; grads() packs them by PyTorch's names.
+  StateDict grads_;
+  void ensure_grads();
 };
 
 }  // namespace mha

@@ -16,30 +16,49 @@
 
 namespace mha {
 
+// Which keys each query may attend to: none (all), one length per batch row,
+// or one length per query. A value type; cheap to copy for small batches.
 class ValidLens {
  public:
-  enum class Kind { None, PerBatch, PerQuery };
+  // The three forms the seed accepts.
+  enum class Kind {
+    None,      // no masking: valid_lens=None
+    PerBatch,  // lens:[B], shared by every query of a row
+    PerQuery,  // lens:[B,Q], one length per query
+  };
 
-  ValidLens() = default;  // no masking
+  // No masking.
+  ValidLens() = default;
+  // No masking (the seed's valid_lens=None).
   static ValidLens none() { return {}; }
   // lens:[B]: every query of row b sees keys k < lens[b].
   static ValidLens per_batch(std::vector<float> lens);
   // lens:[B,Q] row-major: query q of row b sees keys k < lens[b*Q + q].
+  // Throws mha::Error when lens.size() != batch * queries or a count is
+  // negative.
   static ValidLens per_query(int64_t batch, int64_t queries, std::vector<float> lens);
-  // A (B,) or (B, Q) tensor; anything else is an error.
+  // A (B,) or (B, Q) tensor; any other rank throws mha::Error naming the
+  // shape seen.
   static ValidLens from_tensor(const Tensor& lens);
 
+  // Which of the three forms this is.
   Kind kind() const { return kind_; }
+  // True when nothing is masked.
   bool is_none() const { return kind_ == Kind::None; }
+  // (B,) or (B, Q); empty for Kind::None.
   const Shape& shape() const { return shape_; }
+  // The lengths, row-major; empty for Kind::None.
   const std::vector<float>& values() const { return lens_; }
+  // The lengths, row-major; nullptr when there are none.
   const float* data() const { return lens_.empty() ? nullptr : lens_.data(); }
 
   // The length seen by query q of batch row b (+infinity when there is none).
+  // Indices are not checked: call check() first.
   float at(int64_t b, int64_t q) const;
 
   // Throws mha::Error naming `op` unless the shape fits a call with `batch`
-  // rows and `queries` queries, and every length is a finite number >= 0.
+  // rows and `queries` queries, and every length is a number >= 0 (NaN and
+  // negative lengths are errors; +infinity masks nothing).
   void check(const char* op, int64_t batch, int64_t queries) const;
 
  private:

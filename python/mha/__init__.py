@@ -23,9 +23,11 @@ from ._core import (  # noqa: F401
     MultiHeadAttention,
     load_safetensors,
     masked_softmax,
+    memory_limit,
     safetensors_metadata,
     save_safetensors,
     set_num_threads,
+    set_memory_limit,
 )
 from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
 from .plot import show_heatmaps  # noqa: F401
@@ -38,3 +40,5 @@ from ._core import (  # noqa: F401,E402
     load_checkpoint,
 )
 from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
+# Reading the heads (issue 5): each head's dominant offset t - k.
+from ._core import HeadOffsets, head_offsets  # noqa: F401,E402

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "core/memory.h"
 #include "mha/error.h"
 
 namespace mha {
@@ -43,7 +44,11 @@ TensorView TensorView::split_heads(int64_t num_heads) const {
 }
 
 Tensor::Tensor(Shape shape, float fill) : shape_(std::move(shape)) {
-  data_.assign(static_cast<size_t>(checked_numel(shape_)), fill);
+  const int64_t n = checked_numel(shape_);
+  // Before allocating: the byte size must fit in 64 bits and in the limit.
+  const uint64_t bytes = core::MemoryPlan("Tensor").add("shape", shape_).total();
+  core::check_bytes("Tensor", "shape " + shape_str(shape_), bytes);
+  data_.assign(static_cast<size_t>(n), fill);
 }
 
 Tensor::Tensor(Shape shape, std::vector<float> values)

@@ -4,10 +4,17 @@
 //   grad_v = (P*M)^T dO,  dP = (dO v^T) * M,  grad_q = dS k,  grad_k = dS^T q.
 // Scratch is two (Q, K) matrices per thread, reused across heads.
 //
-// The (batch row, head) pairs are split over mha's threads, one pair per
-// thread from start to end, so that the softmax work runs in parallel with
-// the products and the result does not depend on the thread count (inside,
-// cpu::sgemm is one single-threaded BLAS call).
+// Masks (p.masks): the weights are recomputed by masked_softmax_row, the
+// forward's own row rule, and dS is zeroed on every pair that does not take
+// part and on every fully masked row. Grouped heads: the query heads of one
+// kv head are consecutive, so the first of them writes grad_k/grad_v and the
+// others add to it (beta = 1).
+//
+// Threads: the (batch row, kv head) pairs are split over mha's threads, each
+// pair's query heads run in order on one thread from start to end, so that
+// the softmax work runs in parallel with the products, no two threads write
+// the same gradient rows, and the result does not depend on the thread count
+// (inside, cpu::sgemm is one single-threaded BLAS call). Scratch is per thread.
 #include <omp.h>
 
 #include <cmath>
@@ -16,17 +23,28 @@
 #include "cpu/blas.h"
 #include "kernels/attention_backward.h"
 #include "mha/threads.h"
+#include "kernels/features.h"
+#include "kernels/masked_row.h"
 
 namespace mha::kernels {
 
 namespace {
 
+// Whether p uses a mask option (grouped heads alone change no weight).
+bool uses_masks(const AttentionBackward& p) { return (features_used(p) & ~kGroupedHeads) != 0; }
+
 // s:[Q,K] <- the softmax weights of head (b, h), recomputed from q and k:
-// from the saved log-sum-exp when there is one, else by a full softmax.
+// by the forward's row rule when masks are set, else from the saved
+// log-sum-exp when there is one, else by a full softmax.
 void recompute_weights(const AttentionBackward& p, int64_t b, int64_t h, float* s) {
-  const int64_t Q = p.Q(), K = p.K();
-  cpu::sgemm(false, true, Q, K, p.d(), 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, h),
+  const int64_t Q = p.Q(), K = p.K(), hk = p.kv_head(h);
+  cpu::sgemm(false, true, Q, K, p.d(), 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, hk),
              p.k.stride[2], 0.0f, s, K);
+  if (uses_masks(p)) {
+    for (int64_t i = 0; i < Q; ++i)
+      masked_softmax_row(p.masks, p.length(b, i), p.scale_divisor, b, h, i, Q, K, s + i * K);
+    return;
+  }
   for (int64_t i = 0; i < Q; ++i) {
     float* row = s + i * K;
     const float len = p.length(b, i);
@@ -48,18 +66,45 @@ void recompute_weights(const AttentionBackward& p, int64_t b, int64_t h, float* 
   }
 }
 
+// row:[K] <- dS of query i: w * (dP - rowsum(dP * w)) / sqrt(d) on the
+// pairs that take part, 0 elsewhere and on a fully masked row. row holds dP
+// (already times the dropout multipliers) on entry; w:[K] are the weights.
+void softmax_backward_row(const AttentionBackward& p, bool masked, int64_t b, int64_t h,
+                          int64_t i, const float* w, float* row) {
+  const int64_t Q = p.Q(), K = p.K();
+  const float len = p.length(b, i);
+  if (masked && fully_masked_row(p.masks, len, b, h, i, Q, K)) {
+    for (int64_t j = 0; j < K; ++j) row[j] = 0.0f;
+    return;
+  }
+  double row_dot = 0.0;
+  for (int64_t j = 0; j < K; ++j) row_dot += static_cast<double>(row[j]) * w[j];
+  const float rd = static_cast<float>(row_dot);
+  for (int64_t j = 0; j < K; ++j) {
+    const bool part = masked ? takes_part(p.masks, len, b, h, i, j, Q, K) : static_cast<float>(j) < len;
+    row[j] = part ? w[j] * (row[j] - rd) / p.scale_divisor : 0.0f;
+  }
+}
+
 }  // namespace
 
 void attention_backward_blas(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+  const int64_t group = H / p.Hkv();  // query heads per kv head
+  const bool masked = uses_masks(p);
   const size_t QK = static_cast<size_t>(Q * K);
-  const int threads = B * H > 1 ? num_threads() : 1;
+  const int64_t Hkv = p.Hkv();
+  const int threads = B * Hkv > 1 ? num_threads() : 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
   std::vector<float> weights_scratch(p.weights ? 0 : QK), dropped(p.dropout.active() ? QK : 0), dS(QK);
 #pragma omp for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const int64_t hk = p.kv_head(h);
+      // The first query head of a kv head writes its gradients, the rest add.
+      const float beta = h % group == 0 ? 0.0f : 1.0f;
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
       const float* P = p.weights ? p.weights + base : weights_scratch.data();
       if (!p.weights) recompute_weights(p, b, h, weights_scratch.data());
@@ -71,29 +116,24 @@ void attention_backward_blas(const AttentionBackward& p) {
       }
       const float* dO = p.grad_out.ptr(b, h);
       const int64_t ld_dO = p.grad_out.stride[2];
-      // grad_v:[K,dv] = Pd^T:[K,Q] @ dO:[Q,dv]
-      cpu::sgemm(true, false, K, dv, Q, 1.0f, Pd, K, dO, ld_dO, 0.0f, p.grad_v.ptr(b, h),
+      // grad_v:[K,dv] (+)= Pd^T:[K,Q] @ dO:[Q,dv]
+      cpu::sgemm(true, false, K, dv, Q, 1.0f, Pd, K, dO, ld_dO, beta, p.grad_v.ptr(b, hk),
                  p.grad_v.stride[2]);
       // dS:[Q,K] <- dO:[Q,dv] @ v^T:[dv,K], then * M, then the softmax's Jacobian.
-      cpu::sgemm(false, true, Q, K, dv, 1.0f, dO, ld_dO, p.v.ptr(b, h), p.v.stride[2], 0.0f,
+      cpu::sgemm(false, true, Q, K, dv, 1.0f, dO, ld_dO, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
                  dS.data(), K);
       for (int64_t i = 0; i < Q; ++i) {
         float* row = dS.data() + i * K;
-        const float* w = P + i * K;
-        const float len = p.length(b, i);
         if (p.dropout.active())
           for (int64_t j = 0; j < K; ++j) row[j] *= p.dropout.multiplier(base + i * K + j);
-        double row_dot = 0.0;
-        for (int64_t j = 0; j < K; ++j) row_dot += static_cast<double>(row[j]) * w[j];
-        const float rd = static_cast<float>(row_dot);
-        for (int64_t j = 0; j < K; ++j)
-          row[j] = static_cast<float>(j) < len ? w[j] * (row[j] - rd) / p.scale_divisor : 0.0f;
+        softmax_backward_row(p, masked, b, h, i, P + i * K, row);
       }
-      // grad_q:[Q,d] = dS:[Q,K] @ k:[K,d];  grad_k:[K,d] = dS^T:[K,Q] @ q:[Q,d]
-      cpu::sgemm(false, false, Q, d, K, 1.0f, dS.data(), K, p.k.ptr(b, h), p.k.stride[2], 0.0f,
+      // grad_q:[Q,d] = dS:[Q,K] @ k:[K,d];  grad_k:[K,d] (+)= dS^T:[K,Q] @ q:[Q,d]
+      cpu::sgemm(false, false, Q, d, K, 1.0f, dS.data(), K, p.k.ptr(b, hk), p.k.stride[2], 0.0f,
                  p.grad_q.ptr(b, h), p.grad_q.stride[2]);
-      cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.q.ptr(b, h), p.q.stride[2], 0.0f,
-                 p.grad_k.ptr(b, h), p.grad_k.stride[2]);
+      cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.q.ptr(b, h), p.q.stride[2], beta,
+                 p.grad_k.ptr(b, hk), p.grad_k.stride[2]);
+    }
     }
   }
   }

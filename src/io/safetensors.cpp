@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/memory.h"
 #include "io/atomic_file.h"
 #include "mha/error.h"
 
@@ -191,7 +192,9 @@ std::vector<uint8_t> serialize_safetensors(const std::map<std::string, Tensor>& 
   for (const auto& [name, t] : tensors) {
     // float32 is stored little-endian, which is the host order on every
     // platform this library builds for (checked in CMakeLists.txt).
-    std::memcpy(p, t.data(), static_cast<size_t>(t.numel()) * 4);
+    // An empty tensor's data() may be null, which memcpy must not see
+    // (found by UBSan replaying the fuzz corpus: valid_scalar_and_zero).
+    if (t.numel() > 0) std::memcpy(p, t.data(), static_cast<size_t>(t.numel()) * 4);
     p += t.numel() * 4;
   }
   return out;
@@ -207,7 +210,8 @@ Tensor to_float_tensor(const RawTensor& raw, const std::string& what) {
   if (static_cast<uint64_t>(raw.bytes.size()) != static_cast<uint64_t>(n) * dtype_size(raw.dtype))
     fail("safetensors", what, ": ", raw.bytes.size(), " bytes do not hold shape ",
          shape_str(raw.shape), " of ", dtype_name(raw.dtype));
-  std::vector<float> out(static_cast<size_t>(n));
+  Tensor result(raw.shape);  // checks the memory limit before allocating
+  float* out = result.data();
   const uint8_t* p = raw.bytes.data();
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* e = p + i * static_cast<int64_t>(dtype_size(raw.dtype));
@@ -224,7 +228,7 @@ Tensor to_float_tensor(const RawTensor& raw, const std::string& what) {
       case DType::BOOL: out[i] = *e ? 1.0f : 0.0f; break;
     }
   }
-  return Tensor(raw.shape, std::move(out));
+  return result;
 }
 
 Tensor require_f32(const RawTensor& raw, const std::string& what) {

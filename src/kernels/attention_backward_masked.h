@@ -16,9 +16,8 @@
 //   grad_q      = dS k[hk],   grad_k[hk] += dS^T q
 //
 // So a fully masked row passes gradient only to v (uniform: 1/K each; zeros:
-// none), and never NaN. Written to plug into the training branch's
-// AttentionBackward once that struct carries `MaskOptions masks` and kv heads:
-// its fields are exactly what `fwd` supplies here.
+// none), and never NaN. attention_backward_reference (AttentionBackward)
+// runs this whenever the call uses a mask option or grouped heads.
 #pragma once
 
 #include "kernels/attention_params.h"

@@ -42,9 +42,22 @@ struct SoftmaxStats {
   float* row_sum = nullptr;   // [B,h,Q]
 };
 
+// Per-call options of the fused forward.
+struct FusedForwardOptions {
+  // [B] or null: batch rows whose every key the kernel must read, masked or
+  // not, because some value row past the lengths is not finite: the seed
+  // multiplies it by weight 0, and 0 * NaN reaches the row's outputs. All
+  // their k and v rows must be valid.
+  const uint8_t* read_all_keys = nullptr;
+};
+
 // The fused forward: online softmax over key tiles, linear memory. Fills
-// p.weights too when it is set (a second pass from the statistics).
-void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats = {});
+// p.weights too when it is set (a second pass from the statistics). NaN and
+// infinities propagate as in the seed (a NaN or +inf score makes its row NaN;
+// NaN in a value read with weight 0 makes the output NaN), except from value
+// rows past every length, which it does not read unless told to.
+void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats = {},
+                             FusedForwardOptions options = {});
 
 // Weights of a subset of (batch row, head) pairs from a fused forward's
 // statistics, by the same tile kernel:

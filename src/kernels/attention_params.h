@@ -56,8 +56,9 @@ struct MaskOptions {
   int64_t pair_stride_b = 0, pair_stride_h = 0;
   Causal causal = Causal::None;
   MaskFill fill = MaskFill::Seed;
-  // A row is fully masked when no key is live (a live key is unmasked and
-  // its score is not -inf); it then gets this policy instead of a softmax.
+  // A row is fully masked when no key takes part, or when every score of
+  // the row is -inf (kept keys scoring -inf and no masked key holding the
+  // seed's finite fill); it then gets this policy instead of a softmax.
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   float fill_value() const { return fill == MaskFill::Seed ? kMaskFill : -__builtin_inff(); }

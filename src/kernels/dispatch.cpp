@@ -13,7 +13,8 @@ void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
 }
 
 void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
-  switch (kernel) {
+  // Never a backward that would drop one of p's options (kernels/features.h).
+  switch (kernel_for(kernel, p)) {
     case AttentionKernel::Reference: attention_backward_reference(p); return;
     case AttentionKernel::Blas: attention_backward_blas(p); return;
     case AttentionKernel::Fused: break;  // no fused backward yet: the BLAS one below

@@ -3,6 +3,7 @@
 
 #include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
+#include "kernels/features.h"
 #include "mha/attention.h"
 #include "mha/valid_lens.h"
 
@@ -11,6 +12,7 @@ namespace mha::kernels {
 void attention_forward(AttentionKernel kernel, const AttentionForward& p);
 // A kernel without a backward of its own uses the BLAS one: all kernels
 // compute the same function, so any backward differentiates any forward.
+// So does a kernel whose backward lacks an option p uses (kernels/features.h).
 void attention_backward(AttentionKernel kernel, const AttentionBackward& p);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.

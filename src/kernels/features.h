@@ -1,4 +1,5 @@
-// src/kernels/features.h: which kernel honours which option of AttentionForward.
+// src/kernels/features.h: which kernel honours which option of AttentionForward
+// and of AttentionBackward.
 //
 // Every option beyond the seed has a default that means "the seed's
 // behaviour", so a kernel written before the option existed is still right
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
 #include "mha/attention.h"
 
@@ -66,6 +68,32 @@ inline bool supports(AttentionKernel kernel, const AttentionForward& p) {
 
 // `preferred` when it honours every option p uses, else the BLAS path.
 inline AttentionKernel kernel_for(AttentionKernel preferred, const AttentionForward& p) {
+  return supports(preferred, p) ? preferred : AttentionKernel::Blas;
+}
+
+// --- The backward ---
+// kernels::attention_backward(k, p) runs k's own backward, or the BLAS one
+// for a kernel without a backward (kernels/dispatch.h). This table lists
+// what each kernel's own backward honours; a kernel not listed gets 0, so
+// attention_backward (which asks kernel_for(k, p) below) runs BLAS for any
+// call using an option, rather than dropping a mask from the gradient.
+inline uint32_t kernel_backward_features(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::Reference: return kAllFeatures;
+    case AttentionKernel::Blas: return kAllFeatures;
+    default: break;
+  }
+  return 0;
+}
+
+inline uint32_t features_used(const AttentionBackward& p) { return features_used(p.masks, p.H(), p.Hkv()); }
+
+inline bool supports(AttentionKernel kernel, const AttentionBackward& p) {
+  return (features_used(p) & ~kernel_backward_features(kernel)) == 0;
+}
+
+// `preferred` when its backward honours every option p uses, else BLAS.
+inline AttentionKernel kernel_for(AttentionKernel preferred, const AttentionBackward& p) {
   return supports(preferred, p) ? preferred : AttentionKernel::Blas;
 }
 

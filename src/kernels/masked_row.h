@@ -35,7 +35,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
   const float fill = m.fill_value();
   float row_max = -INFINITY;
-  int64_t live = 0;
+  int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
   for (int64_t j = 0; j < K; ++j) {
     float x = row[j] / scale_divisor;
     if (key_bias) x += key_bias[j];
@@ -44,11 +44,13 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
     const bool keep = static_cast<float>(j) < len && j <= last &&
                       (!key_keep || key_keep[j]) && (!pair_keep || pair_keep[j]);
     if (!keep) x = fill;
+    kept += keep;
     live += keep && x != -INFINITY;
     row[j] = x;
     row_max = std::fmax(row_max, x);
   }
-  if (live == 0) {
+  // No key kept, or every score -inf: the policy (see attention_reference.cpp).
+  if (kept == 0 || (live == 0 && (kept == K || fill == -INFINITY))) {
     const float w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0f / static_cast<float>(K) : 0.0f;
     std::fill(row, row + K, w);
     return true;
@@ -60,6 +62,25 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
   }
   for (int64_t j = 0; j < K; ++j) row[j] /= sum;
   return false;
+}
+
+// Whether query i of (b, h) gets the fully-masked policy, as
+// masked_softmax_row decides it, but without the scores (for a backward that
+// reads saved weights): no key takes part, or every key that does has
+// additive masks summing to -inf (a finite score plus -inf is -inf) and no
+// masked key holds the seed's finite fill.
+inline bool fully_masked_row(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i,
+                             int64_t Q, int64_t K) {
+  const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;
+  const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
+  int64_t kept = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    if (!takes_part(m, len, b, h, i, j, Q, K)) continue;
+    ++kept;
+    const float bias = (key_bias ? key_bias[j] : 0.0f) + (pair_bias ? pair_bias[j] : 0.0f);
+    if (bias != -INFINITY) return false;
+  }
+  return kept == 0 || kept == K || m.fill == MaskFill::NegInf;
 }
 
 }  // namespace mha::kernels

@@ -1,7 +1,9 @@
 #include "mha/attention.h"
 
 #include <cmath>
+#include <mutex>
 
+#include "core/memory.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 
@@ -12,6 +14,7 @@ Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens) {
   if (X.dim() != 3) fail(op, "X: shape ", shape_str(X.shape()), " is not (N, Q, K)");
   const int64_t N = X.size(0), Q = X.size(1), K = X.size(2);
   valid_lens.check(op, N, Q);
+  core::MemoryPlan(op).add("softmax", X.shape()).check();
   Tensor out = X;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t i = 0; i < Q; ++i) {
@@ -52,9 +55,10 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys,
          shape_str(keys.shape()), "; wanted (", N, ", ", K, ", dv)");
   if (K == 0) fail(op, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
   valid_lens.check(op, N, Q);
+  core::MemoryPlan(op).add("attention weights", {N, Q, K}).add("output", {N, Q, dv}).check();
 
   Tensor out({N, Q, dv});
-  weights_ = Tensor({N, Q, K});
+  Tensor weights({N, Q, K});  // published as attention_weights() at the end
   kernels::AttentionForward p;
   // (N, L, w) seen as (N, 1, L, w): one head per row.
   auto as_heads = [](const Tensor& t) { return t.view().split_heads(1); };
@@ -62,11 +66,18 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys,
   p.k = as_heads(keys);
   p.v = as_heads(values);
   p.out = as_heads(out);
-  p.weights = weights_.data();
+  p.weights = weights.data();
   kernels::set_lengths(p, valid_lens);
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-  kernels::attention_forward(kernel_, p);
+  AttentionKernel kernel;
+  {  // one snapshot of the mutable state for the whole call
+    std::lock_guard lock(mutex_);
+    kernel = kernel_;
+    if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  }
+  kernels::attention_forward(kernel, p);
+  std::lock_guard lock(mutex_);
+  weights_ = std::move(weights);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "mha/tensor.h"
@@ -26,10 +27,18 @@ struct AttentionState {
   ValidLens lens;
   float scale_divisor = 1.0f;
   std::vector<float> stats;    // [2,B,H,Q]: row_max2, then row_sum (fused path only)
-  bool have_all = false;       // `weights` holds all (B, H, Q, K)
-  Tensor weights;
-  Tensor concat;               // (B, Q, D) heads' outputs, kept for the next call to reuse
+  Tensor concat;               // (B, Q, D) heads' outputs (W_o's input, backward's `out`)
+  // All (B, H, Q, K) weights once `have_all`: set by forward() for the
+  // non-fused kernels, else on the first all_weights(). Once the state is
+  // published, read and written under `weights_mutex` only.
+  mutable std::mutex weights_mutex;
+  mutable bool have_all = false;
+  mutable Tensor weights;
 };
+
+// [B, H, Q, K]: every weight, computed on the first call (thread-safe) and
+// returned as a copy.
+Tensor all_weights(const AttentionState& s);
 
 // [rows.size(), heads.size(), Q, K]: the weights of those batch rows and
 // heads, from `weights` when it holds them all, else by the fused kernel.

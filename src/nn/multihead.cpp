@@ -1,8 +1,12 @@
 #include "mha/multihead.h"
 
 #include <cmath>
+#include <mutex>
+#include <utility>
 #include <set>
+#include <shared_mutex>
 
+#include "core/memory.h"
 #include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
@@ -18,6 +22,16 @@ const char* kForward = "MultiHeadAttention.forward";
 
 void check_rank3(const Tensor& t, const char* name, const char* wanted) {
   if (t.dim() != 3) fail(kForward, name, ": shape ", shape_str(t.shape()), " is not ", wanted);
+}
+
+// Every lazy width must agree with the layer's, so a failing call changes
+// nothing. `layer_name` is the layer's name in the seed (W_q, ...).
+void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& x, const char* name) {
+  if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
+  if (layer.initialized() && x.size(2) != layer.in_features())
+    fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()), ") differs from ",
+         layer_name, "'s input width ", layer.in_features(),
+         ", fixed by the first call or by load_state_dict");
 }
 
 }  // namespace
@@ -60,46 +74,68 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
          " positions but keys ", shape_str(keys.shape()), " have ", K);
   if (K == 0) fail(kForward, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
   valid_lens.check(kForward, B, Q);
-  // Check every lazy width before initialising any, so a failing call
-  // changes nothing.
-  auto check_width = [&](const LazyLinear& layer, const Tensor& x, const char* name) {
-    if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
-    if (layer.initialized() && x.size(2) != layer.in_features())
-      fail(kForward, name, ": width ", x.size(2), " (shape ", shape_str(x.shape()),
-           ") differs from the width ", layer.in_features(), " of the first call");
-  };
-  check_width(W_q_, queries, "queries");
-  check_width(W_k_, keys, "keys");
-  check_width(W_v_, values, "values");
 
-  // The lazy layers draw their parameters in the seed's order.
-  W_q_.initialize(queries.size(2), gen_, kForward);
-  W_k_.initialize(keys.size(2), gen_, kForward);
-  W_v_.initialize(values.size(2), gen_, kForward);
-  W_o_.initialize(D, gen_, kForward);
-  // The last call's buffers: reused where shapes agree (unless a copy of
-  // this module shares them), the rest freed before this call's come.
+  // One consistent snapshot of the mutable state for the whole call (the
+  // dropout key is drawn later, after any lazy initialisation, in the
+  // serial order); the buffers of replaced states are taken for reuse.
+  AttentionKernel kernel;
+  bool training;
   std::vector<Tensor> spare;
-  if (state_ && state_.use_count() == 1) {
-    spare = std::move(state_->proj.buffers);
-    spare.push_back(std::move(state_->concat));
+  {
+    std::lock_guard state(state_mutex_);
+    kernel = kernel_;
+    training = training_;
+    spare = std::move(spare_);
+    spare_.clear();
   }
-  state_.reset();
+  // This module sets none of the kernel options beyond the seed
+  // (kernels/features.h), so every kernel can run it.
+  const bool fused = kernel == AttentionKernel::Fused;
+
+  // Concurrency (see multihead.h): the parameters are read under a shared
+  // lock; the first call initialises them under the exclusive lock, then
+  // takes the shared one and checks the widths again, since load_state_dict
+  // may have run in between.
+  std::shared_lock params(params_mutex_);
+  // Everything this call allocates, checked before anything is: a size
+  // whose product overflows 64 bits or exceeds mha::memory_limit() throws.
+  // The fused kernel forms no (B, h, Q, K) weights, only two floats per
+  // query (and per thread, one head's keys and values, packed).
+  core::MemoryPlan plan(kForward);
+  if (fused)
+    plan.add("softmax statistics", {2, B, H, Q});
+  else
+    plan.add("attention weights", {B, H, Q, K});
+  plan.add("projected queries", {B, Q, D}).add("projected keys", {B, K, D})
+      .add("projected values", {B, K, D}).add("concatenated heads", {B, Q, D})
+      .add("output", {B, Q, D});
+  if (!W_o_.initialized())
+    plan.add("W_q, W_k, W_v, W_o", {D, queries.size(2) + keys.size(2) + values.size(2) + D + 4});
+  plan.check();
+  if (!W_q_.initialized() || !W_k_.initialized() || !W_v_.initialized() || !W_o_.initialized()) {
+    params.unlock();
+    initialize_layers(queries, keys, values);
+    params.lock();
+  }
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
 
   auto st = std::make_shared<nn::AttentionState>();
   st->B = B, st->H = H, st->Q = Q, st->K = K;
   st->lens = valid_lens;
   st->scale_divisor = std::sqrt(static_cast<float>(head_dim()));
-  // This module sets none of the kernel options beyond the seed
-  // (kernels/features.h), so every kernel can run it.
-  const bool fused = kernel_ == AttentionKernel::Fused;
   // Projections (B, L, width) -> (B, L, D), heads being strided views. The
   // fused kernels (forward and backward) never read keys past the lengths,
   // so their projections are skipped (nn/padding.h); the other kernels read
   // every row.
-  const nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
+  nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
   st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs, &spare);
-  if (fused) nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
+  std::vector<uint8_t> read_all_keys;
+  if (fused) {
+    read_all_keys = nn::complete_nonfinite_values(st->proj, needs, keys, values, W_k_, W_v_);
+    nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
+  }
 
   // The kernel writes each head's output into its columns of `concat`, so
   // the seed's transpose_output costs nothing.
@@ -112,23 +148,37 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   p.out = concat.view().split_heads(H);
   kernels::set_lengths(p, st->lens);
   p.scale_divisor = st->scale_divisor;
-  if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-  last_dropout_p_ = p.dropout.p;
-  last_dropout_key_ = p.dropout.key;
+  {
+    std::lock_guard state(state_mutex_);
+    if (training && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+  }
   if (fused) {
     st->stats.resize(static_cast<size_t>(2 * B * H * Q));
-    kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q});
+    kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q},
+                                     {read_all_keys.empty() ? nullptr : read_all_keys.data()});
   } else {
     st->weights = Tensor({B, H, Q, K});
     p.weights = st->weights.data();
-    kernels::attention_forward(kernel_, p);
+    kernels::attention_forward(kernel, p);
     st->have_all = true;
-    if (!training_) st->proj = {};  // the weights are all a later access needs
+    if (!training) st->proj = {};  // the weights are all a later access needs
   }
-  Tensor out = W_o_.forward(concat, gen_, kForward);
+  Tensor out = W_o_.forward(concat, gen_, kForward);  // initialised: gen_ is not used
   st->concat = std::move(concat);
-  state_ = std::move(st);
-  if (training_) {
+
+  std::lock_guard state(state_mutex_);
+  // Publish this call; the state it replaces gives its buffers to the next
+  // call unless someone still reads it (a copy of this module, or an
+  // attention_weights() in progress on another thread).
+  std::shared_ptr<nn::AttentionState> old = std::exchange(state_, std::move(st));
+  if (old && old.use_count() == 1) {
+    spare_ = std::move(old->proj.buffers);
+    spare_.push_back(std::move(old->concat));
+  }
+  // What backward() needs from this call (the last call's, in training mode).
+  last_dropout_p_ = p.dropout.p;
+  last_dropout_key_ = p.dropout.key;
+  if (training) {
     saved_ = {true, queries, keys, values};
   } else {
     saved_ = {};
@@ -136,38 +186,64 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   return out;
 }
 
-const Tensor& MultiHeadAttention::attention_weights() const {
-  static const Tensor kNone;
-  if (!state_) return kNone;
-  nn::AttentionState& s = *state_;
-  if (!s.have_all) {
-    std::vector<int64_t> rows(static_cast<size_t>(s.B)), heads(static_cast<size_t>(s.H));
-    for (int64_t b = 0; b < s.B; ++b) rows[static_cast<size_t>(b)] = b;
-    for (int64_t h = 0; h < s.H; ++h) heads[static_cast<size_t>(h)] = h;
-    s.weights = nn::weights_of(s, rows, heads);
-    s.have_all = true;
+Tensor MultiHeadAttention::attention_weights() const {
+  std::shared_ptr<nn::AttentionState> st;
+  {
+    std::lock_guard state(state_mutex_);
+    st = state_;
   }
-  return s.weights;
+  if (!st) return Tensor();
+  // The weights, and the copy returned, are this call's allocation.
+  core::MemoryPlan plan("MultiHeadAttention.attention_weights");
+  plan.add("attention weights", {st->B, st->H, st->Q, st->K}).check();
+  return nn::all_weights(*st);
 }
 
-int64_t MultiHeadAttention::last_batch_size() const { return state_ ? state_->B : 0; }
+int64_t MultiHeadAttention::last_batch_size() const {
+  std::lock_guard state(state_mutex_);
+  return state_ ? state_->B : 0;
+}
 
 Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_rows,
                                              const std::vector<int64_t>& heads) const {
   static const char* op = "MultiHeadAttention.attention_weights";
-  if (!state_) fail(op, "no forward call yet: there are no weights to show");
-  const nn::AttentionState& s = *state_;
+  std::shared_ptr<nn::AttentionState> st;
+  {
+    std::lock_guard state(state_mutex_);
+    st = state_;
+  }
+  if (!st) fail(op, "no forward call yet: there are no weights to show");
   for (size_t i = 0; i < batch_rows.size(); ++i)
-    if (batch_rows[i] < 0 || batch_rows[i] >= s.B)
+    if (batch_rows[i] < 0 || batch_rows[i] >= st->B)
       fail(op, "batch_rows: entry ", i, " is ", batch_rows[i], "; the last call had rows 0..",
-           s.B - 1, " (batch size ", s.B, ")");
+           st->B - 1, " (batch size ", st->B, ")");
   for (size_t i = 0; i < heads.size(); ++i)
-    if (heads[i] < 0 || heads[i] >= s.H)
-      fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", s.H);
-  return nn::weights_of(s, batch_rows, heads);
+    if (heads[i] < 0 || heads[i] >= st->H)
+      fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", st->H);
+  core::MemoryPlan plan(op);
+  plan.add("attention weights", {static_cast<int64_t>(batch_rows.size()),
+                                 static_cast<int64_t>(heads.size()), st->Q, st->K})
+      .check();
+  return nn::weights_of(*st, batch_rows, heads);
+}
+
+void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& keys,
+                                           const Tensor& values) {
+  std::unique_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);  // gen_
+  // Another call may have done it meanwhile; the widths are checked against
+  // whatever it chose. The draw order (W_q, W_k, W_v, W_o) is the serial one.
+  check_width(W_q_, "W_q", queries, "queries");
+  check_width(W_k_, "W_k", keys, "keys");
+  check_width(W_v_, "W_v", values, "values");
+  W_q_.initialize(queries.size(2), gen_, kForward);
+  W_k_.initialize(keys.size(2), gen_, kForward);
+  W_v_.initialize(values.size(2), gen_, kForward);
+  W_o_.initialize(num_hiddens_, gen_, kForward);
 }
 
 StateDict MultiHeadAttention::state_dict() const {
+  std::shared_lock params(params_mutex_);
   StateDict s;
   const std::pair<const char*, const LazyLinear*> layers[] = {
       {"W_q", &W_q_}, {"W_k", &W_k_}, {"W_v", &W_v_}, {"W_o", &W_o_}};
@@ -181,6 +257,7 @@ StateDict MultiHeadAttention::state_dict() const {
 
 void MultiHeadAttention::load_state_dict(const StateDict& state) {
   static const char* op = "MultiHeadAttention.load_state_dict";
+  std::unique_lock params(params_mutex_);  // waits for running calls
   const char* names[] = {"W_q", "W_k", "W_v", "W_o"};
   std::set<std::string> expected;
   for (const char* n : names) {

@@ -37,7 +37,10 @@ void MultiHeadAttention::initialize(int64_t dq, int64_t dk, int64_t dv) {
       fail(op, what[i], ": ", w, " differs from the width ", layer->in_features(),
            " this layer was initialised with");
   }
-  // The order of a first forward call: W_q, W_k, W_v, then W_o.
+  // The order of a first forward call: W_q, W_k, W_v, then W_o. Locked as
+  // the lazy initialisation of forward() is (see multihead.h).
+  std::unique_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);
   W_q_.initialize(dq, gen_, op);
   W_k_.initialize(dk, gen_, op);
   W_v_.initialize(dv, gen_, op);
@@ -97,6 +100,7 @@ ParamList MultiHeadAttention::parameters() {
 }
 
 Tensor MultiHeadAttention::last_dropout_mask() const {
+  std::lock_guard state(state_mutex_);
   if (!state_)
     fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
   Tensor mask({state_->B, state_->H, state_->Q, state_->K});
@@ -108,6 +112,10 @@ Tensor MultiHeadAttention::last_dropout_mask() const {
 
 MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_output) {
   static const char* op = "MultiHeadAttention.backward";
+  // Training is one thread's business, but a backward() must not see a
+  // forward() of another thread half-stored: hold both locks throughout.
+  std::shared_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);
   if (!saved_.valid)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");
@@ -142,7 +150,6 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   kernels::set_lengths(p, st.lens);
   p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
   p.dropout = {last_dropout_p_, last_dropout_key_};
-  p.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
   p.grad_q = dq.view().split_heads(H);
   p.grad_k = dk.view().split_heads(H);
   p.grad_v = dv.view().split_heads(H);
@@ -152,6 +159,8 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
     // only the key rows that forward projected.
     kernels::attention_backward_fused(p, st.stats.data(), st.stats.data() + B * H * Q);
   } else {
+    std::lock_guard weights_lock(st.weights_mutex);
+    p.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
     kernels::attention_backward(kernel_, p);
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
@@ -56,6 +57,45 @@ float max_abs(const TensorView& x, int64_t b, int64_t rows) {
 constexpr double kFarFromFill = 9.9e5;
 
 }  // namespace
+
+namespace {
+
+// No NaN or infinity in x[0, n): the exponent bits are never all ones. An
+// integer test, so that the compiler vectorises it.
+bool all_finite(const float* x, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any == 0;
+}
+
+}  // namespace
+
+std::vector<uint8_t> complete_nonfinite_values(Projected& proj, RowNeeds& needs, const Tensor& keys,
+                                               const Tensor& values, const LazyLinear& W_k,
+                                               const LazyLinear& W_v) {
+  std::vector<uint8_t> flags;
+  if (needs.v_rows.empty()) return flags;
+  const int64_t B = values.size(0), K = values.size(1), Dv = values.size(2);
+  const bool layer_finite =
+      all_finite(W_v.weight().data(), W_v.weight().numel()) &&
+      (!W_v.has_bias() || all_finite(W_v.bias().data(), W_v.bias().numel()));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t v_rows = needs.v_rows[static_cast<size_t>(b)];
+    if (v_rows >= K) continue;
+    if (layer_finite && all_finite(values.data() + (b * K + v_rows) * Dv, (K - v_rows) * Dv)) continue;
+    if (flags.empty()) flags.assign(static_cast<size_t>(B), 0);
+    flags[static_cast<size_t>(b)] = 1;
+    project_rows(values, W_v, b, v_rows, K, proj.v);
+    project_rows(keys, W_k, b, needs.k_rows[static_cast<size_t>(b)], K, proj.k);
+    needs.v_rows[static_cast<size_t>(b)] = K;
+    needs.k_rows[static_cast<size_t>(b)] = K;
+  }
+  return flags;
+}
 
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values,
                                const LazyLinear& W_v, int64_t heads, float scale_divisor) {

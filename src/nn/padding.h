@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "mha/linear.h"
 #include "mha/tensor.h"
@@ -20,6 +21,17 @@ namespace mha::nn {
 
 // Row needs for keys of K positions; empty (all rows) without lengths.
 RowNeeds padding_row_needs(const ValidLens& lens, int64_t B, int64_t Q, int64_t K);
+
+// Non-finite values past the lengths: the seed multiplies a masked key's
+// value by weight 0, and 0 * NaN or 0 * inf is NaN in every output that
+// weighs it. For each batch row whose skipped value rows are not all finite
+// (in `values`, or because W_v / its bias is not), project all its k and v
+// rows, set its needs to K, and flag it in the result ([B], for
+// kernels::FusedForwardOptions::read_all_keys; empty when no row is flagged).
+// values:[B,K,Dv] keys:[B,K,Dk]
+std::vector<uint8_t> complete_nonfinite_values(Projected& proj, RowNeeds& needs, const Tensor& keys,
+                                               const Tensor& values, const LazyLinear& W_k,
+                                               const LazyLinear& W_v);
 
 // The exception above, made safe after the projections: where a batch row's
 // v rows were cut short and its scores are not bounded away from the fill

@@ -13,23 +13,13 @@
 #include "kernels/features.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
+#include "nn/torch_mha_impl.h"
 
 namespace mha {
 
-namespace {
+namespace nn {
 
-const char* kForward = "TorchMultiheadAttention.forward";
-
-// The call's geometry. Rows of every buffer are (b, position) pairs in the
-// caller's layout: b-major when batch_first, position-major otherwise.
-struct Geometry {
-  bool seq_first;
-  int64_t B, Q, K, Kt;  // Kt: keys after bias_k/bias_v and the zero key
-  int64_t row(int64_t b, int64_t pos, int64_t L) const { return seq_first ? pos * B + b : b * L + pos; }
-};
-
-// A buffer of B*L rows of `heads * d` floats, seen as (B, heads, L, d).
-TensorView head_view(float* data, const Geometry& g, int64_t L, int64_t heads, int64_t d) {
+TensorView head_view(float* data, const TorchMhaGeometry& g, int64_t L, int64_t heads, int64_t d) {
   const int64_t width = heads * d;
   TensorView v;
   v.data = data;
@@ -40,6 +30,28 @@ TensorView head_view(float* data, const Geometry& g, int64_t L, int64_t heads, i
   v.shape[3] = d; v.stride[3] = 1;
   return v;
 }
+
+kernels::MaskOptions TorchMhaMasks::options() const {
+  kernels::MaskOptions m;
+  m.key_keep = key_keep.empty() ? nullptr : key_keep.data();
+  m.key_bias = key_bias.empty() ? nullptr : key_bias.data();
+  m.pair_keep = pair_keep.empty() ? nullptr : pair_keep.data();
+  m.pair_bias = pair_bias.empty() ? nullptr : pair_bias.data();
+  m.pair_stride_b = pair_stride_b;
+  m.pair_stride_h = pair_stride_h;
+  m.causal = causal;
+  m.fill = neg_inf_fill ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
+  m.fully_masked = fully_masked;
+  return m;
+}
+
+}  // namespace nn
+
+namespace {
+
+const char* kForward = "TorchMultiheadAttention.forward";
+using Geometry = nn::TorchMhaGeometry;
+using nn::head_view;
 
 // x:[B*K rows, in] -> out:[B*Kt rows, width]: the projection of the K given
 // keys, then the bias row (bias_k / bias_v, if any) at position K of every
@@ -79,6 +91,43 @@ bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
 }
 
 }  // namespace
+
+nn::TorchMhaMasks nn::build_masks(const Mask& kpm, const Mask& am, Causal causal, const Geometry& g,
+                                  int64_t H, FullyMaskedRows policy) {
+  TorchMhaMasks m;
+  // The fill and the policy only matter where something masks; leaving them
+  // at their defaults otherwise lets a kernel without them run the plain case.
+  if (!kpm.is_none() || !am.is_none() || causal != Causal::None) {
+    m.neg_inf_fill = true;
+    m.fully_masked = policy;
+  }
+  if (kpm.is_keep()) m.key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1);
+  if (kpm.is_additive()) m.key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f);
+  const bool am3 = am.dim() == 3;
+  const int64_t slices = am3 ? am.shape()[0] : 1;  // (Q, K) slices of attn_mask
+  if (am3) {
+    m.pair_stride_h = g.Q * g.Kt;
+    m.pair_stride_b = H * g.Q * g.Kt;
+  }
+  if (am.is_keep()) m.pair_keep = pad_last_axis<uint8_t>(am.keep_data(), slices * g.Q, g.K, g.Kt, 1);
+  if (am.is_additive()) m.pair_bias = pad_last_axis<float>(am.bias_data(), slices * g.Q, g.K, g.Kt, 0.0f);
+  if (g.Kt == g.K || causal == Causal::None) {
+    m.causal = causal;
+    return m;
+  }
+  // The kernel's causal limit would count the appended keys, so the causal
+  // pattern over the K given keys joins the pair mask instead.
+  if (am.is_none()) m.pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
+  for (int64_t s = 0; s < slices; ++s)
+    for (int64_t i = 0; i < g.Q; ++i)
+      for (int64_t j = 0; j < g.K; ++j) {
+        if (!causally_masked(causal, i, j, g.Q, g.K)) continue;
+        const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
+        if (!m.pair_bias.empty()) m.pair_bias[at] = -INFINITY;  // drops out under the -inf fill
+        else m.pair_keep[at] = 0;
+      }
+  return m;
+}
 
 TorchMhaResult TorchMultiheadAttention::operator()(const Tensor& query, const Tensor& key,
                                                    const Tensor& value, const Mask& key_padding_mask,
@@ -154,64 +203,41 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   p.k = head_view(k_proj.data(), g, g.Kt, Hkv, d);
   p.v = head_view(v_proj.data(), g, g.Kt, Hkv, d);
   p.out = head_view(concat.data(), g, g.Q, H, d);
+  // A training-mode forward keeps what backward() needs; the weights only
+  // when the caller wants them (else the backward recomputes them).
+  const bool keep = training_;
   Tensor weights;
   if (call.need_weights) {
     weights = Tensor({g.B, H, g.Q, g.Kt});
     p.weights = weights.data();
   }
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  // The fill and the policy only matter where something masks; leaving them
-  // at their defaults otherwise lets a kernel without them run the plain case.
-  if (!call.key_padding_mask.is_none() || !call.attn_mask.is_none() || call.causal != Causal::None) {
-    p.masks.fill = kernels::MaskFill::NegInf;
-    p.masks.fully_masked = fully_masked_;
-  }
   if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-
-  // --- masks; appended keys always take part ---
-  const bool extra = g.Kt > g.K;
-  std::vector<uint8_t> key_keep, pair_keep;
-  std::vector<float> key_bias, pair_bias;
-  if (kpm.is_keep())
-    p.masks.key_keep = extra ? (key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1)).data()
-                       : kpm.keep_data();
-  if (kpm.is_additive())
-    p.masks.key_bias = extra ? (key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f)).data()
-                       : kpm.bias_data();
-  const int64_t slices = am3 ? am.shape()[0] : 1;  // (Q, K) slices of attn_mask
-  if (am3) {
-    p.masks.pair_stride_h = g.Q * g.Kt;
-    p.masks.pair_stride_b = H * g.Q * g.Kt;
-  }
-  if (!extra) {
-    p.masks.pair_keep = am.keep_data();
-    p.masks.pair_bias = am.bias_data();
-    p.masks.causal = call.causal;
-  } else {
-    // The kernel's causal limit would count the appended keys, so the causal
-    // pattern over the K given keys joins the pair mask instead.
-    if (am.is_keep()) pair_keep = pad_last_axis<uint8_t>(am.keep_data(), slices * g.Q, g.K, g.Kt, 1);
-    if (am.is_additive()) pair_bias = pad_last_axis<float>(am.bias_data(), slices * g.Q, g.K, g.Kt, 0.0f);
-    if (call.causal != Causal::None) {
-      if (am.is_none()) pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
-      for (int64_t s = 0; s < slices; ++s)
-        for (int64_t i = 0; i < g.Q; ++i)
-          for (int64_t j = 0; j < g.K; ++j) {
-            if (!causally_masked(call.causal, i, j, g.Q, g.K)) continue;
-            const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
-            if (!pair_bias.empty()) pair_bias[at] = -INFINITY;  // drops out under NegInf fill
-            else pair_keep[at] = 0;
-          }
-    }
-    if (!pair_keep.empty()) p.masks.pair_keep = pair_keep.data();
-    if (!pair_bias.empty()) p.masks.pair_bias = pair_bias.data();
-  }
+  nn::TorchMhaMasks masks = nn::build_masks(kpm, am, call.causal, g, H, fully_masked_);
+  p.masks = masks.options();
 
   kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
 
   TorchMhaResult result;
   result.output = Tensor(query.shape());
   out_proj_.forward_rows(concat.data(), g.B * g.Q, result.output.data(), E);
+  if (keep) {
+    auto saved = std::make_shared<nn::TorchMhaSaved>();
+    saved->g = g;
+    saved->query = query;
+    saved->key = key;
+    saved->value = value;
+    saved->q = std::move(q_proj);
+    saved->k = std::move(k_proj);
+    saved->v = std::move(v_proj);
+    saved->concat = std::move(concat);
+    saved->weights = weights;  // a copy: dropout and averaging change `weights` below
+    saved->masks = std::move(masks);
+    saved->dropout = p.dropout;
+    saved_ = std::move(saved);
+  } else {
+    saved_.reset();
+  }
   if (!call.need_weights) return result;
   // PyTorch returns the weights after dropout; the kernel's are before it,
   // and its counter-based mask is recomputed here from the same key.

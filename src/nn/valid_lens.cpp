@@ -17,7 +17,9 @@ ValidLens ValidLens::per_batch(std::vector<float> lens) {
 }
 
 ValidLens ValidLens::per_query(int64_t batch, int64_t queries, std::vector<float> lens) {
-  if (batch < 0 || queries < 0 || static_cast<int64_t>(lens.size()) != batch * queries)
+  int64_t count = 0;  // batch * queries, which a hostile caller could overflow
+  if (batch < 0 || queries < 0 || __builtin_mul_overflow(batch, queries, &count) ||
+      static_cast<int64_t>(lens.size()) != count)
     fail("ValidLens.per_query", "lens: ", lens.size(), " values given for shape ",
          shape_str({batch, queries}));
   ValidLens v;

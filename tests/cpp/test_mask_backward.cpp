@@ -81,7 +81,7 @@ struct Problem {
       for (int64_t h = 0; h < H; ++h) {
         const int64_t hk = h / (H / Hkv);
         for (int64_t i = 0; i < Q; ++i) {
-          bool any = false;
+          int64_t kept = 0, live = 0;
           double mx = -INFINITY;
           for (int64_t j = 0; j < K; ++j) {
             double dot = 0;
@@ -92,10 +92,14 @@ struct Problem {
             if (m.pair_bias) x += m.pair_bias[m.pair_offset(b, h, i, K) + j];
             const bool keep = kernels::takes_part(m, p.length(b, i), b, h, i, j, Q, K);
             if (!keep) x = m.fill_value();
-            any |= keep && x != -INFINITY;
+            kept += keep;
+            live += keep && x != -INFINITY;
             s[j] = x;
             mx = std::max(mx, x);
           }
+          // The policy when no key is kept or every score is -inf (see
+          // attention_params.h); a plain softmax otherwise.
+          const bool any = !(kept == 0 || (live == 0 && (kept == K || m.fill == kernels::MaskFill::NegInf)));
           double sum = 0;
           for (int64_t j = 0; j < K; ++j) sum += (s[j] = any ? std::exp(s[j] - mx) : 1.0);
           const bool zeros = !any && m.fully_masked == FullyMaskedRows::Zeros;

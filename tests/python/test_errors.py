@@ -35,7 +35,7 @@ def test_forward_errors(args, message):
 def test_second_call_with_another_width():
     m = mha.MultiHeadAttention(8, 2)
     m(ones(1, 2, 4), ones(1, 3, 6), ones(1, 3, 6))
-    with pytest.raises(ValueError, match=r"queries: width 5 \(shape \(1, 2, 5\)\) differs from the width 4"):
+    with pytest.raises(ValueError, match=r"queries: width 5 \(shape \(1, 2, 5\)\) differs from W_q's input width 4"):
         m(ones(1, 2, 5), ones(1, 3, 6), ones(1, 3, 6))
 
 

@@ -27,11 +27,14 @@ def split_heads(x, heads):
 
 
 def reference_mha(state, num_heads, query, key, value, *, num_kv_heads=None,
-                  keep=None, bias=None, add_zero_attn=False, fully_masked="zeros"):
+                  keep=None, bias=None, add_zero_attn=False, fully_masked="zeros",
+                  dropout_mask=None):
     """Batch-first inputs (B, L, E), (B, S, kdim), (B, S, vdim) as float64
     tensors; `state` maps PyTorch's names to float64 tensors. keep/bias cover
-    the S keys plus any appended ones. Returns (output (B, L, E), per-head
-    weights (B, H, L, S'))."""
+    the S keys plus any appended ones. dropout_mask (B, H, L, S'), if given,
+    multiplies the weights before they meet the values (mha's mask of a
+    training-mode call, so that its dropout can be differentiated here).
+    Returns (output (B, L, E), per-head weights (B, H, L, S') before dropout)."""
     H = num_heads
     Hkv = num_kv_heads or H
     E = state["out_proj.weight"].shape[0]
@@ -77,6 +80,7 @@ def reference_mha(state, num_heads, query, key, value, *, num_kv_heads=None,
     S = scores.shape[-1]
     fill = 1.0 / S if fully_masked == "uniform" else 0.0
     weights = torch.where(empty, torch.full_like(weights, fill), weights)
-    out = (weights @ vh).permute(0, 2, 1, 3).reshape(B, -1, E)
+    dropped = weights if dropout_mask is None else weights * dropout_mask
+    out = (dropped @ vh).permute(0, 2, 1, 3).reshape(B, -1, E)
     out = torch.nn.functional.linear(out, state["out_proj.weight"], state.get("out_proj.bias"))
     return out, weights

@@ -152,7 +152,8 @@ bool set_fused_isa(FusedIsa isa) {
 
 const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 
-void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats) {
+void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
+                             FusedForwardOptions options) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   check_keys("attention_forward_fused", K);
   // Callers pick another kernel for options this one does not honour
@@ -178,9 +179,13 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats) {
   job.row_sum = stats.row_sum;
   job.c2 = kLog2e / p.scale_divisor;
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
-  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  if (options.read_all_keys)
+    for (int64_t b = 0; b < B; ++b)
+      if (options.read_all_keys[b]) kv_rows[static_cast<size_t>(b)] = K;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
+  job.read_all = options.read_all_keys;
   double work = 0;
   for (int32_t n : n_valid) work += n;
   work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);

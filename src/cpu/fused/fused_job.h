@@ -21,8 +21,9 @@ struct ForwardJob {
   float* row_sum = nullptr;          // [B,h,Q] or null
   float c2 = 0.0f;                   // log2(e) / scale_divisor
   int64_t q_tiles = 0;               // ceil(Q / query tile)
-  const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read
+  const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read (K where read_all)
   int64_t pack_rows = 0;             // max over b of kv_rows
+  const uint8_t* read_all = nullptr; // [B] or null: read every key of these rows
 };
 
 // One weights request. Chunk c is (pair, query tile); pair = (row i, head j)

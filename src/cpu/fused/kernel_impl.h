@@ -253,7 +253,8 @@ struct Kernel {
     pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     int64_t kv_min;
-    const int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
+    int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
+    if (job.read_all && job.read_all[b]) kv_end = K;  // masked keys too, at weight 0
     Reg nfv[U], m[U], l[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);

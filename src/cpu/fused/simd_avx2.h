@@ -33,6 +33,7 @@ struct Avx2 {
   static Reg exp2(Reg x) {
     const Reg lo = _mm256_set1_ps(-125.0f);
     const Reg underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    const Reg nan_in = x;
     x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
     const Reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm256_sub_ps(x, n);
@@ -44,8 +45,8 @@ struct Avx2 {
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const Reg r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(underflow, r);
+    const Reg r = _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    return _mm256_blendv_ps(r, nan_in, _mm256_cmp_ps(nan_in, nan_in, _CMP_UNORD_Q));  // NaN stays NaN
   }
 };
 

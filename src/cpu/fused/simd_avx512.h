@@ -38,9 +38,11 @@ struct Avx512 {
   // instead: the CPU computes denormals in microcode, ~100x slower, and
   // masked scores (-inf) would hit that path in every padded tile; against a
   // softmax sum >= 1 the difference (< 2^-125) is invisible.
+  // NaN stays NaN (a NaN score makes its row NaN, as in the seed).
   static Reg exp2(Reg x) {
     const Reg lo = _mm512_set1_ps(-125.0f);
     const __mmask16 normal = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    const Reg other = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  // NaN or 0
     x = _mm512_max_ps(x, lo);
     const Reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm512_sub_ps(x, n);
@@ -51,7 +53,7 @@ struct Avx512 {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(normal, p, n);
+    return _mm512_mask_scalef_ps(other, normal, p, n);
   }
 };
 

@@ -31,7 +31,7 @@ void attention_backward_masked_reference(const AttentionForward& p, const Tensor
       for (int64_t i = 0; i < Q; ++i) {
         const float len = p.length(b, i);
         double row_max = -INFINITY;
-        int64_t live = 0;
+        int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c)
@@ -44,13 +44,16 @@ void attention_backward_masked_reference(const AttentionForward& p, const Tensor
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) k_ok = false;
           if (j > m.causal_last_key(i, Q, K)) k_ok = false;
           if (!k_ok) s = m.fill_value();
+          kept += k_ok;
           if (k_ok && s != -INFINITY) ++live;
           keep[i * K + j] = k_ok;
           P[i * K + j] = s;
           row_max = std::fmax(row_max, s);
           M[i * K + j] = p.dropout.multiplier(base + i * K + j);
         }
-        empty[i] = live == 0;
+        // The forward's rule (attention_reference.cpp): the policy when no key
+        // is kept or every score of the row is -inf.
+        empty[i] = kept == 0 || (live == 0 && (kept == K || m.fill == MaskFill::NegInf));
         if (empty[i]) {
           const double w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0 / K : 0.0;
           for (int64_t j = 0; j < K; ++j) P[i * K + j] = w;

@@ -6,10 +6,38 @@
 #include <vector>
 
 #include "kernels/attention_backward.h"
+#include "kernels/attention_backward_masked.h"
+#include "kernels/features.h"
 
 namespace mha::kernels {
 
+namespace {
+
+// The forward's parameter struct for the same call: what the masked
+// reference reads (its out and weights stay unset).
+AttentionForward forward_of(const AttentionBackward& p) {
+  AttentionForward f;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.length_kind = p.length_kind;
+  f.lens = p.lens;
+  f.scale_divisor = p.scale_divisor;
+  f.dropout = p.dropout;
+  f.masks = p.masks;
+  return f;
+}
+
+}  // namespace
+
 void attention_backward_reference(const AttentionBackward& p) {
+  // Masks and grouped heads: the reference written with every option
+  // (cpu/reference/attention_backward_masked.cpp). The loops below are the
+  // seed's case alone, kept as its plainest statement.
+  if (features_used(p) != 0) {
+    attention_backward_masked_reference(forward_of(p), p.grad_out, p.grad_q, p.grad_k, p.grad_v);
+    return;
+  }
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   const double scale = p.scale_divisor;
   std::vector<double> P(static_cast<size_t>(Q * K)), M(static_cast<size_t>(Q * K)),

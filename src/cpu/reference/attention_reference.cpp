@@ -22,7 +22,7 @@ void attention_forward_reference(const AttentionForward& p) {
         const float len = p.length(b, i);
         // scores = q . k / sqrt(d) (+ additive masks); masked keys get the fill.
         float row_max = -INFINITY;
-        int64_t live = 0;
+        int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
         for (int64_t j = 0; j < K; ++j) {
           const float* k = p.k.ptr(b, hk, j);
           double dot = 0.0;
@@ -35,12 +35,17 @@ void attention_forward_reference(const AttentionForward& p) {
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
           if (j > m.causal_last_key(i, Q, K)) keep = false;
           if (!keep) s = m.fill_value();
-          if (keep && s != -INFINITY) ++live;
+          kept += keep;
+          live += keep && s != -INFINITY;
           w[j] = s;
           row_max = std::fmax(row_max, s);
         }
-        if (live == 0) {
-          // No key takes part: the caller's policy, never exp(-inf - -inf).
+        if (kept == 0 || (live == 0 && (kept == K || m.fill_value() == -INFINITY))) {
+          // No key takes part, or every score of the row is -inf: the
+          // caller's policy, never exp(-inf - -inf) = NaN. When kept keys
+          // score -inf but masked keys hold the seed's finite fill, the
+          // plain softmax runs over the filled row, as in PyTorch (the
+          // masked keys then share the weight).
           const float fill = m.fully_masked == FullyMaskedRows::Uniform
                                  ? static_cast<float>(1.0 / static_cast<double>(K))
                                  : 0.0f;

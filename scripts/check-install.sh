@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the CMake build in $1 (default: build) into a temporary prefix and
+# uses it as a user would: builds examples/consumer with find_package(mha),
+# builds the same program with pkg-config, and runs both and the installed
+# `mha --version`. Nothing outside the temporary folder is touched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mha-install-check.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+
+version=$(sed -n 's/^project(mha VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+[ -n "$version" ] || { echo "check-install: no version in CMakeLists.txt" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$prefix" > "$tmp/install.log"
+echo "check-install: installed $(find "$prefix" -type f | wc -l) files into a temporary prefix"
+
+# 1. CMake: find_package(mha 0.1 REQUIRED), target mha::mha.
+cmake -S examples/consumer -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=Release > "$tmp/consumer-configure.log"
+cmake --build "$tmp/consumer" -j"${JOBS:-2}" > "$tmp/consumer-build.log"
+"$tmp/consumer/seed_check"
+
+# 2. pkg-config, with the same source.
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+[ "$(pkg-config --modversion mha)" = "$version" ] || { echo "check-install: pkg-config version $(pkg-config --modversion mha) is not $version" >&2; exit 1; }
+# shellcheck disable=SC2046
+c++ -std=c++20 -O1 examples/consumer/seed_check.cpp -o "$tmp/seed_check_pc" $(pkg-config --cflags --libs mha)
+LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/seed_check_pc"   # a shared libmha in a private prefix
+
+# 3. The installed tool.
+got=$("$prefix/bin/mha" --version)
+[ "$got" = "mha $version" ] || { echo "check-install: 'mha --version' printed '$got', wanted 'mha $version'" >&2; exit 1; }
+echo "check-install: ok (CMake package, pkg-config and tool, version $version)"
