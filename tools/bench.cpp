@@ -162,7 +162,8 @@ long status_kb(const char* field) {
 // The hidden child: one forward call of case `index`; prints peak MB.
 void memory_child(int index) {
   set_num_threads(1);
-  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  // Resets the peak resident set to the current one.
+  { std::ofstream("/proc/self/clear_refs") << "5"; }  // atomic-writes: ok (a kernel interface)
   const long base = status_kb("VmRSS");
   const Case& c = kCases[index];
   Inputs in = make_inputs(c);
