@@ -96,6 +96,7 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 namespace mha::python {
 void bind_training(py::module_& m);  // train_bindings.cpp
+void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 }  // namespace mha::python
 
@@ -264,5 +265,6 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
 
   bind_torch(m);
   mha::python::bind_training(m);
+  mha::python::bind_pruning(m);
   mha::python::bind_inspect(m);
 }

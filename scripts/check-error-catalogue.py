@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Every error the source can raise has a row in docs/errors.md.
 
-Finds each call that raises an mha::Error (fail(...), and the local helpers
-bad(...), fail_errno(...), abandon(...)) in src/, tools/ and
-python/module.cpp, takes the longest string literal of its message, and
+Finds each call that raises an mha::Error (fail(...), throw Error(...), and
+the local helpers bad(...), fail_errno(...), abandon(...)) in src/, tools/
+and the Python bindings (python/*.cpp), and each `raise ValueError(...)` of
+the Python package (python/mha/*.py), takes the longest string literal of
+its message (of an f-string, the longest text between its {fields}), and
 checks that some catalogue message contains it. A new error therefore fails
 this check until docs/errors.md describes it (and the catalogue tests then
 require a trigger for it):
@@ -15,7 +17,8 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CALL = re.compile(r"\b(fail|bad|fail_errno|abandon)\(")
+CALL = re.compile(r"\b(fail|bad|fail_errno|abandon)\(|\bthrow\s+(?:mha::)?Error\(")
+PY_CALL = re.compile(r"\braise\s+ValueError\(")
 LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
@@ -46,16 +49,19 @@ def main():
                 if line.startswith("| `")]
     catalogue = "\n".join(messages)
     files = sorted((ROOT / "src").rglob("*.cpp")) + sorted((ROOT / "tools").rglob("*.cpp")) + \
-        [ROOT / "python" / "module.cpp"]
+        sorted((ROOT / "python").glob("*.cpp")) + sorted((ROOT / "python" / "mha").glob("*.py"))
     missing, sites = [], 0
     for path in files:
         text = path.read_text()
-        for m in CALL.finditer(text):
+        python = path.suffix == ".py"
+        for m in (PY_CALL if python else CALL).finditer(text):
             line_start = text.rfind("\n", 0, m.start()) + 1
-            if text[line_start:m.start()].lstrip().startswith("//"):
+            if text[line_start:m.start()].lstrip().startswith("#" if python else "//"):
                 continue
             args = call_text(text, m.end() - 1)
             literals = [bytes(s, "utf-8").decode("unicode_escape") for s in LITERAL.findall(args)]
+            if python:  # the text between an f-string's {fields}
+                literals = [piece for s in literals for piece in re.split(r"\{[^{}]*\}", s)]
             literals = [s for s in literals if len(s.strip(" '\":,;()")) >= 3]
             if not literals:
                 continue  # a helper's definition, or a call whose text is all variables

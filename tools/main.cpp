@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   mha::tools::add_bench_command(app);
   mha::tools::add_viz_command(app);
   mha::tools::add_train_command(app);
+  mha::tools::add_prune_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

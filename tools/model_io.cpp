@@ -6,7 +6,12 @@
 namespace mha::tools {
 
 MultiHeadAttention load_attention(const std::string& weights_path, int64_t num_heads, const char* op) {
-  return run_module_from(load_f32_tensors(weights_path), num_heads, weights_path, op);
+  const SafetensorsFile file = read_safetensors(weights_path);
+  StateDict state;
+  for (const auto& [name, raw] : file.tensors)
+    state.emplace(name, require_f32(raw, "'" + weights_path + "' tensor '" + name + "'"));
+  // The metadata carries a pruned module's head layout (mha/prune.h).
+  return run_module_from(state, num_heads, weights_path, op, file.metadata);
 }
 
 AttentionInputs load_inputs(const std::string& path, const char* op) {

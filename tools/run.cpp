@@ -1,8 +1,10 @@
 // `mha run`: one evaluation-mode forward pass from safetensors files.
 //
 // weights and inputs files: see model_io.h.
-// output file: output (B,Q,D) and attention_weights (B,H,Q,K) as F32.
+// output file: output (B,Q,D) and attention_weights (B,H,Q,K) as F32; for a
+// pruned module H is the kept heads, listed in the metadata's heads_kept.
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "commands.h"
@@ -25,8 +27,11 @@ void run(const RunOptions& opt) {
   const AttentionInputs in = load_inputs(opt.inputs, kOp);
   const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);
   const Tensor weights = attention.attention_weights();
-  save_safetensors(opt.out, {{"output", output}, {"attention_weights", weights}},
-                   {{"num_heads", std::to_string(opt.heads)}});
+  // num_heads: the heads in attention_weights (the kept ones, if pruned).
+  std::map<std::string, std::string> meta{{"num_heads", std::to_string(attention.num_heads())}};
+  if (attention.num_heads() < attention.original_num_heads())
+    meta["heads_kept"] = head_layout_metadata(attention).at("heads_kept");
+  save_safetensors(opt.out, {{"output", output}, {"attention_weights", weights}}, meta);
   std::printf("wrote %s: output %s, attention_weights %s\n", opt.out.c_str(),
               shape_str(output.shape()).c_str(),
               shape_str(weights.shape()).c_str());
@@ -43,7 +48,8 @@ void add_run_command(CLI::App& app) {
       ->required()->check(CLI::ExistingFile);
   cmd->add_option("--out", opt->out, "safetensors file to write output and attention_weights to")
       ->required();
-  cmd->add_option("--heads", opt->heads, "Number of heads")->required();
+  cmd->add_option("--heads", opt->heads,
+                  "Number of heads (as built; may be left out if the weights file records it)");
   cmd->callback([opt] { run(*opt); });
 }
 

@@ -1,18 +1,33 @@
 #include "run_inputs.h"
 
+#include <cstdlib>
+
 namespace mha::tools {
 
 MultiHeadAttention run_module_from(const StateDict& state, int64_t heads, const std::string& origin,
-                                   const char* op) {
+                                   const char* op, const std::map<std::string, std::string>& metadata) {
   auto wq = state.find("W_q.weight");
   if (wq == state.end()) fail(op, "weights '", origin, "': no tensor 'W_q.weight'");
   if (wq->second.dim() != 2)
     fail(op, "weights '", origin, "': W_q.weight has shape ", shape_str(wq->second.shape()),
          ", wanted (num_hiddens, Dq)");
-  const int64_t num_hiddens = wq->second.size(0);
+  // The output width: W_o's rows (W_q has fewer once heads are pruned).
+  auto wo = state.find("W_o.weight");
+  const int64_t num_hiddens = wo != state.end() && wo->second.dim() == 2 ? wo->second.size(0) : wq->second.size(0);
   const bool bias = state.count("W_q.bias") > 0;
+  // Heads as built: --heads, or the file's record (mha/prune.h); both must agree.
+  if (auto it = metadata.find("num_heads"); it != metadata.end()) {
+    const int64_t recorded = std::atoll(it->second.c_str());
+    if (recorded <= 0 || std::to_string(recorded) != it->second)
+      fail(op, "weights '", origin, "': metadata 'num_heads' = '", it->second, "' is not a positive integer");
+    if (heads > 0 && heads != recorded)
+      fail(op, "--heads: ", heads, " differs from the ", recorded, " heads (as built) that weights '", origin,
+           "' records");
+    heads = recorded;
+  }
   if (heads <= 0) fail(op, "--heads: ", heads, " is not a positive number of heads");
   MultiHeadAttention attention(num_hiddens, heads, 0.0f, bias);
+  apply_head_layout(attention, metadata, "", "weights '" + origin + "'");
   attention.load_state_dict(state);
   attention.eval();
   return attention;

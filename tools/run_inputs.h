@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "mha/mha.h"
@@ -26,8 +27,12 @@ RunInputs run_inputs_from(const SafetensorsFile& file, const std::string& origin
 
 // An evaluation-mode module with `heads` heads holding the parameters in
 // `state` (W_q.weight (D, Dq) ... W_o.weight (D, D), and four .bias (D,) or
-// none); num_hiddens and bias are read off the parameters.
+// none); num_hiddens (W_o's rows) and bias are read off the parameters. A
+// pruned module's file (mha/prune.h) records in `metadata` its heads as
+// built ("num_heads", used when `heads` is 0, else it must agree) and those
+// kept ("heads_kept"); its W_q/W_k/W_v are then (kept*d, .), W_o (D, kept*d).
 MultiHeadAttention run_module_from(const StateDict& state, int64_t heads, const std::string& origin,
-                                   const char* op = "run");
+                                   const char* op = "run",
+                                   const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace mha::tools

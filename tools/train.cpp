@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "mha/plot.h"
 #include "cpu/blas.h"
+#include "io/atomic_file.h"
 #include "mha/mha.h"
 
 namespace mha::tools {
@@ -47,16 +48,27 @@ const char* const kConfigOptions[] = {
     "--optimizer", "--lr", "--momentum", "--weight-decay", "--clip", "--vocab", "--near", "--far",
     "--min-len", "--max-len", "--eval-every", "--eval-size"};
 
-void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& history) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) fail(kOp, "--curves: cannot open '", path, "' for writing");
-  std::fprintf(f, "step,loss,train_accuracy,held_out_accuracy,seconds\n");
+// The CSV is built in memory and written through write_file_atomic, so a
+// failed or interrupted write leaves the previous curves file as it was.
+std::string curves_csv(const std::vector<TrainPoint>& history) {
+  std::string text = "step,loss,train_accuracy,held_out_accuracy,seconds\n";
+  char line[160];
   for (const TrainPoint& p : history) {
-    std::fprintf(f, "%lld,%.17g,%.17g,", static_cast<long long>(p.step), p.loss, p.accuracy);
-    if (p.held_out_accuracy >= 0) std::fprintf(f, "%.17g", p.held_out_accuracy);
-    std::fprintf(f, ",%.3f\n", p.seconds);
+    std::snprintf(line, sizeof line, "%lld,%.17g,%.17g,", static_cast<long long>(p.step), p.loss, p.accuracy);
+    text += line;
+    if (p.held_out_accuracy >= 0) {
+      std::snprintf(line, sizeof line, "%.17g", p.held_out_accuracy);
+      text += line;
+    }
+    std::snprintf(line, sizeof line, ",%.3f\n", p.seconds);
+    text += line;
   }
-  if (std::fclose(f) != 0) fail(kOp, "--curves: writing '", path, "' failed");
+  return text;
+}
+
+void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& history) {
+  const std::string text = curves_csv(history);
+  io::write_file_atomic(path, reinterpret_cast<const uint8_t*>(text.data()), text.size());
 }
 
 // The PNG of the curves: the training loss per step (log scale) and the

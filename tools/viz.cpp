@@ -5,7 +5,10 @@
 //   mha viz --weights w.safetensors --inputs x.safetensors --heads 5
 //           --rows 0,1 --show-heads 0,2,4 --out heads.png
 //
-// The weights and inputs files are those of `mha run` (see model_io.h). Only
+// The weights and inputs files are those of `mha run` (see model_io.h); a
+// pruned module's file (mha/prune.h) records its heads, so --heads may be
+// left out, and its heads keep the numbers they had as built (--show-heads,
+// titles). Only
 // the chosen batch rows go through the module (evaluation mode, the module's
 // attention_weights(), i.e. the seed's softmax before dropout); keys beyond a
 // row's valid_len are drawn in the mask colour.
@@ -70,6 +73,9 @@ struct AttentionSample {
   std::vector<int64_t> row_ids;  // batch row of each of the R rows
   std::string source;            // what the weights are of, for the title
   int64_t num_heads = 0;         // H
+  // The heads of weights by their number as built (empty: 0 .. H-1), and
+  // --show-heads as positions among them.
+  std::vector<int64_t> head_ids, shown;
   // Optional, see AttentionFigure.
   std::vector<std::string> head_titles, row_labels;
   std::string note;
@@ -80,10 +86,30 @@ struct AttentionSample {
   std::vector<int64_t> lengths;
 };
 
-void check_heads(const VizOptions& opt, int64_t H) {
-  for (int64_t h : opt.show_heads)
-    if (h < 0 || h >= H)
-      fail(kOp, "--show-heads: head ", h, " is outside the module's ", H, " heads (0 .. ", H - 1, ")");
+// --show-heads numbers heads as the module was built (`built` of them);
+// a pruned module keeps only `kept` -> their positions in the weights.
+std::vector<int64_t> head_positions(const VizOptions& opt, int64_t built, const std::vector<int64_t>& kept) {
+  std::vector<int64_t> positions;
+  for (int64_t h : opt.show_heads) {
+    if (h < 0 || h >= built)
+      fail(kOp, "--show-heads: head ", h, " is outside the module's ", built, " heads (0 .. ", built - 1, ")");
+    auto it = std::find(kept.begin(), kept.end(), h);
+    if (it == kept.end()) {
+      std::string list;
+      for (int64_t k : kept) {
+        if (!list.empty()) list += ',';
+        list += std::to_string(k);
+      }
+      fail(kOp, "--show-heads: head ", h, " was pruned from this module (heads kept: ", list, ")");
+    }
+    positions.push_back(it - kept.begin());
+  }
+  return positions;
+}
+
+// True if a weights file records its heads (a file of mha::save_attention).
+bool records_heads(const std::string& weights_path) {
+  return read_safetensors(weights_path).metadata.count("num_heads") > 0;
 }
 
 AttentionSample sample_from_files(const VizOptions& opt) {
@@ -93,15 +119,19 @@ AttentionSample sample_from_files(const VizOptions& opt) {
   for (int64_t r : opt.rows)
     if (r < 0 || r >= B)
       fail(kOp, "--rows: row ", r, " is outside the inputs' batch of ", B, " rows (0 .. ", B - 1, ")");
-  check_heads(opt, opt.heads);
+  AttentionSample s;
+  s.shown = head_positions(opt, attention.original_num_heads(), attention.kept_heads());
+  s.num_heads = attention.num_heads();
+  if (attention.num_heads() < attention.original_num_heads()) {
+    s.head_ids = attention.kept_heads();
+    for (int64_t h : s.head_ids) s.head_titles.push_back("head " + std::to_string(h));
+  }
   const AttentionInputs in = select_rows(all, opt.rows);
   attention(in.queries, in.keys, in.values, in.valid_lens);
-  AttentionSample s;
   s.weights = attention.attention_weights();
   s.valid_lens = in.valid_lens;
   s.row_ids = opt.rows;
   s.source = std::filesystem::path(opt.inputs).filename().string();
-  s.num_heads = opt.heads;
   return s;
 }
 
@@ -110,10 +140,14 @@ AttentionSample sample_from_checkpoint(const VizOptions& opt) {
     fail(kOp, "--sample-batch: ", opt.sample_batch, ", wanted 1 .. ", kMaxSampleBatch);
   const Checkpoint ck = read_checkpoint(opt.checkpoint);
   std::unique_ptr<AttentionModel> model = load_model(ck);
-  const int64_t L = model->num_layers(), H = ck.config.model.num_heads;
+  const int64_t L = model->num_layers();
   if (opt.layer < 0 || opt.layer >= L)
     fail(kOp, "--layer: layer ", opt.layer, " is outside the model's ", L, " layer(s) (0 .. ", L - 1, ")");
-  check_heads(opt, H);
+  // A pruned checkpoint's layer has fewer heads than it was built with.
+  const MultiHeadAttention& layer = model->layer(opt.layer);
+  const int64_t H = layer.num_heads();
+  const std::vector<int64_t> shown = head_positions(opt, layer.original_num_heads(), layer.kept_heads());
+  const std::vector<int64_t> head_ids = layer.kept_heads();
   for (int64_t r : opt.rows)
     if (r < 0 || r >= opt.sample_batch)
       fail(kOp, "--rows: row ", r, " is outside the sampled batch of ", opt.sample_batch,
@@ -158,12 +192,15 @@ AttentionSample sample_from_checkpoint(const VizOptions& opt) {
   s.valid_lens = ValidLens::per_query(R, S, std::move(lens));
   s.row_ids = rows;
   s.num_heads = H;
+  s.shown = shown;
+  if (H < layer.original_num_heads()) s.head_ids = head_ids;
   s.offsets = found.offset;
   s.offset_weights = found.weight;
   for (int64_t h = 0; h < H; ++h) {
     char mean[32];
     std::snprintf(mean, sizeof mean, "%.2f", found.weight[h]);
-    s.head_titles.push_back("head " + std::to_string(h) + " (offset " + std::to_string(found.offset[h]) +
+    s.head_titles.push_back("head " + std::to_string(head_ids[static_cast<size_t>(h)]) + " (offset " +
+                            std::to_string(found.offset[h]) +
                             ", mean " + mean + ")");
   }
   const OffsetPairTaskConfig& tc = ck.config.task;
@@ -189,7 +226,8 @@ void write_layout(const VizOptions& opt, const AttentionSample& s, const plot::H
   j["width"] = h.image.width;
   j["height"] = h.image.height;
   j["batch_rows"] = s.row_ids;
-  std::vector<int64_t> heads = opt.show_heads;
+  std::vector<int64_t> heads = opt.show_heads;  // numbered as built
+  if (heads.empty()) heads = s.head_ids;
   if (heads.empty())
     for (int64_t i = 0; i < s.num_heads; ++i) heads.push_back(i);
   j["heads"] = heads;
@@ -238,19 +276,23 @@ void run_viz(const VizOptions& opt) {
     fail(kOp, opt.file_options_given.front(), ": give either --checkpoint or --weights, --inputs and --heads, "
          "not both (a checkpoint carries its own weights and heads)");
   if (!from_checkpoint) {
+    auto given = [&](const char* o) {
+      return std::find(opt.file_options_given.begin(), opt.file_options_given.end(), o) !=
+             opt.file_options_given.end();
+    };
     for (const char* o : {"--weights", "--inputs", "--heads"})
-      if (std::find(opt.file_options_given.begin(), opt.file_options_given.end(), o) ==
-          opt.file_options_given.end())
+      // A file that records its heads (mha::save_attention) needs no --heads.
+      if (!given(o) && !(std::string(o) == "--heads" && records_heads(opt.weights)))
         fail(kOp, o, ": required unless --checkpoint is given");
-    if (opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
-    check_panels(opt, opt.heads);
+    if (given("--heads") && opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
+    if (given("--heads")) check_panels(opt, opt.heads);
   }
 
   const AttentionSample s = from_checkpoint ? sample_from_checkpoint(opt) : sample_from_files(opt);
-  if (from_checkpoint) check_panels(opt, s.num_heads);
+  check_panels(opt, s.num_heads);
   AttentionFigure fig;
   fig.row_ids = s.row_ids;
-  fig.heads = opt.show_heads;
+  fig.heads = s.shown;
   fig.max_cells = opt.max_cells;
   fig.title = !opt.title.empty() ? opt.title : "Attention weights (" + s.source + ")";
   fig.head_titles = s.head_titles;
@@ -268,7 +310,9 @@ void run_viz(const VizOptions& opt) {
                 static_cast<long long>(L.k_block));
   std::printf("; colour scale %.4g .. %.4g\n", h.vmin, h.vmax);
   for (size_t i = 0; i < s.offsets.size(); ++i)
-    std::printf("head %zu: dominant offset %lld (mean weight %.3f)\n", i, static_cast<long long>(s.offsets[i]),
+    std::printf("head %lld: dominant offset %lld (mean weight %.3f)\n",
+                static_cast<long long>(s.head_ids.empty() ? static_cast<int64_t>(i) : s.head_ids[i]),
+                static_cast<long long>(s.offsets[i]),
                 s.offset_weights[i]);
 }
 
@@ -281,7 +325,8 @@ void add_viz_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--inputs", opt->inputs, "safetensors file with queries, keys, values[, valid_lens]")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--heads", opt->heads, "Number of heads of the module");
+  cmd->add_option("--heads", opt->heads,
+                  "Number of heads of the module (as built; may be left out if the weights file records it)");
   cmd->add_option("--checkpoint", opt->checkpoint,
                   "A checkpoint of `mha train`, instead of --weights/--inputs/--heads: draws its model's "
                   "attention on sequences sampled from its task")
@@ -295,7 +340,8 @@ void add_viz_command(CLI::App& app) {
   cmd->add_option("--out", opt->out, "PNG file to write")->required();
   cmd->add_option("--rows", opt->rows, "Batch rows (or sampled sequences; default with --checkpoint: the longest) to draw, e.g. 0,2")
       ->delimiter(',')->capture_default_str();
-  cmd->add_option("--show-heads", opt->show_heads, "Heads to draw, e.g. 0,3 (default: all)")->delimiter(',');
+  cmd->add_option("--show-heads", opt->show_heads,
+                  "Heads to draw, e.g. 0,3, numbered as built (default: all the module has)")->delimiter(',');
   cmd->add_option("--max-cells", opt->max_cells,
                   "Most cells per panel axis; longer axes are averaged over blocks")->capture_default_str();
   cmd->add_option("--title", opt->title, "Title above the panels (default: names the inputs file or checkpoint)");
@@ -304,6 +350,12 @@ void add_viz_command(CLI::App& app) {
   cmd->callback([opt, cmd] {
     opt->file_options_given.clear();
     opt->rows_given = cmd->count("--rows") > 0;
+    // `--rows ""` would leave the default row in place: a silent guess. It
+    // means no row at all, which run_viz refuses.
+    if (opt->rows_given) {
+      const std::vector<std::string>& raw = cmd->get_option("--rows")->results();
+      if (std::all_of(raw.begin(), raw.end(), [](const std::string& r) { return r.empty(); })) opt->rows.clear();
+    }
     for (const char* o : {"--weights", "--inputs", "--heads"})
       if (cmd->count(o) > 0) opt->file_options_given.push_back(o);
     run_viz(*opt);

@@ -23,8 +23,12 @@
 
 namespace mha {
 
+// The "format" metadata value of every checkpoint this version writes;
+// read_checkpoint refuses any other.
 inline constexpr const char* kCheckpointFormat = "mha-checkpoint-1";
 
+// A checkpoint as read_checkpoint returns it: the training config, the step
+// reached, the model's parameters and the optimiser's state buffers.
 struct Checkpoint {
   TrainConfig config;     // model config complete (vocab, classes, max_len filled)
   int64_t step = 0;       // training steps done
@@ -36,15 +40,23 @@ struct Checkpoint {
 // The metadata describing a training config and the step reached.
 std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& config, int64_t step);
 
+// Writes `model` (parameters by name), `optimizer` (buffers by
+// "<parameter>.<buffer>", stored as "optim.<parameter>.<buffer>") and the
+// metadata of (config, step) to `path`, atomically (the old file stays on any
+// error). Throws mha::Error when an optimiser buffer's stored name collides
+// with a parameter's, or when the file cannot be written.
 void save_checkpoint(const std::string& path, const TrainConfig& config, int64_t step,
                      const StateDict& model, const std::map<std::string, Tensor>& optimizer);
 
 // Reads and checks a checkpoint: the format tag, every config field present
 // and well formed, every tensor F32. Throws mha::Error naming the file and
-// the field otherwise.
+// the field otherwise (and the safetensors reader's errors for a file that
+// is not a readable safetensors file).
 Checkpoint read_checkpoint(const std::string& path);
 
-// The checkpoint's model with its parameters, in evaluation mode.
+// The checkpoint's model with its parameters, in evaluation mode. Throws
+// mha::Error when the config is invalid (AttentionModel's checks) or a
+// parameter is missing, unexpected or misshapen (load_state_dict's).
 std::unique_ptr<AttentionModel> load_model(const Checkpoint& checkpoint);
 
 }  // namespace mha

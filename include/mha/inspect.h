@@ -32,6 +32,8 @@
 
 namespace mha {
 
+// What head_offsets() found: per head, the mean attention weight at every
+// offset t - k and the offset where it peaks.
 struct HeadOffsets {
   // Offsets run from min_offset = -(K-1) (query 0 on the last key) to
   // max_offset = Q-1 (the last query on key 0); index i stands for
@@ -42,6 +44,7 @@ struct HeadOffsets {
   std::vector<int64_t> offset;  // [H]: the offset with the largest mean (the smallest such offset on a tie)
   std::vector<double> weight;   // [H]: that mean weight
 
+  // The index of `offset` in mean's columns and pairs: offset - min_offset.
   int64_t index_of(int64_t offset) const { return offset - min_offset; }
 };
 

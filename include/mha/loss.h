@@ -12,6 +12,8 @@
 
 namespace mha {
 
+// The result of cross_entropy(): the mean loss, the counts of scored and
+// correctly predicted rows, and the gradient.
 struct CrossEntropy {
   double loss = 0.0;    // mean over scored rows; 0 when there are none (PyTorch gives NaN)
   int64_t scored = 0;   // rows whose target is not kIgnore
@@ -20,7 +22,9 @@ struct CrossEntropy {
 };
 
 // logits:[..., C] (N rows of C), targets:[N] in [0, C) or kIgnore -> loss,
-// counts and, when want_grad, the gradient of the mean loss.
+// counts and, when want_grad, the gradient of the mean loss. Throws
+// mha::Error for logits without a class axis, a target count other than N,
+// or a target outside [0, C) that is not kIgnore.
 CrossEntropy cross_entropy(const Tensor& logits, const std::vector<int32_t>& targets,
                            bool want_grad = true);
 

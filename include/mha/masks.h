@@ -42,28 +42,45 @@ enum class FullyMaskedRows {
   Zeros,    // weights 0, attention output 0: scaled_dot_product_attention's
 };
 
+// A mask with its meaning attached: none, boolean (mha's "keep" convention)
+// or additive. Which shapes a mask may have is up to the module it is given
+// to (see check_mask_shape); a Mask itself only holds its values.
 class Mask {
  public:
+  // None: no mask. Keep: boolean, nonzero = the key takes part. Additive:
+  // floats added to the scaled scores.
   enum class Kind { None, Keep, Additive };
 
   Mask() = default;  // no mask
   // Boolean mask in mha's convention: keep[i] != 0 means "takes part".
   // Values are normalised to 0/1. `shape` must hold keep.size() elements.
+  // Throws mha::Error when `shape` does not hold keep.size() elements.
   static Mask keep(Shape shape, std::vector<uint8_t> keep);
   // Additive mask: bias[i] is added to the scaled score. NaN and +inf are
   // refused (mha::Error naming the element); -inf removes the pair.
   static Mask additive(Tensor bias);
 
+  // Which of the three kinds this mask is.
   Kind kind() const { return kind_; }
+  // True for the default-constructed "no mask".
   bool is_none() const { return kind_ == Kind::None; }
+  // True for a boolean mask (Mask::keep and the mask_from_* conversions).
   bool is_keep() const { return kind_ == Kind::Keep; }
+  // True for an additive mask (Mask::additive).
   bool is_additive() const { return kind_ == Kind::Additive; }
+  // The mask's shape as given; empty for no mask.
   const Shape& shape() const { return shape_; }
+  // The number of axes of shape() (0 for no mask).
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  // The number of elements of shape() (0 for no mask).
   int64_t numel() const;
+  // Row-major 0/1 values of a boolean mask (1 = takes part); null otherwise.
   const uint8_t* keep_data() const { return keep_.empty() ? nullptr : keep_.data(); }
+  // Row-major values of an additive mask; null otherwise.
   const float* bias_data() const { return bias_.empty() ? nullptr : bias_.data(); }
+  // keep_data() as a vector (empty unless boolean).
   const std::vector<uint8_t>& keep_values() const { return keep_; }
+  // bias_data() as a vector (empty unless additive).
   const std::vector<float>& bias_values() const { return bias_.values(); }
 
  private:
@@ -79,8 +96,12 @@ Mask mask_from_torch_mha(Shape shape, const std::vector<uint8_t>& masked_out);
 // scaled_dot_product_attention's boolean convention (PyTorch 2.x):
 // takes_part[i] != 0 means "takes part" (the same as mha's).
 Mask mask_from_sdpa(Shape shape, const std::vector<uint8_t>& takes_part);
-// The inverse conversions, for handing a boolean mask back to PyTorch.
+// The inverse conversions, for handing a boolean mask back to PyTorch:
+// nn.MultiheadAttention's bits (nonzero = masked out), row-major in
+// keep_mask.shape(). Throws mha::Error for a mask that is not boolean.
 std::vector<uint8_t> mask_to_torch_mha(const Mask& keep_mask);
+// scaled_dot_product_attention's bits (nonzero = takes part), row-major in
+// keep_mask.shape(). Throws mha::Error for a mask that is not boolean.
 std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask);
 
 // Throws mha::Error naming `op` and `arg` unless the mask has `wanted` shape

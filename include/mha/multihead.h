@@ -115,8 +115,8 @@ class MultiHeadAttention {
   // Only initialised layers appear (a lazy layer has no weight yet).
   StateDict state_dict() const;
   // Requires exactly the names this module has (biases iff bias=true), with
-  // W_q/W_k/W_v weights (num_hiddens, in) and W_o (num_hiddens, num_hiddens);
-  // fixes the lazy input widths. Nothing changes if any check fails; a
+  // W_q/W_k/W_v weights (inner_dim, in) and W_o (num_hiddens, inner_dim)
+  // (inner_dim = num_hiddens unless heads were pruned); fixes the lazy input widths. Nothing changes if any check fails; a
   // failed check throws mha::Error naming the parameter and its shape.
   // Waits for calls running on other threads.
   void load_state_dict(const StateDict& state);
@@ -165,12 +165,44 @@ class MultiHeadAttention {
     gen_.seed(s);
   }
 
-  // p_o in the seed: the width of the output and of every projection.
+  // --- Head gates and pruning (src/nn/prune.cpp; files: mha/prune.h) ---
+  // A gate per head (default 1) multiplies that head's output before W_o:
+  //   out = (concat * gate of each column's head) W_o^T + b_o
+  // Gates are not parameters: they are in neither state_dict(), grads() nor
+  // parameters(), so optimisers never move them and state dicts stay the
+  // seed's. backward() adds dL/dgate into head_gate_grad(), zeroed by
+  // zero_grad(). Acts around the kernel, so every AttentionKernel works.
+  // Setting gates waits for running calls, as load_state_dict does.
+  std::vector<float> head_gates() const;
+  void set_head_gates(const std::vector<float>& gates);  // num_heads() finite values
+  const Tensor& head_gate_grad() const { return head_gate_grad_; }  // [num_heads]
+  // Removes heads for good: their rows of W_q, W_k, W_v (and biases) and
+  // their columns of W_o. `heads` are numbered as the module was built
+  // (0 .. original_num_heads()-1), so numbers stay valid across calls. After
+  // pruning, num_heads() = kept heads, head_dim() is unchanged, q/k/v and
+  // the heads' concatenation are inner_dim() = num_heads() * head_dim() wide
+  // (W_q:[inner, Dq], W_o:[num_hiddens, inner]) and the output stays
+  // num_hiddens() wide. At least one head must remain. Works on a lazy
+  // module too (the layers are then built narrower). Gates of kept heads
+  // stay; accumulated gradients and the last call's saved state are cleared.
+  // Waits for running calls; prune while no call runs if other threads read
+  // num_heads() or kept_heads().
+  void prune_heads(const std::vector<int64_t>& heads);
+  const std::vector<int64_t>& kept_heads() const { return kept_heads_; }  // ascending, as built
+  // h as the module was built, before any pruning.
+  int64_t original_num_heads() const { return original_num_heads_; }
+  // The width of q, k, v and of the heads' concatenation: num_heads * head_dim.
+  int64_t inner_dim() const { return num_heads_ * head_dim_; }
+  // The attention dropout probability, in [0, 1].
+  void set_dropout(float p);
+
+  // p_o in the seed: the width of the output (and of every projection
+  // unless heads were pruned: see inner_dim()).
   int64_t num_hiddens() const { return num_hiddens_; }
-  // h, the number of heads.
+  // h, the number of heads (those kept, once pruned).
   int64_t num_heads() const { return num_heads_; }
-  // d = num_hiddens / num_heads, the width of one head.
-  int64_t head_dim() const { return num_hiddens_ / num_heads_; }
+  // d = num_hiddens / num_heads as built, the width of one head.
+  int64_t head_dim() const { return head_dim_; }
   // The probability of dropping an attention weight in training mode.
   float dropout() const { return dropout_; }
   // True when the four projections have biases.
@@ -205,12 +237,25 @@ class MultiHeadAttention {
   // Buffers of replaced states, for the next call to reuse (no page faults or
   // zeroing of fresh memory: ~10% of a B8 L512 forward).
   std::vector<Tensor> spare_;
+  // Head layout and gates (src/nn/prune.cpp); read under params_mutex_.
+  int64_t head_dim_ = 0, original_num_heads_ = 0;
+  std::vector<int64_t> kept_heads_;
+  std::vector<float> head_gates_;
+  Tensor head_gate_grad_;
+  void init_head_layout();
+  // concat:[B,Q,inner] scaled in place by the gates; returns the unscaled
+  // concat when `keep` (for backward()) and some gate is not 1, else empty.
+  Tensor apply_head_gates(Tensor& concat, bool keep) const;
+  // d_gated:[B,Q,inner] = dL/d(gated concat) -> dL/d(concat) in place;
+  // heads_out:[B,Q,inner] the unscaled concat. Adds into head_gate_grad_.
+  void head_gates_backward(const Tensor& heads_out, Tensor& d_gated);
 
   // What a training-mode forward keeps for backward() beside state_;
   // cleared in eval mode.
   struct Saved {
     bool valid = false;
     Tensor queries, keys, values;  // the inputs
+    Tensor ungated;                // heads' outputs before the head gates (empty: all gates 1)
   };
   Saved saved_;
   float last_dropout_p_ = 0.0f;  // dropout of the last forward (0 when off)

@@ -15,12 +15,17 @@
 
 namespace mha {
 
+// One trainable parameter: its name, and pointers to its value and gradient
+// inside the module that owns them.
 struct ParamRef {
   std::string name;      // the state-dict name
+  // The parameter itself, updated in place by an optimiser.
   Tensor* value = nullptr;
   Tensor* grad = nullptr;  // same shape as *value; accumulated by backward()
 };
 
+// A module's parameters, in the module's order (e.g. the seed's
+// parameters(): W_q, W_k, W_v, W_o, weight before bias).
 using ParamList = std::vector<ParamRef>;
 
 }  // namespace mha

@@ -66,28 +66,40 @@ struct TorchMhaOptions {
   // false (sequence-first); this default is true, as mha's other modules.
   bool batch_first = true;
   int64_t kdim = 0;          // 0: read from the state dict; otherwise checked
+  // 0: read from the state dict; otherwise checked.
   int64_t vdim = 0;
+  // Append a zero key and value to every sequence, as PyTorch's add_zero_attn.
   bool add_zero_attn = false;
   int64_t num_kv_heads = 0;  // 0: num_heads (no grouping); must divide num_heads
   float dropout = 0.0f;      // on the attention weights, training mode only
+  // What a row whose every key is masked gets (PyTorch 1.13 gives NaN).
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::Zeros;
   uint64_t seed = 0;         // dropout masks
 };
 
 // One call's masks and outputs, PyTorch's forward() arguments as fields.
 struct TorchMhaCall {
+  // (B, S), or (S,) unbatched: which keys of each sequence are padding.
   Mask key_padding_mask;
+  // Return the attention weights too.
   bool need_weights = true;
+  // (L, S), or (B*h, L, S) [(h, L, S) unbatched]: which (query, key) pairs
+  // are masked, or what is added to their scores.
   Mask attn_mask;
+  // Weights averaged over the heads (B, L, S'), or per head (B, h, L, S').
   bool average_attn_weights = true;
   Causal causal = Causal::None;  // PyTorch's is_causal=True is Causal::TopLeft
 };
 
+// The outputs of a call, as PyTorch's (attn_output, attn_weights).
 struct TorchMhaResult {
+  // Shaped like the query: (B, L, E), (L, B, E) or (L, E).
   Tensor output;
   std::optional<Tensor> weights;  // present iff need_weights
 };
 
+// torch.nn.MultiheadAttention with its state dict's parameters: forward with
+// PyTorch's masks and layouts, backward, gradients (see the top of this file).
 class TorchMultiheadAttention {
  public:
   // Throws mha::Error naming the parameter on an unknown, missing or
@@ -98,6 +110,12 @@ class TorchMultiheadAttention {
   static TorchMultiheadAttention from_safetensors(const std::string& path, int64_t num_heads,
                                                   const TorchMhaOptions& options = {});
 
+  // query, key, value in the module's layout (shapes at the top of this
+  // file) -> output shaped like query, and the weights if asked for. Throws
+  // mha::Error, naming the argument and the shape wanted, for a rank other
+  // than 2 or 3, inputs of different ranks, a width other than embed_dim /
+  // kdim / vdim, batch sizes or key/value lengths that differ, no keys, or a
+  // mask of the wrong shape.
   TorchMhaResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                          const TorchMhaCall& call = {});
   // PyTorch's forward() signature, argument for argument.
@@ -124,13 +142,16 @@ class TorchMultiheadAttention {
   // (recomputed from the call's key) are those of the forward. Rows whose
   // every key is masked pass gradient to nothing but the values (uniform
   // policy) or to nothing at all (zeros), never NaN.
+  // The gradients of a call's inputs, each shaped as that input was given.
   struct InputGrads {
+    // d loss / d query, d loss / d key, d loss / d value.
     Tensor query, key, value;
   };
   // grad_output: shaped like the last forward's output. Throws mha::Error
   // without a training-mode forward since the last eval-mode one, or when
   // the shape differs.
   InputGrads backward(const Tensor& grad_output);
+  // Sets every accumulated gradient to zero.
   void zero_grad();
   // The accumulated gradients by PyTorch's names, shaped like state_dict()
   // (in_proj_weight packed when the module was loaded packed).
@@ -147,24 +168,42 @@ class TorchMultiheadAttention {
 
   // Like a torch.nn.Module, a new module is in training mode.
   void train(bool on = true) { training_ = on; }
+  // Evaluation mode: no dropout, and forward() keeps nothing for backward().
   void eval() { training_ = false; }
+  // True in training mode.
   bool training() const { return training_; }
+  // The attention kernel the calls use (mha/attention.h).
   void set_kernel(AttentionKernel k) { kernel_ = k; }
+  // The attention kernel the calls use.
   AttentionKernel kernel() const { return kernel_; }
+  // What a row whose every key is masked gets, from the next call on.
   void set_fully_masked_rows(FullyMaskedRows p) { fully_masked_ = p; }
+  // What a row whose every key is masked gets.
   FullyMaskedRows fully_masked_rows() const { return fully_masked_; }
+  // Restarts the dropout masks' random stream from seed `s`.
   void seed(uint64_t s) { gen_.seed(s); }
 
+  // E: the width of query and output.
   int64_t embed_dim() const { return embed_dim_; }
+  // h: the query heads.
   int64_t num_heads() const { return num_heads_; }
+  // The key/value heads (num_heads() without grouping).
   int64_t num_kv_heads() const { return num_kv_heads_; }
+  // E / h: the width of one head.
   int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  // The width of key.
   int64_t kdim() const { return k_proj_.in_features(); }
+  // The width of value.
   int64_t vdim() const { return v_proj_.in_features(); }
+  // True when inputs and output are (B, L, E); false for (L, B, E).
   bool batch_first() const { return batch_first_; }
+  // True when a zero key and value are appended, as PyTorch's add_zero_attn.
   bool add_zero_attn() const { return add_zero_attn_; }
+  // True when the projections have biases (in_proj_bias, out_proj.bias).
   bool has_bias() const { return bias_; }
+  // True when bias_k and bias_v are appended to the keys and values.
   bool has_bias_kv() const { return !bias_k_.empty(); }
+  // The dropout probability on the attention weights (training mode).
   float dropout() const { return dropout_; }
 
  private:

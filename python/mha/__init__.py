@@ -40,5 +40,16 @@ from ._core import (  # noqa: F401,E402
     load_checkpoint,
 )
 from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
+# Head gates, pruning and importance (issue 6): MultiHeadAttention.head_gates,
+# .head_gate_grad, .prune_heads() and .kept_heads, plus these.
+from ._core import (  # noqa: F401,E402
+    ablation_importance,
+    attention_statistics,
+    gradient_importance,
+    held_out_set,
+    load_attention,
+    prune_model_heads,
+    save_attention,
+)
 # Reading the heads (issue 5): each head's dominant offset t - k.
 from ._core import HeadOffsets, head_offsets  # noqa: F401,E402

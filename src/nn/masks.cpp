@@ -47,15 +47,26 @@ Mask mask_from_sdpa(Shape shape, const std::vector<uint8_t>& takes_part) {
   return Mask::keep(std::move(shape), takes_part);
 }
 
+namespace {
+
+// "[op] mask: an additive mask of shape (2, 6); wanted a boolean mask".
+void require_boolean(const char* op, const Mask& mask) {
+  if (mask.is_keep()) return;
+  if (mask.is_none()) fail(op, "mask: no mask (Mask()); wanted a boolean mask");
+  fail(op, "mask: an additive mask of shape ", shape_str(mask.shape()), "; wanted a boolean mask");
+}
+
+}  // namespace
+
 std::vector<uint8_t> mask_to_torch_mha(const Mask& keep_mask) {
-  if (!keep_mask.is_keep()) fail("mask_to_torch_mha", "mask: not a boolean mask");
+  require_boolean("mask_to_torch_mha", keep_mask);
   std::vector<uint8_t> out(keep_mask.keep_values().size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = keep_mask.keep_values()[i] == 0;
   return out;
 }
 
 std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask) {
-  if (!keep_mask.is_keep()) fail("mask_to_sdpa", "mask: not a boolean mask");
+  require_boolean("mask_to_sdpa", keep_mask);
   return keep_mask.keep_values();
 }
 

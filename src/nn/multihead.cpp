@@ -54,6 +54,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
     fail(op, "num_hiddens: ", num_hiddens, " is not divisible by num_heads ", num_heads);
   if (!(dropout >= 0.0f && dropout <= 1.0f))
     fail(op, "dropout: ", dropout, " is not a probability in [0, 1]");
+  init_head_layout();
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
@@ -62,7 +63,6 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_rank3(keys, "keys", "(B, K, Dk)");
   check_rank3(values, "values", "(B, K, Dv)");
   const int64_t B = queries.size(0), Q = queries.size(1), K = keys.size(1);
-  const int64_t D = num_hiddens_, H = num_heads_;
   if (keys.size(0) != B)
     fail(kForward, "keys: batch size ", keys.size(0), " differs from queries' ", B,
          " (keys ", shape_str(keys.shape()), ", queries ", shape_str(queries.shape()), ")");
@@ -97,6 +97,10 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // takes the shared one and checks the widths again, since load_state_dict
   // may have run in between.
   std::shared_lock params(params_mutex_);
+  // D: the width of q, k, v and the heads' concatenation (num_hiddens
+  // unless heads were pruned); the output is W_o's num_hiddens wide. Read
+  // under the lock, since prune_heads changes them under the exclusive one.
+  int64_t D = inner_dim(), H = num_heads_;
   // Everything this call allocates, checked before anything is: a size
   // whose product overflows 64 bits or exceeds mha::memory_limit() throws.
   // The fused kernel forms no (B, h, Q, K) weights, only two floats per
@@ -108,7 +112,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     plan.add("attention weights", {B, H, Q, K});
   plan.add("projected queries", {B, Q, D}).add("projected keys", {B, K, D})
       .add("projected values", {B, K, D}).add("concatenated heads", {B, Q, D})
-      .add("output", {B, Q, D});
+      .add("output", {B, Q, num_hiddens_});
   if (!W_o_.initialized())
     plan.add("W_q, W_k, W_v, W_o", {D, queries.size(2) + keys.size(2) + values.size(2) + D + 4});
   plan.check();
@@ -116,6 +120,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     params.unlock();
     initialize_layers(queries, keys, values);
     params.lock();
+    D = inner_dim(), H = num_heads_;  // as they are now, under the lock
   }
   check_width(W_q_, "W_q", queries, "queries");
   check_width(W_k_, "W_k", keys, "keys");
@@ -163,6 +168,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     st->have_all = true;
     if (!training) st->proj = {};  // the weights are all a later access needs
   }
+  Tensor ungated = apply_head_gates(concat, training);  // head gates (src/nn/prune.cpp)
   Tensor out = W_o_.forward(concat, gen_, kForward);  // initialised: gen_ is not used
   st->concat = std::move(concat);
 
@@ -179,7 +185,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   last_dropout_p_ = p.dropout.p;
   last_dropout_key_ = p.dropout.key;
   if (training) {
-    saved_ = {true, queries, keys, values};
+    saved_ = {true, queries, keys, values, std::move(ungated)};
   } else {
     saved_ = {};
   }
@@ -239,7 +245,7 @@ void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& 
   W_q_.initialize(queries.size(2), gen_, kForward);
   W_k_.initialize(keys.size(2), gen_, kForward);
   W_v_.initialize(values.size(2), gen_, kForward);
-  W_o_.initialize(num_hiddens_, gen_, kForward);
+  W_o_.initialize(inner_dim(), gen_, kForward);
 }
 
 StateDict MultiHeadAttention::state_dict() const {
@@ -272,20 +278,24 @@ void MultiHeadAttention::load_state_dict(const StateDict& state) {
     if (!state.count(name)) fail(op, "missing parameter '", name, "'");
   LazyLinear* layers[] = {&W_q_, &W_k_, &W_v_, &W_o_};
   // Validate everything first so that a failure leaves the module unchanged.
+  // W_q, W_k, W_v: (inner, in); W_o: (num_hiddens, inner). inner is
+  // num_hiddens unless heads were pruned.
   for (int i = 0; i < 4; ++i) {
     const std::string n = names[i];
     const Tensor& w = state.at(n + ".weight");
-    const int64_t in = i == 3 ? num_hiddens_ : (w.dim() == 2 ? w.size(1) : -1);
-    if (w.dim() != 2 || w.size(0) != num_hiddens_ || w.size(1) != in || in <= 0)
-      fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", num_hiddens_, ", ",
-           i == 3 ? std::to_string(num_hiddens_) : std::string("in"), ")");
+    const int64_t out = i == 3 ? num_hiddens_ : inner_dim();
+    const int64_t in = i == 3 ? inner_dim() : (w.dim() == 2 ? w.size(1) : -1);
+    if (w.dim() != 2 || w.size(0) != out || w.size(1) != in || in <= 0)
+      fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", out, ", ",
+           i == 3 ? std::to_string(in) : std::string("in"), ")",
+           num_heads_ < original_num_heads_ ? " (this module has pruned heads)" : "");
     if (layers[i]->initialized() && layers[i]->in_features() != in)
       fail(op, n, ".weight: shape ", shape_str(w.shape()), " differs from the initialised ",
-           shape_str({num_hiddens_, layers[i]->in_features()}));
+           shape_str({out, layers[i]->in_features()}));
     if (bias_) {
       const Tensor& b = state.at(n + ".bias");
-      if (b.dim() != 1 || b.size(0) != num_hiddens_)
-        fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({num_hiddens_}));
+      if (b.dim() != 1 || b.size(0) != out)
+        fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({out}));
     }
   }
   for (int i = 0; i < 4; ++i) {

@@ -2,8 +2,9 @@
 //
 // The forward (multihead.cpp) is, per row of the batch,
 //   q = X_q W_q^T + b_q,  k = X_k W_k^T + b_k,  v = X_v W_v^T + b_v   [L, D]
-//   concat = heads(attention(q, k, v))                               [Q, D]
-//   out = concat W_o^T + b_o                                         [Q, D]
+//   concat = heads(attention(q, k, v)) * head gates                  [Q, D]
+//   out = concat W_o^T + b_o                                         [Q, num_hiddens]
+// (D = inner_dim(): num_hiddens unless heads were pruned)
 // and backward() runs it in reverse: W_o's linear backward, the attention
 // kernel's backward on the saved projections (kernels/attention_backward.h),
 // then the three projections' linear backwards.
@@ -44,7 +45,7 @@ void MultiHeadAttention::initialize(int64_t dq, int64_t dk, int64_t dv) {
   W_q_.initialize(dq, gen_, op);
   W_k_.initialize(dk, gen_, op);
   W_v_.initialize(dv, gen_, op);
-  if (!W_o_.initialized()) W_o_.initialize(num_hiddens_, gen_, op);
+  if (!W_o_.initialized()) W_o_.initialize(inner_dim(), gen_, op);
 }
 
 void MultiHeadAttention::ensure_grads() {
@@ -69,6 +70,7 @@ const StateDict& MultiHeadAttention::grads() {
 void MultiHeadAttention::zero_grad() {
   ensure_grads();
   for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
+  std::fill(head_gate_grad_.values().begin(), head_gate_grad_.values().end(), 0.0f);
 }
 
 void MultiHeadAttention::set_grads(const StateDict& grads) {
@@ -76,7 +78,12 @@ void MultiHeadAttention::set_grads(const StateDict& grads) {
   ensure_grads();
   for (const auto& [name, g] : grads) {
     auto it = grads_.find(name);
-    if (it == grads_.end()) fail(op, "no parameter named '", name, "'");
+    if (it == grads_.end()) {
+      std::string names;
+      for (const auto& [n, t] : grads_) names += (names.empty() ? "" : ", ") + n;
+      fail(op, "grads: '", name, "' is not a parameter of this module (its parameters: ",
+           names.empty() ? "none before the first call" : names, ")");
+    }
     if (g.shape() != it->second.shape())
       fail(op, name, ": shape ", shape_str(g.shape()), " is not the parameter's ",
            shape_str(it->second.shape()));
@@ -123,10 +130,11 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   const Tensor& X_k = saved_.keys;
   const Tensor& X_v = saved_.values;
   const int64_t B = X_q.size(0), Q = X_q.size(1), K = X_k.size(1);
-  const int64_t D = num_hiddens_, H = num_heads_;
-  if (grad_output.shape() != Shape{B, Q, D})
+  // D: the inner width (q, k, v, concat); the output is num_hiddens wide.
+  const int64_t D = inner_dim(), H = num_heads_;
+  if (grad_output.shape() != Shape{B, Q, num_hiddens_})
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
-         shape_str({B, Q, D}));
+         shape_str({B, Q, num_hiddens_}));
   ensure_grads();
   auto grad_w = [&](int i) -> Tensor& { return grads_.at(std::string(kNames[i]) + ".weight"); };
   auto grad_b = [&](int i) -> Tensor* {
@@ -138,6 +146,9 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   const nn::AttentionState& st = *state_;  // projections and heads' outputs of that forward
   nn::linear_backward(W_o_, st.concat.data(), grad_output.data(), B * Q, d_concat.data(),
                       grad_w(3), grad_b(3));
+  // concat = heads' outputs scaled by the head gates (src/nn/prune.cpp).
+  const Tensor& heads_out = saved_.ungated.empty() ? st.concat : saved_.ungated;
+  head_gates_backward(heads_out, d_concat);
 
   // concat = heads(attention(q, k, v)): the kernel sees (B, h, L, d) views.
   Tensor dq({B, Q, D}), dk({B, K, D}), dv({B, K, D});
@@ -146,7 +157,7 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   p.k = st.proj.k.split_heads(H);
   p.v = st.proj.v.split_heads(H);
   p.grad_out = d_concat.view().split_heads(H);
-  p.out = st.concat.view().split_heads(H);
+  p.out = heads_out.view().split_heads(H);
   kernels::set_lengths(p, st.lens);
   p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
   p.dropout = {last_dropout_p_, last_dropout_key_};

@@ -12,9 +12,8 @@ namespace mha::plot::detail {
 void set_color(cairo_t* cr, Rgb c) { cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0); }
 
 Canvas::Canvas(int width, int height) : width_(width), height_(height) {
-  // Pictures far beyond any screen are a bug upstream (a wrong shape), not a request.
-  if (width <= 0 || height <= 0 || width > 20000 || height > 20000)
-    fail("plot", "image size ", width, " x ", height, " is outside 1 .. 20000 pixels a side");
+  if (width <= 0 || height <= 0 || width > kMaxCanvasSide || height > kMaxCanvasSide)
+    fail("plot", "image size ", width, " x ", height, " is outside 1 .. ", kMaxCanvasSide, " pixels a side");
   surface_ = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
   cr_ = cairo_create(surface_);
   if (cairo_status(cr_) != CAIRO_STATUS_SUCCESS) {

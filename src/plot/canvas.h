@@ -22,6 +22,10 @@ inline constexpr Rgb kFaint{120, 120, 120};
 inline constexpr double kTickFont = 11, kLabelFont = 13, kTitleFont = 13, kFigureTitleFont = 16,
                         kNoteFont = 11;
 
+// The largest side of a canvas: pictures far beyond any screen are a bug
+// upstream (a wrong shape), not a request.
+inline constexpr int kMaxCanvasSide = 20000;
+
 enum class HAlign { Left, Center, Right };
 enum class VAlign { Top, Middle, Baseline, Bottom };
 

@@ -192,8 +192,10 @@ void check_options(const Tensor& w, const HeatmapOptions& opt) {
          " dimensions, wanted 4: (rows, cols, Q, K)");
   for (int64_t d : w.shape())
     if (d == 0) fail(kOp, "weights: shape ", shape_str(w.shape()), " has an empty axis; wanted every axis >= 1");
-  for (float v : w.values())
-    if (std::isinf(v)) fail(kOp, "weights: an infinite value; wanted finite numbers (NaN marks a masked cell)");
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (std::isinf(w.data()[i]))
+      fail(kOp, "weights: element ", i, " of shape ", shape_str(w.shape()), " is infinite (", w.data()[i],
+           "); wanted finite numbers (NaN marks a masked cell)");
   const int64_t panels = w.size(0) * w.size(1);
   if (!opt.titles.empty() && static_cast<int64_t>(opt.titles.size()) != panels)
     fail(kOp, "titles: ", opt.titles.size(), " given, wanted one per panel: ", panels, " for shape ",
@@ -256,6 +258,10 @@ Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& opt) {
   }
   const Plan P = plan_layout(R, C, Q, K, opt, has_mask, out.vmin, out.vmax, note);
   const HeatmapLayout& L = P.L;
+  if (P.width > detail::kMaxCanvasSide || P.height > detail::kMaxCanvasSide)
+    fail(kOp, "weights: shape ", shape_str(weights.shape()), " makes a ", P.width, " x ", P.height,
+         " pixel picture, wanted at most ", detail::kMaxCanvasSide,
+         " pixels a side: draw fewer panels (rows x cols)");
   Canvas cv(P.width, P.height);
   const double span = out.vmax - out.vmin;
 

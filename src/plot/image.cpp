@@ -118,7 +118,9 @@ std::vector<uint8_t> encode_png(const Image& image) {
   std::vector<uint8_t> bytes;
   const cairo_status_t st = cairo_surface_write_to_png_stream(s, append_bytes, &bytes);
   cairo_surface_destroy(s);
-  if (st != CAIRO_STATUS_SUCCESS) fail("plot.encode_png", "cairo: ", cairo_status_to_string(st));
+  if (st != CAIRO_STATUS_SUCCESS)
+    fail("plot.encode_png", "cairo could not encode the ", image.width, " x ", image.height, " image: ",
+         cairo_status_to_string(st));
   return bytes;
 }
 

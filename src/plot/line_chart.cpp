@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "canvas.h"
 #include "mha/error.h"
@@ -85,8 +86,9 @@ void check_panel(const LinePanel& p, size_t index) {
     }
   }
   if (!any) fail(kOp, where, " '", p.title, "': no finite point to draw");
-  for (double v : {p.xmin, p.xmax, p.ymin, p.ymax})
-    if (std::isinf(v)) fail(kOp, where, ": an infinite axis limit; wanted finite or kAuto");
+  const std::pair<const char*, double> limits[] = {{"xmin", p.xmin}, {"xmax", p.xmax}, {"ymin", p.ymin}, {"ymax", p.ymax}};
+  for (const auto& [name, v] : limits)
+    if (std::isinf(v)) fail(kOp, where, ".", name, ": ", v, "; wanted a finite limit or kAuto");
   if (!std::isnan(p.xmin) && !std::isnan(p.xmax) && p.xmin >= p.xmax)
     fail(kOp, where, ": xmin ", p.xmin, " >= xmax ", p.xmax);
   if (!std::isnan(p.ymin) && !std::isnan(p.ymax) && p.ymin >= p.ymax)

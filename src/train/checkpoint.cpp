@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "mha/error.h"
+#include "mha/prune.h"
 #include "mha/safetensors.h"
 
 namespace mha {
@@ -182,6 +183,8 @@ Checkpoint read_checkpoint(const std::string& path) {
 
 std::unique_ptr<AttentionModel> load_model(const Checkpoint& checkpoint) {
   auto model = std::make_unique<AttentionModel>(checkpoint.config.model);
+  // A pruned model's layers keep their layouts in the metadata (mha/prune.h).
+  apply_model_head_layout(*model, checkpoint.metadata, "checkpoint");
   model->load_state_dict(checkpoint.model);
   model->eval();
   return model;

@@ -71,7 +71,7 @@ Tensor AttentionModel::forward(const std::vector<int32_t>& tokens, int64_t B, in
   if (B <= 0 || T <= 0) fail(op, "tokens: shape ", shape_str({B, T}), " is empty");
   if (T > c.max_len) fail(op, "tokens: length ", T, " (shape ", shape_str({B, T}), ") exceeds max_len ", c.max_len);
   if (static_cast<int64_t>(tokens.size()) != B * T)
-    fail(op, "tokens: ", tokens.size(), " ids for shape ", shape_str({B, T}));
+    fail(op, "tokens: ", tokens.size(), " ids given for shape ", shape_str({B, T}), " which holds ", B * T);
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       fail(op, "tokens: entry ", i, " is ", tokens[i], ", not an id in [0, ", c.vocab_size, ")");

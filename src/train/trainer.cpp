@@ -46,7 +46,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& c, Param
       return std::make_unique<optim::AdamW>(
           std::move(params), optim::AdamOptions{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.amsgrad});
   }
-  fail("make_optimizer", "kind: unknown optimiser");
+  fail("make_optimizer", "kind: ", static_cast<int>(c.kind), " is not an OptimizerKind (SGD, Adam or AdamW)");
 }
 
 ModelConfig model_config_for(const OffsetPairTask& task, const ModelConfig& model) {

@@ -2,9 +2,13 @@
 // C++ API: each row that lists C++ has a trigger here, and the trigger's
 // mha::Error has the row's message (placeholders like <file> match any text).
 // tests/python/test_error_catalogue.py does the same for Python and the CLI.
+// The triggers of the newer parts (training, PyTorch drop-in, pictures) are
+// in test_error_catalogue_{training,torch,plot}.cpp, declared in
+// error_catalogue.h.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "error_catalogue.h"
 #include "mha/mha.h"
 #include "run_inputs.h"
 
@@ -117,7 +122,7 @@ void forward(Tensor q, Tensor k, Tensor v, ValidLens lens = {}) {
   m(q, k, v, lens);
 }
 
-std::map<std::string, std::function<void()>> triggers() {
+std::map<std::string, std::function<void()>> core_triggers() {
   const Tensor X = ones({2, 4, 100}), Y = ones({2, 6, 100});
   return {
       // MultiHeadAttention
@@ -296,7 +301,127 @@ std::map<std::string, std::function<void()>> triggers() {
       {"run.no_wq", [] { tools::run_module_from({}, 2, "w.safetensors"); }},
       {"run.wq_rank", [] { tools::run_module_from({{"W_q.weight", ones({8})}}, 2, "w.safetensors"); }},
       {"run.heads", [] { tools::run_module_from(state(8, 4, false), 0, "w.safetensors"); }},
+      {"run.heads_metadata", [] { tools::run_module_from(state(8, 4, false), 0, "w.safetensors", "run", {{"num_heads", "x"}}); }},
+      {"run.heads_disagree", [] { tools::run_module_from(state(8, 4, false), 4, "w.safetensors", "run", {{"num_heads", "2"}}); }},
+      // head gates and pruning (mha/multihead.h, mha/prune.h)
+      {"prune.gates_size", [] { MultiHeadAttention(12, 4).set_head_gates({1, 1, 1}); }},
+      {"prune.gates_finite", [] { MultiHeadAttention(12, 4).set_head_gates({1, 1, NAN, 1}); }},
+      {"prune.dropout", [] { MultiHeadAttention(12, 4).set_dropout(1.5f); }},
+      {"prune.head_range", [] { MultiHeadAttention(12, 4).prune_heads({4}); }},
+      {"prune.already", [] {
+         MultiHeadAttention m(12, 4);
+         m.prune_heads({2});
+         m.prune_heads({2});
+       }},
+      {"prune.twice", [] { MultiHeadAttention(12, 4).prune_heads({1, 1}); }},
+      {"prune.all", [] { MultiHeadAttention(12, 4).prune_heads({0, 1, 2, 3}); }},
+      {"prune.state_shape", [] {
+         MultiHeadAttention m(8, 2);
+         m.prune_heads({1});
+         m.load_state_dict(state(8, 4, false));
+       }},
+      {"layout.num_heads", [] { MultiHeadAttention m(12, 4); apply_head_layout(m, {{"num_heads", "5"}}, "", "'f'"); }},
+      {"layout.list", [] { MultiHeadAttention m(12, 4); apply_head_layout(m, {{"heads_kept", "1,x"}}, "", "'f'"); }},
+      {"layout.range", [] { MultiHeadAttention m(12, 4); apply_head_layout(m, {{"heads_kept", "1,9"}}, "", "'f'"); }},
+      {"layout.repeat", [] { MultiHeadAttention m(12, 4); apply_head_layout(m, {{"heads_kept", "1,1"}}, "", "'f'"); }},
+      {"layout.pruned", [] {
+         MultiHeadAttention m(12, 4);
+         m.prune_heads({0});
+         apply_head_layout(m, {}, "", "'f'");
+       }},
+      {"attention_file.lazy", [] { save_attention(temp_path("lazy.safetensors"), MultiHeadAttention(8, 2)); }},
+      {"attention_file.no_wo", [] {
+         const std::string p = temp_path("no_wo.safetensors");
+         save_safetensors(p, {{"W_q.weight", ones({8, 4})}});
+         load_attention(p, 2);
+       }},
+      {"attention_file.wo_rank", [] {
+         const std::string p = temp_path("wo_rank.safetensors");
+         save_safetensors(p, {{"W_o.weight", ones({8})}});
+         load_attention(p, 2);
+       }},
+      {"attention_file.num_heads", [] {
+         const std::string p = temp_path("num_heads.safetensors");
+         save_safetensors(p, state(8, 4, false), {{"num_heads", "two"}});
+         load_attention(p);
+       }},
+      {"attention_file.disagree", [] {
+         const std::string p = temp_path("disagree.safetensors");
+         save_safetensors(p, state(8, 4, false), {{"num_heads", "2"}});
+         load_attention(p, 4);
+       }},
+      {"attention_file.heads", [] {
+         const std::string p = temp_path("heads.safetensors");
+         save_safetensors(p, state(8, 4, false));
+         load_attention(p);
+       }},
+      {"prune_model.layer", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         prune_model_heads(model, {{1, 0}});
+       }},
+      {"prune_model.heads", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         prune_model_heads(model, {{0, 0}, {0, 1}});
+       }},
+      // head importance and the pruning experiment (mha/importance.h, mha/prune_experiment.h)
+      {"importance.none", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         gradient_importance(model, {});
+       }},
+      {"importance.batch", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         TokenBatch b;
+         b.batch = 1, b.length = 2, b.tokens = {0}, b.targets = {0, 1}, b.lengths = {2};
+         evaluate(model, {b});
+       }},
+      {"importance.unscored", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         TokenBatch b;
+         b.batch = 1, b.length = 2, b.tokens = {0, 1}, b.targets = {kIgnore, kIgnore}, b.lengths = {2};
+         gradient_importance(model, {b});
+       }},
+      {"experiment.layers", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         order_by_score(model, {});
+       }},
+      {"experiment.scores", [] {
+         AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
+         order_by_score(model, {{1.0}});
+       }},
+      {"experiment.order_size", [] {
+         Checkpoint ck;
+         ck.config.model = {.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2};
+         ck.model = AttentionModel(ck.config.model).state_dict();
+         prune_curve(ck, "x", {{0, 0}}, {});
+       }},
+      {"experiment.not_head", [] {
+         Checkpoint ck;
+         ck.config.model = {.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2};
+         ck.model = AttentionModel(ck.config.model).state_dict();
+         prune_curve(ck, "x", {{0, 0}, {0, 5}}, {});
+       }},
+      {"experiment.repeat", [] {
+         Checkpoint ck;
+         ck.config.model = {.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2};
+         ck.model = AttentionModel(ck.config.model).state_dict();
+         prune_curve(ck, "x", {{0, 1}, {0, 1}}, {});
+       }},
+      {"experiment.area", [] {
+         PruneCurve c;
+         c.name = "gradient";
+         c.accuracy = {1.0};
+         first_half_area(c, 4);
+       }},
   };
+}
+
+// Every trigger, by row id; an id given twice is a mistake in the tables.
+std::map<std::string, std::function<void()>> triggers() {
+  std::map<std::string, std::function<void()>> all = core_triggers();
+  for (const auto& part : {test::training_triggers(), test::torch_triggers(), test::plot_triggers()})
+    for (const auto& [id, trigger] : part)
+      if (!all.emplace(id, trigger).second) ADD_FAILURE() << "trigger '" << id << "' is defined twice";
+  return all;
 }
 
 TEST(ErrorCatalogue, EveryRowForCppGivesItsMessage) {

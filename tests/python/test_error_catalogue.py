@@ -1,10 +1,11 @@
 """Walks docs/errors.md through Python and the command-line tool.
 
-Every row that lists Python has a trigger in PY below, every row that lists
-CLI one in CLI; each must raise (Python: ValueError) or print (CLI:
-`mha run: error: <message>`, exit status 1) the row's message, where
-<placeholders> match any text. tests/cpp/test_error_catalogue.cpp does the
-same for the C++ API.
+Every row that lists Python has a trigger in PY, every row that lists CLI
+one in CLI (below, and in catalogue_triggers.py for the newer parts:
+training, the PyTorch drop-in, pictures, `mha viz` and `mha train`); each
+must raise (Python: ValueError) or print (CLI: `mha <command>: error:
+<message>`, exit status 1) the row's message, where <placeholders> match any
+text. tests/cpp/test_error_catalogue.cpp does the same for the C++ API.
 """
 import json
 import pathlib
@@ -16,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+import catalogue_triggers
 import mha
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -138,6 +140,18 @@ def py_reinit(tmp):
     m.load_state_dict(state(8, 5))
 
 
+def py_pruned_state(tmp):
+    m = mha.MultiHeadAttention(8, 2)
+    m.prune_heads([1])
+    m.load_state_dict(state(8, 4))
+
+
+def py_pruned_twice(tmp):
+    m = mha.MultiHeadAttention(12, 4)
+    m.prune_heads([2])
+    m.prune_heads([2])
+
+
 PY = {
     "mha.num_heads": lambda t: mha.MultiHeadAttention(10, 0),
     "mha.num_hiddens": lambda t: mha.MultiHeadAttention(-4, 2),
@@ -181,9 +195,18 @@ PY = {
     "write.empty": lambda t: mha.save_safetensors("", {}),
     "write.folder": lambda t: mha.save_safetensors(str(t), {}),
     "write.create": lambda t: mha.save_safetensors(str(t / "no" / "such" / "x.safetensors"), {}),
+    "prune.gates_size": lambda t: setattr(mha.MultiHeadAttention(12, 4), "head_gates", [1, 1, 1]),
+    "prune.gates_finite": lambda t: setattr(mha.MultiHeadAttention(12, 4), "head_gates", [1, 1, np.nan, 1]),
+    "prune.head_range": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([4]),
+    "prune.already": py_pruned_twice,
+    "prune.twice": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([1, 1]),
+    "prune.all": lambda t: mha.MultiHeadAttention(12, 4).prune_heads([0, 1, 2, 3]),
+    "prune.state_shape": py_pruned_state,
 }
 for _id, _bytes in ST_HEADERS.items():
     PY[_id] = lambda t, b=_bytes: mha.load_safetensors(raw_file(t / "bad.safetensors", raw=b))
+assert not set(PY) & set(catalogue_triggers.PY), "a row has two Python triggers"
+PY.update(catalogue_triggers.PY)
 
 
 def rows_for(surface):
@@ -255,6 +278,13 @@ def f32(shape):
     return np.ones(shape, np.float32).tobytes()
 
 
+def with_recorded_heads(t, meta, heads):
+    """A D=8 run whose weights file records `meta` (a pruned module's layout keys)."""
+    argv = with_heads(files(t, D=8, inp=4, B=1, Q=1, K=1), heads)
+    mha.save_safetensors(str(t / "w.safetensors"), state(8, 4), meta)
+    return argv
+
+
 CLI = {
     "mha.divisible": lambda t: with_heads(files(t, D=10, inp=4, B=1, Q=1, K=1), 3),
     "forward.rank": lambda t: files(t, inputs=qkv(q=(2, 4))),
@@ -290,23 +320,36 @@ CLI = {
                                                             ("values", "F32", [2, 6, 100], f32((2, 6, 100))),
                                                             ("valid_lens", "U8", [2], b"\x01\x02")])),
     "run.extra": lambda t: files(t, inputs=dict(qkv(), bias=ones(1))),
+    "run.heads_metadata": lambda t: with_recorded_heads(t, {"num_heads": "x"}, 2),
+    "run.heads_disagree": lambda t: with_recorded_heads(t, {"num_heads": "2"}, 4),
     "run.input_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F64", [1], bytes(8)),
                                                              ("keys", "F32", [1], f32(1)),
                                                              ("values", "F32", [1], f32(1))])),
 }
 for _id, _bytes in ST_HEADERS.items():
     CLI[_id] = lambda t, b=_bytes: files(t, inputs=b)
+assert not set(CLI) & set(catalogue_triggers.CLI), "a row has two CLI triggers"
+CLI.update(catalogue_triggers.CLI)
+
+
+def command_of(argv):
+    """The subcommand of an argument list (after the tool's own options)."""
+    i = 0
+    while argv[i].startswith("--"):
+        i += 2  # --memory-limit N
+    return argv[i]
 
 
 @pytest.mark.parametrize("row_id,message", rows_for("CLI"), ids=[i for i, _ in rows_for("CLI")])
 def test_cli_row(row_id, message, tmp_path, mha_tool):
     assert row_id in CLI, f"no CLI trigger for catalogue row {row_id}"
     argv = CLI[row_id](tmp_path)
-    r = subprocess.run([mha_tool] + argv, capture_output=True, text=True)
+    r = subprocess.run([mha_tool] + argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 1, (r.returncode, r.stderr)
-    want = "mha run: error: " + message_regex(message) + "\n"
+    want = f"mha {command_of(argv)}: error: " + message_regex(message) + "\n"
     assert re.fullmatch(want, r.stderr), f"\ndocumented: {message}\n   printed: {r.stderr}"
-    assert not (tmp_path / "o.safetensors").exists()
+    # Nothing is written by a command that fails (the outputs are all named o.*).
+    assert not list(tmp_path.glob("o.*"))
 
 
 def test_every_cli_trigger_is_catalogued():

@@ -182,8 +182,12 @@ struct BackwardKernel {
           s.dst[r * MQ + i] *= mult;
         }
     }
-    // dS^T = P^T (dP^T - D) / sqrt(d) on live keys, 0 on masked ones.
-    const Reg inv_scale = V::set1(1.0f / p.scale_divisor);
+    // dS^T = P^T (dP^T - D) / sqrt(d) on live keys, 0 on masked ones, and 0
+    // in rows with a single live key and weightless masked keys: that key's
+    // weight is 1 whatever its score, so the exact gradient is 0 (dP - D
+    // would leave float32 rounding).
+    const Reg inv_scale = V::set1(1.0f / p.scale_divisor), one_half = V::set1(1.5f);
+    const bool single = kv_min <= 1;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
       for (int v = 0; v < U; ++v) {
@@ -191,6 +195,10 @@ struct BackwardKernel {
         const Reg pt = V::load(s.pt + r * MQ + v * L);
         Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
         if (mask) ds = V::select_lt(jv, nfv[v], ds, zero);
+        if (single) {
+          const Reg weighted_mask = V::select_lt(zero, V::load(s.w + i0 + v * L), ds, zero);
+          ds = V::select_lt(one_half, nfv[v], ds, weighted_mask);
+        }
         V::store(x, ds);
       }
     }

@@ -1,0 +1,353 @@
+"""Triggers of docs/errors.md's rows for training, the PyTorch drop-in,
+pictures, head_offsets and `mha viz` / `mha train`, used by
+test_error_catalogue.py (which holds the older rows' triggers and walks the
+catalogue). PY maps a row id to a function of a temporary folder that must
+raise the row's ValueError; CLI maps a row id to a function of a temporary
+folder returning the `mha` tool's arguments, which must fail with the row's
+message."""
+import atexit
+import functools
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+import mha
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+BUILD = pathlib.Path(os.environ.get("MHA_BUILD", ROOT / "build"))
+
+
+def ones(*shape):
+    return np.ones(shape, np.float32)
+
+
+# ---- checkpoints ------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def base_checkpoint():
+    """A real checkpoint of `mha train` (untrained: 0 steps), made once."""
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="mha_catalogue_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "base.safetensors"
+    r = subprocess.run([str(BUILD / "mha"), "train", "--steps", "0", "--eval-size", "4", "--hiddens", "8",
+                        "--heads", "2", "--out", str(path), "--curves", "", "--plot", ""],
+                       capture_output=True, text=True, cwd=folder, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def checkpoint_with(tmp, key, value):
+    """base_checkpoint() with metadata `key` set to `value` (removed if None)."""
+    meta = mha.safetensors_metadata(str(base_checkpoint()))
+    if value is None:
+        del meta[key]
+    else:
+        meta[key] = value
+    path = tmp / f"ck_{key}.safetensors"
+    mha.save_safetensors(str(path), mha.load_safetensors(str(base_checkpoint())), meta)
+    return str(path)
+
+
+CHECKPOINT_CHANGES = {  # row id -> (metadata key, value)
+    "ck.format": ("format", "mha-checkpoint-0"),
+    "ck.task": ("task.name", "copy"),
+    "ck.missing": ("model.num_heads", None),
+    "ck.integer": ("model.num_heads", "four"),
+    "ck.unsigned": ("train.seed", "-1"),
+    "ck.number": ("optim.lr", "fast"),
+    "ck.boolean": ("model.bias", "yes"),
+    "ck.positions": ("model.positions", "rotary"),
+    "ck.optimizer": ("optim.name", "lion"),
+    "ck.step": ("train.step", "-1"),
+}
+
+
+# ---- Python -----------------------------------------------------------------
+
+def small_model(**kw):
+    args = dict(vocab_size=9, num_classes=4, max_len=8, num_hiddens=8, num_heads=2)
+    args.update(kw)
+    return mha.AttentionModel(**args)
+
+
+TOKENS = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+
+
+def model_backward_shape(t):
+    m = small_model()
+    m(TOKENS)
+    m.backward(ones(2, 3, 5))
+
+
+def model_state(t, change):
+    m = small_model(positions=mha.Positions.SINUSOIDAL) if "positions.weight" in change else small_model()
+    s = m.state_dict()
+    for k, v in change.items():
+        if v is None:
+            del s[k]
+        else:
+            s[k] = v
+    m.load_state_dict(s)
+
+
+def initialized(D=8, H=2, width=4):
+    m = mha.MultiHeadAttention(D, H)
+    m.initialize(width, width, width)
+    return m
+
+
+def mha_reinit(t):
+    m = initialized()
+    m.initialize(4, 5, 4)
+
+
+def mha_backward_after_eval(t):
+    m = mha.MultiHeadAttention(8, 2).eval()
+    m(ones(2, 3, 4), ones(2, 5, 4), ones(2, 5, 4))
+    m.backward(ones(2, 3, 8))
+
+
+def mha_backward_shape(t):
+    m = mha.MultiHeadAttention(8, 2)
+    m(ones(2, 3, 4), ones(2, 5, 4), ones(2, 5, 4))
+    m.backward(ones(2, 5, 8))
+
+
+def torch_state(**change):
+    """nn.MultiheadAttention(4, 2, bias=True)'s state dict; None removes an entry."""
+    s = {"in_proj_weight": ones(12, 4), "in_proj_bias": ones(12), "out_proj.weight": ones(4, 4),
+         "out_proj.bias": ones(4)}
+    for k, v in change.items():
+        k = k.replace("__", ".")
+        if v is None:
+            s.pop(k, None)
+        else:
+            s[k] = v
+    return s
+
+
+def separate_state(**change):
+    """The same with q/k/v_proj_weight (kdim 5, vdim 3) instead of in_proj_weight."""
+    separate = dict(in_proj_weight=None, q_proj_weight=ones(4, 4), k_proj_weight=ones(4, 5),
+                    v_proj_weight=ones(4, 3))
+    return torch_state(**{**separate, **change})
+
+
+def tmha(state=None, heads=2, **options):
+    return mha.TorchMultiheadAttention.from_state_dict(state if state is not None else torch_state(), heads, **options)
+
+
+Q, KV = ones(2, 3, 4), ones(2, 6, 4)
+
+
+def tmha_call(q=Q, k=KV, v=KV, **kw):
+    tmha()(q, k, v, **kw)
+
+
+def tmha_dropout_mask(t):
+    m = tmha().eval()
+    m(Q, KV, KV)
+    m.last_dropout_mask
+
+
+def tmha_backward_shape(t):
+    m = tmha()
+    m(Q, KV, KV)
+    m.backward(ones(3, 2, 4))
+
+
+def infinite_weights():
+    w = ones(1, 2, 2, 2)
+    w[0, 1, 0, 1] = -np.inf
+    return w
+
+
+def nan_weights():
+    w = np.full((1, 1, 3, 3), 1 / 3, np.float32)
+    w[0, 0, 1, 0] = np.nan
+    return w
+
+
+def thirds(*shape):
+    return np.full(shape, 1 / shape[-1], np.float32)
+
+
+def set_lr(t):
+    opt = mha.optim.SGD(initialized(), lr=0.1)
+    opt.lr = -0.5
+
+
+def not_a_png(t):
+    (t / "picture.gif").write_bytes(b"GIF8")
+    mha.read_png(str(t / "picture.gif"))
+
+
+PY = {
+    # MultiHeadAttention: backward and gradients
+    "mha.initialize": lambda t: mha.MultiHeadAttention(8, 2).initialize(4, 0, 4),
+    "mha.initialize_width": mha_reinit,
+    "mha.set_grads_name": lambda t: initialized().set_grads({"W_x.weight": ones(8, 4)}),
+    "mha.set_grads_shape": lambda t: initialized().set_grads({"W_q.weight": ones(4, 8)}),
+    "mha.dropout_mask": lambda t: mha.MultiHeadAttention(8, 2).last_dropout_mask,
+    "mha.backward_no_forward": mha_backward_after_eval,
+    "mha.backward_shape": mha_backward_shape,
+    # masks
+    "mask.additive": lambda t: mha.Mask.additive(np.array([0, np.nan], np.float32)),
+    "mask.to_torch": lambda t: mha.mask_to_torch_mha(mha.Mask.additive(ones(2, 6))),
+    # TorchMultiheadAttention
+    "tmha.unexpected": lambda t: tmha(torch_state(**{"in_proj.weight": ones(12, 4)})),
+    "tmha.missing_out": lambda t: tmha(torch_state(out_proj__weight=None)),
+    "tmha.out_shape": lambda t: tmha(torch_state(out_proj__weight=ones(4, 3))),
+    "tmha.num_heads": lambda t: tmha(heads=0),
+    "tmha.divide": lambda t: tmha(heads=3),
+    "tmha.kv_heads": lambda t: tmha(num_kv_heads=3),
+    "tmha.dropout": lambda t: tmha(dropout=1.5),
+    "tmha.both": lambda t: tmha(torch_state(q_proj_weight=ones(4, 4))),
+    "tmha.no_in_proj": lambda t: tmha(torch_state(in_proj_weight=None)),
+    "tmha.missing_proj": lambda t: tmha(separate_state(v_proj_weight=None)),
+    "tmha.in_proj_shape": lambda t: tmha(torch_state(in_proj_weight=ones(12, 5))),
+    "tmha.in_proj_shape_kv": lambda t: tmha(num_kv_heads=1),
+    "tmha.q_proj_shape": lambda t: tmha(separate_state(q_proj_weight=ones(4, 5))),
+    "tmha.k_proj_shape": lambda t: tmha(separate_state(k_proj_weight=ones(3, 5))),
+    "tmha.v_proj_shape": lambda t: tmha(separate_state(v_proj_weight=ones(4))),
+    "tmha.kdim": lambda t: tmha(separate_state(), kdim=4),
+    "tmha.vdim": lambda t: tmha(separate_state(), vdim=4),
+    "tmha.bias_pair": lambda t: tmha(torch_state(out_proj__bias=None)),
+    "tmha.bias_shape": lambda t: tmha(torch_state(out_proj__bias=ones(3))),
+    "tmha.bias_kv_pair": lambda t: tmha(torch_state(bias_k=ones(1, 1, 4))),
+    "tmha.query_rank": lambda t: tmha_call(ones(4), ones(4), ones(4)),
+    "tmha.rank": lambda t: tmha_call(k=ones(6, 4)),
+    "tmha.query_width": lambda t: tmha_call(q=ones(2, 3, 5)),
+    "tmha.key_width": lambda t: tmha_call(k=ones(2, 6, 5)),
+    "tmha.value_width": lambda t: tmha_call(v=ones(2, 6, 3)),
+    "tmha.batch": lambda t: tmha_call(k=ones(1, 6, 4), v=ones(1, 6, 4)),
+    "tmha.positions": lambda t: tmha_call(v=ones(2, 5, 4)),
+    "tmha.no_keys": lambda t: tmha_call(k=ones(2, 0, 4), v=ones(2, 0, 4)),
+    "tmha.attn_mask_rank": lambda t: tmha_call(attn_mask=np.zeros(6, np.float32)),
+    "tmha.mask_shape": lambda t: tmha_call(key_padding_mask=np.zeros((2, 5), bool)),
+    "tmha.dropout_mask": tmha_dropout_mask,
+    "tmha.backward_no_forward": lambda t: tmha().backward(Q),
+    "tmha.backward_shape": tmha_backward_shape,
+    "py.torch_array": lambda t: tmha_call(q="abc"),
+    "py.mask_array": lambda t: tmha_call(key_padding_mask=[[True], [True, False]]),
+    "py.mask_dtype": lambda t: tmha_call(key_padding_mask=np.zeros((2, 6), np.int32)),
+    "py.is_causal": lambda t: tmha_call(is_causal="yes"),
+    # AttentionModel, cross_entropy, OffsetPairTask
+    "model.vocab_size": lambda t: small_model(vocab_size=0),
+    "model.num_classes": lambda t: small_model(num_classes=-1),
+    "model.max_len": lambda t: small_model(max_len=0),
+    "model.num_layers": lambda t: small_model(num_layers=0),
+    "model.empty": lambda t: small_model()(np.zeros((0, 3), np.int32)),
+    "model.too_long": lambda t: small_model()(np.ones((2, 9), np.int32)),
+    "model.token_id": lambda t: small_model()(np.array([[1, 2, 9], [4, 5, 6]], np.int32)),
+    "model.lens": lambda t: small_model()(TOKENS, np.array([3])),
+    "model.backward_no_forward": lambda t: small_model().backward(ones(2, 3, 4)),
+    "model.backward_shape": model_backward_shape,
+    "model.unexpected": lambda t: model_state(t, {"positions.weight": ones(8, 8)}),
+    "model.missing": lambda t: model_state(t, {"readout.bias": None}),
+    "model.state_shape": lambda t: model_state(t, {"embedding.weight": ones(8, 8)}),
+    "py.tokens_rank": lambda t: small_model()(np.array([1, 2, 3], np.int32)),
+    "loss.classes": lambda t: mha.cross_entropy(ones(2, 0), np.zeros(0, np.int32)),
+    "loss.count": lambda t: mha.cross_entropy(ones(2, 3, 5), np.array([1, 2, 3], np.int32)),
+    "loss.target": lambda t: mha.cross_entropy(ones(2, 5), np.array([1, 7], np.int32)),
+    "task.vocab": lambda t: mha.OffsetPairTask(vocab=1),
+    "task.near": lambda t: mha.OffsetPairTask(near=0),
+    "task.far": lambda t: mha.OffsetPairTask(near=3, far=3),
+    "task.min_len": lambda t: mha.OffsetPairTask(far=10, min_len=10),
+    "task.max_len": lambda t: mha.OffsetPairTask(min_len=12, max_len=11),
+    "task.batch": lambda t: mha.OffsetPairTask().sample(0, 0),
+    # optimisers
+    "optim.empty": lambda t: mha.optim.SGD(mha.MultiHeadAttention(8, 2), lr=0.1),
+    "optim.negative": lambda t: mha.optim.Adam(initialized(), eps=-1),
+    "optim.set_lr": set_lr,
+    "optim.dampening": lambda t: mha.optim.SGD(initialized(), lr=0.1, dampening=math.nan),
+    "optim.nesterov": lambda t: mha.optim.SGD(initialized(), lr=0.1, momentum=0.9, dampening=0.1, nesterov=True),
+    "optim.beta1": lambda t: mha.optim.AdamW(initialized(), betas=(1.0, 0.999)),
+    "optim.beta2": lambda t: mha.optim.Adam(initialized(), betas=(0.9, -0.1)),
+    "optim.norm_type": lambda t: mha.optim.clip_grad_norm(initialized(), 1.0, norm_type=1.0),
+    "optim.max_norm": lambda t: mha.optim.clip_grad_norm(initialized(), -1.0),
+    "py.optim_module": lambda t: mha.optim.SGD(object(), lr=0.1),
+    # pictures
+    "heatmap.empty": lambda t: mha.show_heatmaps(ones(1, 2, 0, 4)),
+    "heatmap.infinite": lambda t: mha.show_heatmaps(infinite_weights()),
+    "heatmap.row_labels": lambda t: mha.show_heatmaps(ones(2, 2, 3, 3), row_labels=["a"]),
+    "heatmap.max_cells": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), max_cells=0),
+    "heatmap.panel_size": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), panel_size=-1),
+    "heatmap.limits": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), vmin=-np.inf),
+    "heatmap.order": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), vmin=1, vmax=0.5),
+    "heatmap.size": lambda t: mha.show_heatmaps(ones(1, 500, 1, 1)),
+    "png.image": lambda t: mha.write_png(str(t / "o.png"), np.zeros((0, 4, 4), np.uint8)),
+    "png.read": not_a_png,
+    "py.image_shape": lambda t: mha.write_png(str(t / "o.png"), np.zeros((2, 2), np.uint8)),
+    "py.heatmap_rank": lambda t: mha.show_heatmaps(ones(2, 3)),
+    "py.heatmap_mask_dtype": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), mask=np.zeros(2, np.int64)),
+    "py.heatmap_mask_shape": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), mask=np.zeros(3, bool)),
+    "py.heatmap_titles": lambda t: mha.show_heatmaps(ones(2, 2, 3, 3), titles=["a", "b", "c"]),
+    # head_offsets
+    "offsets.rank": lambda t: mha.head_offsets(thirds(2, 3, 3)),
+    "offsets.empty": lambda t: mha.head_offsets(thirds(1, 0, 3, 3)),
+    "offsets.lens": lambda t: mha.head_offsets(thirds(2, 1, 3, 3), np.array([3, 3, 3])),
+    "offsets.first_query": lambda t: mha.head_offsets(thirds(1, 1, 4, 4), first_query=4),
+    "offsets.nonfinite": lambda t: mha.head_offsets(nan_weights()),
+    "offsets.no_pair": lambda t: mha.head_offsets(thirds(1, 1, 3, 3), np.array([0])),
+}
+for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
+    PY[_id] = lambda t, k=_key, v=_value: mha.load_checkpoint(checkpoint_with(t, k, v))
+
+
+# ---- the command-line tool --------------------------------------------------
+
+def train_args(t, *args):
+    return ["train", "--out", str(t / "o.safetensors"), "--curves", str(t / "o.csv"),
+            "--plot", str(t / "o.png"), *args]
+
+
+def viz_files(t, *args):
+    """`mha viz` on `mha run`'s files: 5 heads, batch 2."""
+    w, i = t / "w.safetensors", t / "i.safetensors"
+    s = {}
+    for n in ("W_q", "W_k", "W_v", "W_o"):
+        s[f"{n}.weight"] = ones(10, 10)
+    mha.save_safetensors(str(w), s)
+    mha.save_safetensors(str(i), {"queries": ones(2, 3, 10), "keys": ones(2, 4, 10), "values": ones(2, 4, 10)})
+    return ["viz", "--weights", str(w), "--inputs", str(i), "--heads", "5", "--out", str(t / "o.png"), *args]
+
+
+def viz_checkpoint(t, *args, checkpoint=None):
+    return ["viz", "--checkpoint", checkpoint or str(base_checkpoint()), "--out", str(t / "o.png"), *args]
+
+
+CLI = {
+    "model.num_layers": lambda t: train_args(t, "--layers", "0"),
+    "task.vocab": lambda t: train_args(t, "--vocab", "1"),
+    "task.near": lambda t: train_args(t, "--near", "0"),
+    "task.far": lambda t: train_args(t, "--near", "3", "--far", "3"),
+    "task.min_len": lambda t: train_args(t, "--far", "10", "--min-len", "10"),
+    "task.max_len": lambda t: train_args(t, "--min-len", "12", "--max-len", "11"),
+    "trainer.steps": lambda t: train_args(t, "--steps", "-1"),
+    "trainer.batch": lambda t: train_args(t, "--batch", "0"),
+    "trainer.eval_every": lambda t: train_args(t, "--eval-every", "0"),
+    "trainer.eval_size": lambda t: train_args(t, "--eval-size", "0"),
+    "trainer.clip": lambda t: train_args(t, "--clip", "-1"),
+    "train.threads": lambda t: train_args(t, "--threads", "0"),
+    "train.target": lambda t: train_args(t, "--target", "1.5"),
+    "train.resume_config": lambda t: train_args(t, "--resume", str(base_checkpoint()), "--seed", "3"),
+    "viz.show_heads": lambda t: viz_files(t, "--show-heads", "7"),
+    "viz.rows_inputs": lambda t: viz_files(t, "--rows", "0,2"),
+    "viz.sample_batch": lambda t: viz_checkpoint(t, "--sample-batch", "0"),
+    "viz.layer": lambda t: viz_checkpoint(t, "--layer", "1"),
+    "viz.rows_sampled": lambda t: viz_checkpoint(t, "--rows", "40"),
+    "viz.panels": lambda t: viz_files(t, "--rows", ",".join(["0", "1"] * 7)),
+    "viz.no_rows": lambda t: viz_files(t, "--rows", ""),
+    "viz.max_cells": lambda t: viz_files(t, "--max-cells", "0"),
+    "viz.both": lambda t: viz_checkpoint(t, "--heads", "5"),
+    "viz.required": lambda t: [a for a in viz_files(t) if not a.endswith("i.safetensors") and a != "--inputs"],
+    "viz.heads": lambda t: [a if a != "5" else "0" for a in viz_files(t)],
+}
+for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
+    CLI[_id] = lambda t, k=_key, v=_value: viz_checkpoint(t, checkpoint=checkpoint_with(t, k, v))
