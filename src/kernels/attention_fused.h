@@ -42,6 +42,10 @@ struct SoftmaxStats {
   float* row_sum = nullptr;   // [B,h,Q]
 };
 
+// The longest key axis the fused kernels take (they compare key indices as
+// float32, exact below 2^24); callers use another kernel past it.
+inline constexpr int64_t kFusedMaxKeys = int64_t{1} << 24;
+
 // Per-call options of the fused forward.
 struct FusedForwardOptions {
   // [B] or null: batch rows whose every key the kernel must read, masked or

@@ -1,6 +1,7 @@
 #include "kernels/dispatch.h"
 
 #include "kernels/attention_fused.h"
+#include "kernels/features.h"
 
 namespace mha::kernels {
 
@@ -8,7 +9,11 @@ void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
   switch (kernel) {
     case AttentionKernel::Reference: attention_forward_reference(p); return;
     case AttentionKernel::Blas: attention_forward_blas(p); return;
-    case AttentionKernel::Fused: attention_forward_fused(p); return;
+    case AttentionKernel::Fused:
+      // The seed's semantics on key axes below 2^24; the BLAS path otherwise.
+      if (p.K() <= kFusedMaxKeys && features_used(p) == 0) attention_forward_fused(p);
+      else attention_forward_blas(p);
+      return;
   }
 }
 

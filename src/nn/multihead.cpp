@@ -89,8 +89,9 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     spare_.clear();
   }
   // This module sets none of the kernel options beyond the seed
-  // (kernels/features.h), so every kernel can run it.
-  const bool fused = kernel == AttentionKernel::Fused;
+  // (kernels/features.h), so every kernel can run it; past 2^24 keys the
+  // fused kernel's float key indices are inexact, and the BLAS path runs.
+  const bool fused = kernel == AttentionKernel::Fused && K <= kernels::kFusedMaxKeys;
 
   // Concurrency (see multihead.h): the parameters are read under a shared
   // lock; the first call initialises them under the exclusive lock, then
@@ -164,7 +165,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   } else {
     st->weights = Tensor({B, H, Q, K});
     p.weights = st->weights.data();
-    kernels::attention_forward(kernel, p);
+    kernels::attention_forward(kernel == AttentionKernel::Fused ? AttentionKernel::Blas : kernel, p);
     st->have_all = true;
     if (!training) st->proj = {};  // the weights are all a later access needs
   }

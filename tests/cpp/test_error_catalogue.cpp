@@ -162,6 +162,18 @@ std::map<std::string, std::function<void()>> core_triggers() {
          m(q, kv, kv);
          m.attention_weights();
        }},
+      {"weights.no_call", [] { MultiHeadAttention(8, 2).attention_weights({0}, {0}); }},
+      {"weights.row", [] {
+         MultiHeadAttention m(8, 2);
+         m(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}));
+         m.attention_weights({2}, {0});
+       }},
+      {"weights.head", [] {
+         MultiHeadAttention m(8, 2);
+         m(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}));
+         m.attention_weights({0}, {-1});
+       }},
+      {"threads.count", [] { set_num_threads(0); }},
       {"lens.batch", [=] { forward(X, Y, Y, ValidLens::per_batch({1, 2, 3})); }},
       {"lens.query", [=] { forward(X, Y, Y, ValidLens::per_query(2, 3, {1, 1, 1, 1, 1, 1})); }},
       {"lens.nan", [=] { forward(X, Y, Y, ValidLens::per_batch({NAN, 2})); }},

@@ -99,6 +99,13 @@ ST_HEADERS = {  # safetensors rows: the file's bytes
 }
 
 
+def called_module():
+    """A MultiHeadAttention(8, 2) after one call with B = 2."""
+    m = mha.MultiHeadAttention(8, 2)
+    m(ones(2, 3, 4), ones(2, 3, 4), ones(2, 3, 4))
+    return m
+
+
 def blas_module(num_hiddens, num_heads):
     """A module on the BLAS kernel, which forms the weights in forward."""
     m = mha.MultiHeadAttention(num_hiddens, num_heads)
@@ -167,6 +174,10 @@ PY = {
     "forward.overflow": lambda t: blas_module(1 << 24, 1 << 24)(*[ones(1, 1 << 20, 1)] * 3),
     "forward.memory_limit": py_memory_limit,
     "weights.memory_limit": py_weights_limit,
+    "weights.no_call": lambda t: mha.MultiHeadAttention(8, 2).attention_weights_of([0], [0]),
+    "weights.row": lambda t: called_module().attention_weights_of([2], [0]),
+    "weights.head": lambda t: called_module().attention_weights_of([0], [-1]),
+    "threads.count": lambda t: mha.set_num_threads(0),
     "lens.batch": lambda t: forward(X, Y, Y, np.array([1, 2, 3])),
     "lens.query": lambda t: forward(X, Y, Y, ones(2, 3)),
     "lens.nan": lambda t: forward(X, Y, Y, np.array([np.nan, 2])),

@@ -13,6 +13,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -102,13 +103,8 @@ int64_t max_of(const std::vector<int64_t>& v) {
   return m;
 }
 
-constexpr int64_t kMaxKeys = int64_t{1} << 24;
-
-void check_keys(const char* op, int64_t K) {
-  if (K > kMaxKeys)
-    fail(op, "keys: ", K, " key positions; the fused kernel compares key indices as float32 and "
-             "handles at most ", kMaxKeys);
-}
+// float(k) is exact below 2^24: the kernels compare key indices as floats.
+static_assert(kFusedMaxKeys == int64_t{1} << 24);
 
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
   const IsaKernels& isa = kernels_for(g_isa);
@@ -155,13 +151,9 @@ const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
                              FusedForwardOptions options) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  check_keys("attention_forward_fused", K);
-  // Callers pick another kernel for options this one does not honour
-  // (kernels/features.h: kernel_for); computing without them would be wrong.
-  if (features_used(p) != 0)
-    fail("attention_forward_fused", "masks, fill, fully-masked policy or grouped heads set; "
-                                    "the fused kernel implements the seed's semantics only "
-                                    "(use kernels::kernel_for)");
+  // Callers pick another kernel for longer keys and for the options this one
+  // does not honour (kernels/dispatch.cpp, kernels/features.h: kernel_for).
+  assert(K <= kFusedMaxKeys && features_used(p) == 0);
   const IsaKernels& isa = kernels_for(g_isa);
   const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
 
@@ -216,7 +208,7 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
 
 void attention_weights_fused(const AttentionWeightsParams& p) {
   const int64_t B = p.q.shape[0], Q = p.q.shape[2], K = p.k.shape[2], d = p.q.shape[3];
-  check_keys("attention_weights_fused", K);
+  assert(K <= kFusedMaxKeys);
   const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
   fused::WeightsJob w;
   w.q = p.q;
@@ -240,9 +232,7 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
 void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
                               const float* row_sum) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  check_keys("attention_backward_fused", K);
-  if (!p.out.data || !row_max2 || !row_sum)
-    fail("attention_backward_fused", "the forward's output and softmax statistics are required");
+  assert(K <= kFusedMaxKeys && p.out.data && row_max2 && row_sum);
   const IsaKernels& isa = kernels_for(g_isa);
   const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
