@@ -9,9 +9,14 @@
 #include "cpu/fused/traits.h"
 #include "kernels/attention_fused.h"
 
-// Everything below is compiled for AVX2 + FMA; the headers above are not.
+// Everything below is compiled for AVX2 + FMA; the headers above are not
+// (GCC: a target pragma; clang: a target attribute on every function).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 #include "cpu/fused/simd_avx2.h"
 #include "cpu/fused/kernel_impl.h"
 #include "cpu/fused/backward_impl.h"
@@ -48,4 +53,8 @@ const IsaKernels kAvx2Kernels = {Avx2::kName,        K::MQ,
 
 }  // namespace mha::kernels::fused
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

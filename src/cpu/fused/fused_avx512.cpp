@@ -1,4 +1,5 @@
-// The fused attention kernel for AVX-512F (with AVX2 and FMA, which every AVX-512 CPU has).
+// The fused attention kernel for AVX-512F (with AVX2 and FMA, which every
+// AVX-512 CPU has).
 // The dispatcher (attention_fused.cpp) calls it only on CPUs that support it.
 #include <cmath>
 #include <cstddef>
@@ -9,13 +10,19 @@
 #include "cpu/fused/traits.h"
 #include "kernels/attention_fused.h"
 
-// Everything below is compiled for AVX-512F (with AVX2 and FMA, which every AVX-512 CPU has); the headers above are not.
+// Everything below is compiled for AVX-512F (with AVX2 and FMA, which every
+// AVX-512 CPU has); the headers above are not (GCC: a target pragma; clang: a
+// target attribute on every function).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 // GCC 12 reports its own _mm512_undefined_ps() as maybe-uninitialized (GCC
 // bug 105593); the intrinsics are fine.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "cpu/fused/simd_avx512.h"
 #include "cpu/fused/kernel_impl.h"
 #include "cpu/fused/backward_impl.h"
@@ -52,5 +59,9 @@ const IsaKernels kAvx512Kernels = {Avx512::kName,        K::MQ,
 
 }  // namespace mha::kernels::fused
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
