@@ -39,7 +39,6 @@ import ctypes
 import json
 import os
 import pathlib
-import resource  # noqa: F401  (documented alternative; VmHWM is used)
 import subprocess
 import sys
 import time

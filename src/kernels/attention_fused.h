@@ -2,8 +2,9 @@
 //
 // attention_forward_fused takes the same AttentionForward as every kernel and
 // can also save, per (b, head, query), the two softmax statistics from which
-// the weights (and later the gradients) are recomputed without ever storing a
-// (Q, K) matrix:
+// the weights (attention_weights_fused) and the gradients
+// (attention_backward_fused) are recomputed without ever storing a (Q, K)
+// matrix:
 //   t_k      = score_k * log2(e), with masked keys at kMaskFill * log2(e)
 //   row_max2 = max_k t_k             over the keys the kernel included
 //   row_sum  = sum_k 2^(t_k - row_max2)
@@ -19,8 +20,13 @@
 //
 // What it reads: k rows only below the largest length of the batch row's
 // queries; v rows also beyond that only for queries whose masked keys carry
-// weight (valid length 0, or scores within 104 of the fill). Callers that
-// skip projecting padded rows rely on this.
+// weight (valid length 0, or scores within 104 of the fill), or for rows the
+// caller flags (FusedForwardOptions). Callers that skip projecting padded
+// rows rely on this (nn/padding.h). The backward reads the same rows.
+//
+// It honours the seed's semantics only: no kernel option of
+// kernels/features.h, key axes up to kFusedMaxKeys (callers route others to
+// the BLAS kernel; these are asserted).
 #pragma once
 
 #include <cstdint>

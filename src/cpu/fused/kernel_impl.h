@@ -1,15 +1,17 @@
 // src/cpu/fused/kernel_impl.h: the fused attention kernel, written once over
 // a vector type V (simd_*.h) and its tile sizes T (traits.h).
 //
-// Included by fused_<isa>.cpp inside that file's `#pragma GCC target` region,
-// so every function here is compiled for one instruction set; everything is a
+// Included by fused_<isa>.cpp inside that file's target region (a GCC pragma
+// or a clang attribute), so every function here is compiled for one
+// instruction set; everything is a
 // member of the class template Kernel<V, T>, so each set's code has its own
 // symbols and nothing compiled for AVX-512 can be picked by the linker for a
 // caller on a CPU without it. Calls out of this file go only to inline code
 // of headers included before the region (compiled for the baseline target).
 //
 // One chunk is (batch row b, head h, query tile [i0, i0 + MQ)). Per chunk:
-//   Q^T[c, i]  = q[b, h, i0 + i, c]                             packed once
+//   k, v rows of (b, h) below the longest length   packed once per thread and slice
+//   Q^T[c, i]  = q[b, h, i0 + i, c]                 packed once per chunk
 //   for each key tile [j0, j0 + NK) below the tile's largest length:
 //     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j is masked
 //     m_new = max(m, max_j S^T[j, i]);  c = 2^(m - m_new)
