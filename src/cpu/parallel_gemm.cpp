@@ -64,7 +64,13 @@ void run_block(const GemmBlock& g) {
 }  // namespace
 
 void GemmBatch::run() const {
-  const std::vector<GemmBlock> blocks_ = blocks();
+  // Largest blocks first, so that the threads finish together (padding
+  // leaves blocks of very different sizes); the order does not change any
+  // block's result.
+  std::vector<GemmBlock> blocks_ = blocks();
+  std::stable_sort(blocks_.begin(), blocks_.end(), [](const GemmBlock& a, const GemmBlock& b) {
+    return static_cast<double>(a.M) * a.N * a.K > static_cast<double>(b.M) * b.N * b.K;
+  });
   const int64_t n = static_cast<int64_t>(blocks_.size());
   if (n == 0) return;
   // OpenBLAS must not thread inside our threads. Its count is set to one and

@@ -6,6 +6,7 @@
 
 #include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
+#include "mha/threads.h"
 
 namespace mha::nn {
 
@@ -83,13 +84,21 @@ std::vector<uint8_t> complete_nonfinite_values(Projected& proj, RowNeeds& needs,
   const bool layer_finite =
       all_finite(W_v.weight().data(), W_v.weight().numel()) &&
       (!W_v.has_bias() || all_finite(W_v.bias().data(), W_v.bias().numel()));
+  // The scans run on mha's threads, one batch row each (the flags do not
+  // depend on the order); the rare projections after them.
+  std::vector<uint8_t> bad(static_cast<size_t>(B), 0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (B > 1)
   for (int64_t b = 0; b < B; ++b) {
     const int64_t v_rows = needs.v_rows[static_cast<size_t>(b)];
     if (v_rows >= K) continue;
-    if (layer_finite && all_finite(values.data() + (b * K + v_rows) * Dv, (K - v_rows) * Dv)) continue;
+    bad[static_cast<size_t>(b)] =
+        !layer_finite || !all_finite(values.data() + (b * K + v_rows) * Dv, (K - v_rows) * Dv);
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    if (!bad[static_cast<size_t>(b)]) continue;
     if (flags.empty()) flags.assign(static_cast<size_t>(B), 0);
     flags[static_cast<size_t>(b)] = 1;
-    project_rows(values, W_v, b, v_rows, K, proj.v);
+    project_rows(values, W_v, b, needs.v_rows[static_cast<size_t>(b)], K, proj.v);
     project_rows(keys, W_k, b, needs.k_rows[static_cast<size_t>(b)], K, proj.k);
     needs.v_rows[static_cast<size_t>(b)] = K;
     needs.k_rows[static_cast<size_t>(b)] = K;
@@ -101,15 +110,18 @@ void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Ten
                                const LazyLinear& W_v, int64_t heads, float scale_divisor) {
   if (needs.v_rows.empty()) return;
   const int64_t B = values.size(0), K = values.size(1), Q = proj.q.shape[1];
+  std::vector<uint8_t> near(static_cast<size_t>(B), 0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (B > 1)
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t v_rows = needs.v_rows[static_cast<size_t>(b)];
-    if (v_rows >= K) continue;
+    if (needs.v_rows[static_cast<size_t>(b)] >= K) continue;
     const double d = static_cast<double>(proj.q.shape[2] / heads);
     const double bound = d * max_abs(proj.q, b, Q) *
                          max_abs(proj.k, b, needs.k_rows[static_cast<size_t>(b)]) / scale_divisor;
-    if (bound < kFarFromFill) continue;
-    project_rows(values, W_v, b, v_rows, K, proj.v);
+    near[static_cast<size_t>(b)] = bound >= kFarFromFill;
   }
+  for (int64_t b = 0; b < B; ++b)
+    if (near[static_cast<size_t>(b)])
+      project_rows(values, W_v, b, needs.v_rows[static_cast<size_t>(b)], K, proj.v);
 }
 
 }  // namespace mha::nn
