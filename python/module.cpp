@@ -29,6 +29,16 @@ py::array_t<float> to_numpy(const mha::Tensor& t) {
   return out;
 }
 
+// Hands the tensor's buffer to numpy without a copy: the array keeps the
+// tensor alive. For outputs as large as the inputs this saves a full copy at
+// the peak of a call.
+py::array_t<float> to_numpy(mha::Tensor&& t) {
+  auto* owner = new mha::Tensor(std::move(t));
+  py::capsule free_owner(owner, [](void* p) { delete static_cast<mha::Tensor*>(p); });
+  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
+  return py::array_t<float>(shape, owner->data(), free_owner);
+}
+
 mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
   if (obj.is_none()) return {};
   FloatArray a = FloatArray::ensure(obj);
@@ -96,7 +106,13 @@ PYBIND11_MODULE(_core, m) {
 
   py::enum_<mha::AttentionKernel>(m, "Kernel", "Which implementation computes attention.")
       .value("REFERENCE", mha::AttentionKernel::Reference, "plain loops, the yardstick")
-      .value("BLAS", mha::AttentionKernel::Blas, "per-head BLAS products through a (Q, K) matrix");
+      .value("BLAS", mha::AttentionKernel::Blas, "per-head BLAS products through a (Q, K) matrix")
+      .value("FUSED", mha::AttentionKernel::Fused,
+             "online softmax over key tiles: linear memory, padding skipped (the default)");
+
+  m.def("set_num_threads", &mha::set_num_threads, py::arg("n"),
+        "Threads for attention (OpenMP) and projections (OpenBLAS, process-wide).");
+  m.def("get_num_threads", &mha::num_threads, "Threads mha computes with.");
 
   m.def(
       "masked_softmax",
@@ -154,14 +170,21 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           "__call__",
           [](mha::MultiHeadAttention& self, const FloatArray& q, const FloatArray& k,
              const FloatArray& v, const py::object& vl) {
-            mha::Tensor tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+            // One array passed twice is one tensor here too, so that the
+            // module projects it once (self-attention: one product for
+            // W_q, W_k, W_v) and it is copied in once.
+            mha::Tensor tq = to_tensor(q);
+            mha::Tensor tk = k.ptr() == q.ptr() ? mha::Tensor() : to_tensor(k);
+            mha::Tensor tv = v.ptr() == q.ptr() || v.ptr() == k.ptr() ? mha::Tensor() : to_tensor(v);
+            const mha::Tensor& rk = k.ptr() == q.ptr() ? tq : tk;
+            const mha::Tensor& rv = v.ptr() == q.ptr() ? tq : v.ptr() == k.ptr() ? rk : tv;
             mha::ValidLens lens = to_valid_lens(vl, "MultiHeadAttention.forward");
             mha::Tensor out;
             {
               py::gil_scoped_release release;
-              out = self.forward(tq, tk, tv, lens);
+              out = self.forward(tq, rk, rv, lens);
             }
-            return to_numpy(out);
+            return to_numpy(std::move(out));
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
           "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q)) -> (B,Q,num_hiddens)")
@@ -173,7 +196,33 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       .def_property_readonly(
           "attention_weights",
           [](const mha::MultiHeadAttention& s) { return to_numpy(s.attention_weights()); },
-          "(B, num_heads, Q, K) softmax weights of the last call, before dropout")
+          "(B, num_heads, Q, K) softmax weights of the last call, before dropout.\n"
+          "With the fused kernel they are computed on first access (about half the call's\n"
+          "attention work) from what the call kept: projected q and k, 2 floats per query.")
+      .def(
+          "attention_weights_of",
+          [](const mha::MultiHeadAttention& s, const py::object& rows, const py::object& heads) {
+            auto indices = [](const py::object& o, int64_t n) {
+              std::vector<int64_t> v;
+              if (o.is_none())
+                for (int64_t i = 0; i < n; ++i) v.push_back(i);
+              else
+                v = py::cast<std::vector<int64_t>>(o);
+              return v;
+            };
+            const std::vector<int64_t> r = indices(rows, s.last_batch_size());
+            const std::vector<int64_t> h = indices(heads, s.num_heads());
+            mha::Tensor out;
+            {
+              py::gil_scoped_release release;
+              out = s.attention_weights(r, h);
+            }
+            return to_numpy(std::move(out));
+          },
+          py::arg("batch_rows") = py::none(), py::arg("heads") = py::none(),
+          "attention_weights_of(batch_rows=None, heads=None) -> (len(rows), len(heads), Q, K)\n\n"
+          "The last call's weights for those batch rows and heads only (None: all), in\n"
+          "the order given, computed without forming the others.")
       .def("state_dict", [](const mha::MultiHeadAttention& s) { return to_dict(s.state_dict()); },
            "Parameters by the seed's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
       .def("load_state_dict",

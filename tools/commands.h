@@ -11,6 +11,7 @@ namespace mha::tools {
 
 void add_demo_command(CLI::App& app);
 void add_run_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_viz_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_prune_command(CLI::App& app);

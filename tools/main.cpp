@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(false));
   mha::tools::add_demo_command(app);
   mha::tools::add_run_command(app);
+  mha::tools::add_bench_command(app);
   mha::tools::add_viz_command(app);
   mha::tools::add_train_command(app);
   mha::tools::add_prune_command(app);

@@ -20,6 +20,7 @@ namespace mha {
 enum class AttentionKernel {
   Reference,  // plain loops, double accumulation: the yardstick
   Blas,       // per-head BLAS products through a (Q, K) score matrix
+  Fused,      // online softmax over key tiles: linear memory, padding skipped (default)
 };
 
 // X:[N,Q,K], valid_lens none, (N,) or (N,Q) -> softmax over the last axis,
@@ -70,7 +71,7 @@ class DotProductAttention {
  private:
   float dropout_;
   bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Blas;
+  AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   Tensor weights_;
   mutable detail::CopyableMutex mutex_;  // guards all of the above but dropout_

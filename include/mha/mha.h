@@ -25,6 +25,7 @@
 #include "mha/safetensors.h"
 #include "mha/task.h"
 #include "mha/tensor.h"
+#include "mha/threads.h"
 #include "mha/torch_mha.h"
 #include "mha/trainer.h"
 #include "mha/valid_lens.h"

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@
 #include "mha/valid_lens.h"
 
 namespace mha {
+
+namespace nn {
+struct AttentionState;  // what a call keeps for attention_weights() and backward()
+}
 
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
@@ -93,11 +98,18 @@ class MultiHeadAttention {
 
   // [B,h,Q,K]: the softmax weights (before dropout) of the last call to
   // finish, as a copy (another thread's call may replace them at any time).
-  // Empty before the first call.
-  Tensor attention_weights() const {
-    std::lock_guard lock(state_mutex_);
-    return weights_;
-  }
+  // Empty before the first call. With the fused kernel (the default) they
+  // are computed on first access, not by forward(): forward() keeps the
+  // projected q and k and two floats per (b, head, query) instead, and the
+  // first access costs about half of the call's attention work plus the
+  // B*h*Q*K floats of the result. Other kernels form them during forward().
+  Tensor attention_weights() const;
+  // [rows, heads, Q, K]: the weights of some batch rows and heads only, in the
+  // order given, without forming the others.
+  Tensor attention_weights(const std::vector<int64_t>& batch_rows,
+                           const std::vector<int64_t>& heads) const;
+  // B of the last call to finish (0 before the first).
+  int64_t last_batch_size() const;
 
   // The parameters by the seed's names; weights are (out, in) as in PyTorch.
   // Only initialised layers appear (a lazy layer has no weight yet).
@@ -136,7 +148,7 @@ class MultiHeadAttention {
   Tensor last_dropout_mask() const;
 
 
-  // The implementation that computes attention (default: Blas); calls that
+  // The implementation that computes attention (default: Fused); calls that
   // have already started keep theirs.
   void set_kernel(AttentionKernel k) {
     std::lock_guard lock(state_mutex_);
@@ -216,10 +228,15 @@ class MultiHeadAttention {
   float dropout_;
   bool bias_;
   bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Blas;
+  AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
-  Tensor weights_;
+  // The last call to finish: its projections, heads' outputs, lengths, and
+  // its weights or the statistics they are recomputed from.
+  std::shared_ptr<nn::AttentionState> state_;
+  // Buffers of replaced states, for the next call to reuse (no page faults or
+  // zeroing of fresh memory: ~10% of a B8 L512 forward).
+  std::vector<Tensor> spare_;
   // Head layout and gates (src/nn/prune.cpp); read under params_mutex_.
   int64_t head_dim_ = 0, original_num_heads_ = 0;
   std::vector<int64_t> kept_heads_;
@@ -233,14 +250,12 @@ class MultiHeadAttention {
   // heads_out:[B,Q,inner] the unscaled concat. Adds into head_gate_grad_.
   void head_gates_backward(const Tensor& heads_out, Tensor& d_gated);
 
-  // What a training-mode forward keeps for backward(); cleared in eval mode.
+  // What a training-mode forward keeps for backward() beside state_;
+  // cleared in eval mode.
   struct Saved {
     bool valid = false;
     Tensor queries, keys, values;  // the inputs
-    Tensor q, k, v;                // their projections, [B,L,inner_dim]
-    Tensor concat;                 // what W_o saw (gated heads' outputs), [B,Q,inner_dim]
-    ValidLens valid_lens;
-    Tensor ungated;                // concat before the head gates (empty: all gates 1)
+    Tensor ungated;                // heads' outputs before the head gates (empty: all gates 1)
   };
   Saved saved_;
   float last_dropout_p_ = 0.0f;  // dropout of the last forward (0 when off)
@@ -249,7 +264,7 @@ class MultiHeadAttention {
   void ensure_grads();
   // Shared by running forward() calls; exclusive to what changes W_q..W_o.
   mutable detail::CopyableSharedMutex params_mutex_;
-  // Guards training_, kernel_, gen_ and weights_.
+  // Guards training_, kernel_, gen_, state_, spare_ and saved_.
   mutable detail::CopyableMutex state_mutex_;
 };
 

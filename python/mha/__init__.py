@@ -5,6 +5,7 @@
     X, Y = np.ones((2, 4, 100), np.float32), np.ones((2, 6, 100), np.float32)
     out = attention(X, Y, Y, valid_lens=np.array([3, 2]))   # (2, 4, 100)
     attention.attention_weights                              # (2, 5, 4, 6)
+    attention.attention_weights_of([1], [0, 4])              # (1, 2, 4, 6)
 """
 from ._core import (  # noqa: F401
     __version__,
@@ -18,12 +19,14 @@ from ._core import (  # noqa: F401
     mask_to_torch_mha,
     DotProductAttention,
     Kernel,
+    get_num_threads,
     MultiHeadAttention,
     load_safetensors,
     masked_softmax,
     memory_limit,
     safetensors_metadata,
     save_safetensors,
+    set_num_threads,
     set_memory_limit,
 )
 from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401

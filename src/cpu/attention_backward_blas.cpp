@@ -2,18 +2,27 @@
 // weights are read from the forward's save (or recomputed), and the four
 // gradient products are BLAS calls:
 //   grad_v = (P*M)^T dO,  dP = (dO v^T) * M,  grad_q = dS k,  grad_k = dS^T q.
-// Scratch is two (Q, K) matrices per call, reused across heads.
+// Scratch is two (Q, K) matrices per thread, reused across heads.
 //
 // Masks (p.masks): the weights are recomputed by masked_softmax_row, the
 // forward's own row rule, and dS is zeroed on every pair that does not take
 // part and on every fully masked row. Grouped heads: the query heads of one
 // kv head are consecutive, so the first of them writes grad_k/grad_v and the
 // others add to it (beta = 1).
+//
+// Threads: the (batch row, kv head) pairs are split over mha's threads, each
+// pair's query heads run in order on one thread from start to end, so that
+// the softmax work runs in parallel with the products, no two threads write
+// the same gradient rows, and the result does not depend on the thread count
+// (inside, cpu::sgemm is one single-threaded BLAS call). Scratch is per thread.
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
 #include "cpu/blas.h"
 #include "kernels/attention_backward.h"
+#include "mha/threads.h"
 #include "kernels/features.h"
 #include "kernels/masked_row.h"
 
@@ -84,9 +93,15 @@ void attention_backward_blas(const AttentionBackward& p) {
   const int64_t group = H / p.Hkv();  // query heads per kv head
   const bool masked = uses_masks(p);
   const size_t QK = static_cast<size_t>(Q * K);
+  const int64_t Hkv = p.Hkv();
+  const int threads = B * Hkv > 1 ? num_threads() : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
   std::vector<float> weights_scratch(p.weights ? 0 : QK), dropped(p.dropout.active() ? QK : 0), dS(QK);
+#pragma omp for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const int64_t hk = p.kv_head(h);
       // The first query head of a kv head writes its gradients, the rest add.
       const float beta = h % group == 0 ? 0.0f : 1.0f;
@@ -119,6 +134,8 @@ void attention_backward_blas(const AttentionBackward& p) {
       cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.q.ptr(b, h), p.q.stride[2], beta,
                  p.grad_k.ptr(b, hk), p.grad_k.stride[2]);
     }
+    }
+  }
   }
 }
 

@@ -8,9 +8,9 @@
 
 namespace mha::cpu {
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc) {
+void blas_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   for (int64_t x : {M, N, K, lda, ldb, ldc})
     if (x > INT_MAX) fail("sgemm", "dimension ", x, " exceeds the BLAS's 32-bit limit");

@@ -1,7 +1,10 @@
 // src/cpu/blas.h: the one place mha calls the BLAS (OpenBLAS, cblas).
 //
 // Row-major single-precision products. Dimensions are int64 here and checked
-// against the BLAS's 32-bit int before the call.
+// against the BLAS's 32-bit int before the call. sgemm splits a product into
+// row blocks run on mha's threads (cpu/parallel_gemm.h, where it is defined),
+// so that its result does not depend on the thread count; blas_sgemm is one
+// single-threaded BLAS call.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,11 @@ namespace mha::cpu {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc);
+
+// One BLAS call on the calling thread (OpenBLAS's pool must be at one thread).
+void blas_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc);
 
 // Threads the BLAS uses for one product (OpenBLAS's own pool).
 int blas_threads();

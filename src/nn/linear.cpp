@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "cpu/blas.h"
+#include "cpu/parallel_gemm.h"
 #include "mha/error.h"
 
 namespace mha {
@@ -49,14 +49,10 @@ Tensor LazyLinear::forward(const Tensor& x, Generator& gen, const char* op) {
 
 void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy) const {
   // y = b + x W^T, as PyTorch's addmm: W is (out, in) row-major, so
-  // op(B) = W^T with trans_b, and the bias enters as C with beta = 1.
-  if (has_bias_) {
-    const float* b = bias_.data();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < out_features_; ++j) y[r * ldy + j] = b[j];
-  }
-  cpu::sgemm(false, true, rows, out_features_, in_features_, 1.0f, x, in_features_,
-             weight_.data(), in_features_, has_bias_ ? 1.0f : 0.0f, y, ldy);
+  // op(B) = W^T. Row blocks fixed by the shape: the same result at any
+  // thread count (cpu/parallel_gemm.h).
+  cpu::parallel_sgemm(rows, out_features_, in_features_, x, in_features_, weight_.data(),
+                      in_features_, /*trans_b=*/true, has_bias_ ? bias_.data() : nullptr, y, ldy);
 }
 
 void LazyLinear::set_weight(const Tensor& w, const char* op) {

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/multihead.h"
+#include "nn/attention_state.h"
 #include "nn/linear_backward.h"
 
 namespace mha {
@@ -106,9 +108,9 @@ ParamList MultiHeadAttention::parameters() {
 
 Tensor MultiHeadAttention::last_dropout_mask() const {
   std::lock_guard state(state_mutex_);
-  if (weights_.empty())
+  if (!state_)
     fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
-  Tensor mask(weights_.shape());
+  Tensor mask({state_->B, state_->H, state_->Q, state_->K});
   const kernels::Dropout dropout{last_dropout_p_, last_dropout_key_};
   float* m = mask.data();
   for (int64_t i = 0; i < mask.numel(); ++i) m[i] = dropout.multiplier(static_cast<uint64_t>(i));
@@ -141,28 +143,37 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
 
   // out = concat W_o^T + b_o.
   Tensor d_concat({B, Q, D});
-  nn::linear_backward(W_o_, saved_.concat.data(), grad_output.data(), B * Q, d_concat.data(),
+  const nn::AttentionState& st = *state_;  // projections and heads' outputs of that forward
+  nn::linear_backward(W_o_, st.concat.data(), grad_output.data(), B * Q, d_concat.data(),
                       grad_w(3), grad_b(3));
   // concat = heads' outputs scaled by the head gates (src/nn/prune.cpp).
-  const Tensor& heads_out = saved_.ungated.empty() ? saved_.concat : saved_.ungated;
+  const Tensor& heads_out = saved_.ungated.empty() ? st.concat : saved_.ungated;
   head_gates_backward(heads_out, d_concat);
 
   // concat = heads(attention(q, k, v)): the kernel sees (B, h, L, d) views.
   Tensor dq({B, Q, D}), dk({B, K, D}), dv({B, K, D});
   kernels::AttentionBackward p;
-  p.q = saved_.q.view().split_heads(H);
-  p.k = saved_.k.view().split_heads(H);
-  p.v = saved_.v.view().split_heads(H);
+  p.q = st.proj.q.split_heads(H);
+  p.k = st.proj.k.split_heads(H);
+  p.v = st.proj.v.split_heads(H);
   p.grad_out = d_concat.view().split_heads(H);
   p.out = heads_out.view().split_heads(H);
-  kernels::set_lengths(p, saved_.valid_lens);
+  kernels::set_lengths(p, st.lens);
   p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
   p.dropout = {last_dropout_p_, last_dropout_key_};
-  p.weights = weights_.data();
   p.grad_q = dq.view().split_heads(H);
   p.grad_k = dk.view().split_heads(H);
   p.grad_v = dv.view().split_heads(H);
-  kernels::attention_backward(kernel_, p);
+  if (!st.stats.empty()) {
+    // The forward ran the fused kernel: the fused backward recomputes the
+    // weights tile by tile from its statistics (linear memory), and reads
+    // only the key rows that forward projected.
+    kernels::attention_backward_fused(p, st.stats.data(), st.stats.data() + B * H * Q);
+  } else {
+    std::lock_guard weights_lock(st.weights_mutex);
+    p.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
+    kernels::attention_backward(kernel_, p);
+  }
 
   // q = X_q W_q^T + b_q, and likewise for k and v.
   InputGrads g{Tensor(X_q.shape()), Tensor(X_k.shape()), Tensor(X_v.shape())};

@@ -19,6 +19,7 @@
 
 #include "mha/error.h"
 #include "mha/multihead.h"
+#include "nn/attention_state.h"
 
 namespace mha {
 
@@ -126,7 +127,7 @@ void MultiHeadAttention::head_gates_backward(const Tensor& heads_out, Tensor& d_
 void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   static const char* op = "MultiHeadAttention.prune_heads";
   std::unique_lock params(params_mutex_);  // waits for running calls
-  std::lock_guard state(state_mutex_);     // saved_, weights_
+  std::lock_guard state(state_mutex_);     // saved_, state_, spare_
   std::set<int64_t> remove;
   for (size_t i = 0; i < heads.size(); ++i) {
     const int64_t h = heads[i];
@@ -180,7 +181,8 @@ void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   // pointers to them, and ensure_grads() refills them with zeros.
   for (auto& [name, g] : grads_) g = Tensor();
   saved_ = {};
-  weights_ = Tensor();
+  state_.reset();
+  spare_.clear();
 }
 
 }  // namespace mha

@@ -106,7 +106,8 @@ TEST_P(Concurrency, EvalFromEightThreadsGivesExactlyTheSerialResults) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Concurrency,
-                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas));
+                         ::testing::Values(mha::AttentionKernel::Reference, mha::AttentionKernel::Blas,
+                                           mha::AttentionKernel::Fused));
 
 TEST(ConcurrencyLazy, FirstCallFromEightThreadsInitialisesOnceAsASerialCallWould) {
   const auto cases = make_cases();

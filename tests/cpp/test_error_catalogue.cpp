@@ -144,15 +144,36 @@ std::map<std::string, std::function<void()>> core_triggers() {
       {"forward.overflow", [] {
          const int64_t h = int64_t{1} << 24;
          MultiHeadAttention m(h, h);
+         m.set_kernel(AttentionKernel::Blas);  // the kernels that form the weights in forward()
          const Tensor x = ones({1, int64_t{1} << 20, 1});
          m(x, x, x);
        }},
       {"forward.memory_limit", [] {
          MultiHeadAttention m(8, 2);
+         m.set_kernel(AttentionKernel::Blas);
          const Tensor q = ones({1, 1024, 4}), kv = ones({1, 1024, 3});
          LimitGuard g(1 << 20);
          m(q, kv, kv);
        }},
+      {"weights.memory_limit", [] {
+         MultiHeadAttention m(8, 2);  // fused: the weights are formed on first access
+         const Tensor q = ones({1, 1024, 4}), kv = ones({1, 1024, 3});
+         LimitGuard g(1 << 20);
+         m(q, kv, kv);
+         m.attention_weights();
+       }},
+      {"weights.no_call", [] { MultiHeadAttention(8, 2).attention_weights({0}, {0}); }},
+      {"weights.row", [] {
+         MultiHeadAttention m(8, 2);
+         m(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}));
+         m.attention_weights({2}, {0});
+       }},
+      {"weights.head", [] {
+         MultiHeadAttention m(8, 2);
+         m(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}));
+         m.attention_weights({0}, {-1});
+       }},
+      {"threads.count", [] { set_num_threads(0); }},
       {"lens.batch", [=] { forward(X, Y, Y, ValidLens::per_batch({1, 2, 3})); }},
       {"lens.query", [=] { forward(X, Y, Y, ValidLens::per_query(2, 3, {1, 1, 1, 1, 1, 1})); }},
       {"lens.nan", [=] { forward(X, Y, Y, ValidLens::per_batch({NAN, 2})); }},

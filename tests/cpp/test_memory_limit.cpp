@@ -67,6 +67,7 @@ TEST(MemoryLimit, AttentionWeightsPast2To63AreRefusedBeforeAnyAllocation) {
   // num_hiddens = num_heads = 2^24 (head width 1), widths 1.
   const int64_t h = int64_t{1} << 24, L = int64_t{1} << 20;
   mha::MultiHeadAttention attention(h, h, 0.0f);
+  attention.set_kernel(mha::AttentionKernel::Blas);  // forms the weights in forward()
   const Tensor x({1, L, 1}, 1.0f);
   const std::string msg = error_of([&] { attention(x, x, x); });
   EXPECT_NE(msg.find("[MultiHeadAttention.forward] attention weights (1, 16777216, 1048576, 1048576): "
@@ -81,6 +82,7 @@ TEST(MemoryLimit, AttentionWeightsPast2To63AreRefusedBeforeAnyAllocation) {
 
 TEST(MemoryLimit, ForwardAboveTheLimitIsRefusedAndChangesNothing) {
   mha::MultiHeadAttention attention(8, 2, 0.0f);
+  attention.set_kernel(mha::AttentionKernel::Blas);  // forms the weights in forward()
   const Tensor q({1, 1024, 4}, 0.5f), kv({1, 1024, 3}, 0.25f);
   {
     LimitGuard g(1 << 20);  // the (1, 2, 1024, 1024) weights alone need 8 MiB
@@ -156,6 +158,27 @@ TEST(MemoryLimit, PerQueryLengthsWithOverflowingShapeAreRefused) {
   const int64_t big = int64_t{1} << 40;
   const std::string msg = error_of([&] { mha::ValidLens::per_query(big, big, {1.0f}); });
   EXPECT_NE(msg.find("[ValidLens.per_query]"), std::string::npos) << msg;
+}
+
+// The fused kernel (the default) forms no (B, h, Q, K) weights in forward():
+// a call the eager kernels would refuse runs in linear memory, and
+// attention_weights(), which forms them, is checked on its own.
+TEST(MemoryLimit, FusedForwardNeedsNoWeightsAndAttentionWeightsIsChecked) {
+  mha::MultiHeadAttention attention(8, 2, 0.0f);
+  attention.eval();
+  const Tensor q({1, 1024, 4}, 0.5f), kv({1, 1024, 3}, 0.25f);
+  LimitGuard g(1 << 20);  // the (1, 2, 1024, 1024) weights alone need 8 MiB
+  const Tensor out = attention(q, kv, kv);
+  EXPECT_EQ(out.shape(), (mha::Shape{1, 1024, 8}));
+  const std::string msg = error_of([&] { attention.attention_weights(); });
+  EXPECT_NE(msg.find("[MultiHeadAttention.attention_weights] needs "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the largest part: attention weights (1, 2, 1024, 1024), 8388608 bytes"),
+            std::string::npos)
+      << msg;
+  // A subset that fits is fine.
+  EXPECT_NE(error_of([&] { attention.attention_weights({0}, {1}); }).find("(1, 1, 1024, 1024)"),
+            std::string::npos);  // 4 MiB: also above this limit
+
 }
 
 }  // namespace

@@ -79,7 +79,14 @@ void run_inputs_one_input(const uint8_t* data, size_t size) {
   }
   const Shape wanted = {in.queries.size(0), in.queries.size(1), 8};
   if (out.shape() != wanted) invariant_failed("forward returned the wrong shape");
-  const Tensor w = attention.attention_weights();
+  // The fused kernel forms the weights only here, so here the memory limit
+  // may refuse them.
+  Tensor w;
+  try {
+    w = attention.attention_weights();
+  } catch (const Error&) {
+    return;
+  }
   if (w.shape() != Shape{in.queries.size(0), 2, in.queries.size(1), in.keys.size(1)})
     invariant_failed("attention_weights has the wrong shape");
 }

@@ -99,11 +99,34 @@ ST_HEADERS = {  # safetensors rows: the file's bytes
 }
 
 
+def called_module():
+    """A MultiHeadAttention(8, 2) after one call with B = 2."""
+    m = mha.MultiHeadAttention(8, 2)
+    m(ones(2, 3, 4), ones(2, 3, 4), ones(2, 3, 4))
+    return m
+
+
+def blas_module(num_hiddens, num_heads):
+    """A module on the BLAS kernel, which forms the weights in forward."""
+    m = mha.MultiHeadAttention(num_hiddens, num_heads)
+    m.kernel = mha.Kernel.BLAS
+    return m
+
+
 def py_memory_limit(tmp):
     m = mha.MultiHeadAttention(8, 2)
+    m.kernel = mha.Kernel.BLAS  # forms the weights in forward
     q, kv = ones(1, 1024, 4), ones(1, 1024, 3)
     mha.set_memory_limit(1 << 20)
     m(q, kv, kv)
+
+
+def py_weights_limit(tmp):
+    m = mha.MultiHeadAttention(8, 2)  # fused: forms the weights on first access
+    q, kv = ones(1, 1024, 4), ones(1, 1024, 3)
+    mha.set_memory_limit(1 << 20)
+    m(q, kv, kv)
+    m.attention_weights
 
 
 def py_read_limit(tmp):
@@ -152,8 +175,13 @@ PY = {
     "forward.no_keys": lambda t: forward(X, ones(2, 0, 100), ones(2, 0, 100)),
     "forward.no_features": lambda t: forward(ones(2, 4, 0), Y, Y),
     "forward.width": py_width,
-    "forward.overflow": lambda t: mha.MultiHeadAttention(1 << 24, 1 << 24)(*[ones(1, 1 << 20, 1)] * 3),
+    "forward.overflow": lambda t: blas_module(1 << 24, 1 << 24)(*[ones(1, 1 << 20, 1)] * 3),
     "forward.memory_limit": py_memory_limit,
+    "weights.memory_limit": py_weights_limit,
+    "weights.no_call": lambda t: mha.MultiHeadAttention(8, 2).attention_weights_of([0], [0]),
+    "weights.row": lambda t: called_module().attention_weights_of([2], [0]),
+    "weights.head": lambda t: called_module().attention_weights_of([0], [-1]),
+    "threads.count": lambda t: mha.set_num_threads(0),
     "lens.batch": lambda t: forward(X, Y, Y, np.array([1, 2, 3])),
     "lens.query": lambda t: forward(X, Y, Y, ones(2, 3)),
     "lens.nan": lambda t: forward(X, Y, Y, np.array([np.nan, 2])),
@@ -289,7 +317,7 @@ CLI = {
     "forward.no_keys": lambda t: files(t, inputs=qkv(k=(2, 0, 100), v=(2, 0, 100))),
     "forward.no_features": lambda t: files(t, inputs=qkv(q=(2, 4, 0))),
     "forward.width": lambda t: files(t, inputs=qkv(k=(2, 6, 50))),
-    "forward.memory_limit": lambda t: ["--memory-limit", "1048576"] + with_heads(files(
+    "weights.memory_limit": lambda t: ["--memory-limit", "1048576"] + with_heads(files(
         t, weights=dict(state(8, 4), **{"W_k.weight": ones(8, 3), "W_v.weight": ones(8, 3)}),
         inputs=qkv(q=(1, 1024, 4), k=(1, 1024, 3), v=(1, 1024, 3))), 2),
     "lens.batch": lambda t: files(t, lens=np.array([1, 2, 3], np.float32)),

@@ -26,6 +26,7 @@ def test_default_is_physical_memory_and_zero_restores_it():
 
 def test_a_refused_call_changes_nothing_and_runs_once_the_limit_allows():
     m = mha.MultiHeadAttention(8, 2)
+    m.kernel = mha.Kernel.BLAS      # forms the weights in the call
     q, kv = np.ones((1, 512, 4), np.float32), np.ones((1, 512, 3), np.float32)
     mha.set_memory_limit(1 << 20)   # the (1, 2, 512, 512) weights need 2 MiB
     with pytest.raises(ValueError, match="above the memory limit of 1048576 bytes"):
@@ -33,6 +34,18 @@ def test_a_refused_call_changes_nothing_and_runs_once_the_limit_allows():
     assert m.state_dict() == {}     # the lazy layers were not created
     mha.set_memory_limit(4 << 20)
     assert m(q, kv, kv).shape == (1, 512, 8)
+
+
+def test_the_fused_call_needs_no_weights_and_attention_weights_is_checked():
+    m = mha.MultiHeadAttention(8, 2).eval()  # fused: the weights only on first access
+    q, kv = np.ones((1, 512, 4), np.float32), np.ones((1, 512, 3), np.float32)
+    mha.set_memory_limit(1 << 20)   # the (1, 2, 512, 512) weights need 2 MiB
+    assert m(q, kv, kv).shape == (1, 512, 8)
+    with pytest.raises(ValueError, match=r"\[MultiHeadAttention.attention_weights\] needs 2097152 bytes"):
+        m.attention_weights
+    assert m.attention_weights_of([0], [1]).shape == (1, 1, 512, 512)  # 1 MiB fits
+    mha.set_memory_limit(4 << 20)
+    assert m.attention_weights.shape == (1, 2, 512, 512)
 
 
 @pytest.mark.parametrize("size,bytes_", [("1048576", 1048576), ("1MB", 1 << 20), ("1MiB", 1 << 20), ("2kb", 2048)])

@@ -1,0 +1,385 @@
+#!/usr/bin/python3
+"""mha against its peers, in one run: PyTorch 1.13's nn.MultiheadAttention
+(eval, zeroed biases, its fast path where it applies), the seed's PyTorch code
+(tests/python/seed_reference.py), and a 4096x4096 sgemm as the machine's
+roofline, at 1 and 2 threads.
+
+    /usr/bin/python3 bench/bench.py            # everything (~5 min on 2 cores)
+    /usr/bin/python3 bench/bench.py --quick    # fewer repeats, no L16384 peers
+
+What is measured
+- ms: median wall time of one forward call (after a warm-up call), inputs
+  already in memory. mha is called from Python: its time includes the
+  binding's copy of the inputs into C++ tensors.
+- GFLOP/s: the issue's count, projections 2B(Q Dq D + K Dk D + K Dv D + Q D D)
+  plus attention 4 B h Q K (D/h), over the time. Padded cases use the
+  unpadded count, so their rate is "effective". The training step (forward,
+  then backward of sum(output), dropout 0, training mode) counts 3x that.
+- % sgemm: GFLOP/s over torch.mm's 4096x4096 rate at the same thread count,
+  measured in this run just before and after each case (the larger of the
+  two), so that load from other processes drifts out of the ratio.
+- speedup: the peer's ms over mha's ms (> 1: mha is faster).
+- OpenBLAS threads: mha sets OpenBLAS's own pool to one thread (it runs its
+  products on its own threads); before each PyTorch or numpy case this script
+  sets it back to the case's thread count.
+- peak MB: in a fresh child process per (case, implementation), at 1
+  thread: the peak resident set (VmHWM, reset through /proc/self/clear_refs)
+  minus the resident set after the imports and before the inputs are made.
+  So it counts inputs, weights, outputs and all working memory of one call.
+  Python's own allocations for the inputs are included.
+
+OpenBLAS: every implementation here (mha's projections, PyTorch, numpy)
+uses the same OpenBLAS. OpenBLAS 0.3.21 does not know some recent Xeons and
+falls back to its generic "Prescott" kernels (about 5x slower); when it would,
+this script re-runs itself with OPENBLAS_CORETYPE set to the best kernel set
+the CPU supports, and prints that it did.
+"""
+import argparse
+import ctypes
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+BUILD = pathlib.Path(os.environ.get("MHA_BUILD", ROOT / "build"))
+
+
+def openblas():
+    return ctypes.CDLL("libopenblas.so.0")
+
+
+def ensure_openblas_core():
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return None
+    lib = openblas()
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.openblas_get_corename().decode()
+    flags = open("/proc/cpuinfo").read()
+    best = "SkylakeX" if " avx512f" in flags else "Haswell" if " avx2" in flags else None
+    if core.lower() in ("prescott", "core2", "nehalem") and best:
+        env = dict(os.environ, OPENBLAS_CORETYPE=best, MHA_BENCH_NOTE=f"OpenBLAS chose {core}")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    return core
+
+
+CASES = {
+    # name: (B, Q, K, Dq, Dk, Dv, D, h, kind); kind: self / cross / toy
+    "toy B2 Q4 K6 D100 h5": (2, 4, 6, 100, 100, 100, 100, 5, "toy"),
+    "B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "self"),
+    "B8 L512 D768 h12 pad40%": (8, 512, 512, 768, 768, 768, 768, 12, "pad"),
+    "B1 L4096 D512 h8": (1, 4096, 4096, 512, 512, 512, 512, 8, "self"),
+    "B1 L16384 D256 h4": (1, 16384, 16384, 256, 256, 256, 256, 4, "self"),
+    "cross B4 Q128 K1024": (4, 128, 1024, 512, 256, 384, 512, 8, "cross"),
+    "train B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "train"),
+}
+IMPLS = ["mha", "torch.nn.MultiheadAttention", "seed (d2l PyTorch)"]
+
+
+def flops(B, Q, K, Dq, Dk, Dv, D, h, kind=None):
+    forward = 2 * B * (Q * Dq * D + K * Dk * D + K * Dv * D + Q * D * D) + 4 * B * h * Q * K * (D // h)
+    return 3 * forward if kind == "train" else forward  # backward: two products per forward one
+
+
+def pad_lengths(B, K):
+    # Valid lengths averaging 40% of K, spread from 15% to 60%.
+    fr = [0.15, 0.25, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6]
+    return [max(1, round(K * fr[i % len(fr)])) for i in range(B)]
+
+
+def make_inputs(case, np):
+    B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
+    rng = np.random.default_rng(0)
+    if kind == "toy":  # the seed's check: X = ones(2, 4, 100), keys = values = ones(2, 6, 100)
+        X = np.ones((B, Q, Dq), np.float32)
+        Y = np.ones((B, K, Dk), np.float32)
+        return X, Y, Y, np.array([3, 2], np.float32)
+    if kind in ("self", "pad", "train"):
+        X = rng.standard_normal((B, Q, Dq), dtype=np.float32)
+        lens = np.array(pad_lengths(B, K), np.float32) if kind == "pad" else None
+        return X, X, X, lens
+    return (rng.standard_normal((B, Q, Dq), dtype=np.float32),
+            rng.standard_normal((B, K, Dk), dtype=np.float32),
+            rng.standard_normal((B, K, Dv), dtype=np.float32), None)
+
+
+def make_callable(case, impl, inputs):
+    """A zero-argument function running one forward call of `impl`."""
+    import numpy as np
+    import torch
+    B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
+    X, Kx, Vx, lens = inputs
+    train = kind == "train"
+    if impl == "mha":
+        import mha
+        m = mha.MultiHeadAttention(D, h, 0.0, False).train(train)
+        if not train:
+            return lambda: m(X, Kx, Vx, lens)
+        ones = np.ones((B, Q, D), np.float32)
+
+        def step():  # forward, then backward of sum(output)
+            out = m(X, Kx, Vx, lens)
+            m.backward(ones)
+            return out
+        return step
+    tq, tk, tv = (torch.from_numpy(a) for a in (X, Kx, Vx))
+    if impl == "seed (d2l PyTorch)":
+        from seed_reference import make_seed_module
+        m = make_seed_module(D, h, Dq, Dk, Dv, False).train(train)
+        tl = None if lens is None else torch.from_numpy(lens)
+
+        def run():
+            if train:
+                m.zero_grad()
+                out = m(tq, tk, tv, tl)
+                out.sum().backward()
+                return out
+            with torch.no_grad():
+                return m(tq, tk, tv, tl)
+        return run
+    m = torch.nn.MultiheadAttention(D, h, bias=True, batch_first=True, kdim=Dk, vdim=Dv).train(train)
+    with torch.no_grad():  # bias=False crashes 1.13's fast path; zero biases instead
+        for name, p in m.named_parameters():
+            if "bias" in name:
+                p.zero_()
+    mask = None
+    if lens is not None:
+        mask = torch.arange(K)[None, :] >= torch.from_numpy(lens)[:, None]  # True = padding
+
+    def run():
+        if train:
+            m.zero_grad()
+            out = m(tq, tk, tv, key_padding_mask=mask, need_weights=False)[0]
+            out.sum().backward()
+            return out
+        with torch.inference_mode():
+            return m(tq, tk, tv, key_padding_mask=mask, need_weights=False)[0]
+    return run
+
+
+def set_threads(n):
+    import torch
+    import mha
+    torch.set_num_threads(n)
+    mha.set_num_threads(n)
+    openblas().openblas_set_num_threads(n)  # torch's products go to OpenBLAS's own pool
+
+
+def time_call(fn, budget_s):
+    fn()  # warm-up: lazy initialisation, page faults, thread pools
+    times = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sgemm_rate(budget_s):
+    import torch
+    a = torch.randn(4096, 4096)
+    b = torch.randn(4096, 4096)
+    t = time_call(lambda: torch.mm(a, b), budget_s)
+    return 2 * 4096 ** 3 / t / 1e9
+
+
+# ---------------------------------------------------------------- memory child
+
+def rss_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def memory_child(case, impl):
+    import numpy as np
+    import torch  # noqa: F401
+    import mha  # noqa: F401
+    set_threads(1)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set
+    base = rss_kb("VmRSS")
+    fn = make_callable(case, impl, make_inputs(case, np))
+    out = fn()
+    del out
+    peak = rss_kb("VmHWM")
+    print(json.dumps({"peak_mb": (peak - base) / 1024}))
+
+
+def measure_memory(case, impl):
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, __file__, "--memory-child", case, impl],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+    return json.loads(r.stdout.strip().splitlines()[-1])["peak_mb"], None
+
+
+def peer_memory_estimate_mb(case):
+    B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
+    return 3 * B * h * Q * K * 4 / 2 ** 20  # scores, softmax, dropout's copy
+
+
+def available_mb():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--quick", action="store_true", help="short timing budget; skip peers at L16384")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), help="case names (default: all)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    ensure_openblas_core()
+    sys.path.insert(0, str(BUILD / "python"))
+    sys.path.insert(0, str(ROOT / "tests" / "python"))
+    if args.memory_child:
+        return memory_child(*args.memory_child)
+
+    import numpy as np
+    import torch
+    import mha
+    lib = openblas()
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    note = os.environ.get("MHA_BENCH_NOTE")
+    print(f"mha {mha.__version__}, torch {torch.__version__}, numpy {np.__version__}; "
+          f"OpenBLAS core {lib.openblas_get_corename().decode()}"
+          + (f" (set by OPENBLAS_CORETYPE; {note} by itself)" if note else ""))
+    budget = 0.5 if args.quick else 2.0
+
+    jobs = []
+    for t in args.threads:
+        for case in args.cases:
+            for impl in IMPLS:
+                if args.quick and "L16384" in case and impl != "mha":
+                    continue
+                jobs.append((t, case, impl))
+    results = {}
+    sgemm = {}
+    total = len(jobs) + len(args.threads)  # (the roofline runs are not counted)
+    done = 0
+
+    def progress(what):
+        sys.stderr.write(f"\r\033[K[{done}/{total}] {what}")
+        sys.stderr.flush()
+
+    # The roofline is measured around each case (before its first and after
+    # its last implementation; the larger rate counts): on a machine shared
+    # with other work the sgemm rate drifts, and a ratio is only meaningful
+    # between runs under the same conditions.
+    roof = {}
+    for t in args.threads:
+        for case in args.cases:
+            impls = [impl for (tt, c, impl) in jobs if tt == t and c == case]
+            if not impls:
+                continue
+            set_threads(t)
+            progress(f"threads={t} {case}: sgemm 4096x4096 before")
+            before = sgemm_rate(0.1)
+            for impl in impls:
+                progress(f"threads={t} {case}: {impl}")
+                if impl != "mha" and "L16384" in case and peer_memory_estimate_mb(case) > 0.8 * available_mb():
+                    results[(t, case, impl)] = None
+                else:
+                    inputs = make_inputs(case, np)
+                    fn = make_callable(case, impl, inputs)
+                    set_threads(t)
+                    results[(t, case, impl)] = time_call(fn, budget)
+                    del fn, inputs
+                done += 1
+            set_threads(t)
+            progress(f"threads={t} {case}: sgemm 4096x4096 after")
+            roof[(t, case)] = max(before, sgemm_rate(0.1))
+        rates = sorted(r for (tt, _), r in roof.items() if tt == t)
+        sgemm[t] = rates[len(rates) // 2] if rates else sgemm_rate(budget)
+        done += 1
+
+    memory = {}
+    if not args.no_memory:
+        cases_impls = sorted({(c, i) for (_, c, i) in jobs})
+        for n, (case, impl) in enumerate(cases_impls):
+            sys.stderr.write(f"\r\033[K[memory {n + 1}/{len(cases_impls)}] {case}: {impl}")
+            sys.stderr.flush()
+            if impl != "mha" and peer_memory_estimate_mb(case) > 0.8 * available_mb():
+                memory[(case, impl)] = (None, "skipped: not enough free memory")
+                continue
+            memory[(case, impl)] = measure_memory(case, impl)
+    sys.stderr.write("\r\033[K")
+
+    print(f"\n{'case':26} {'thr':>3} {'implementation':28} {'ms':>10} {'GFLOP/s':>8} "
+          f"{'% sgemm':>8} {'speedup':>8} {'peak MB':>9}  (% of the sgemm rate measured around the case)")
+    for t in args.threads:
+        rates = [f"{roof[(t, c)]:.0f}" for c in args.cases if (t, c) in roof]
+        print(f"{'sgemm 4096x4096':26} {t:>3} {'torch.mm (OpenBLAS), median':28} {2 * 4096 ** 3 / sgemm[t] / 1e6:>10.2f} "
+              f"{sgemm[t]:>8.1f} {100.0:>7.1f}%   per case: {' '.join(rates)} GFLOP/s")
+    for case in args.cases:
+        fl = flops(*CASES[case])
+        for t in args.threads:
+            ours = results.get((t, case, "mha"))
+            for impl in IMPLS:
+                if (t, case, impl) not in results:
+                    continue
+                ms = results[(t, case, impl)]
+                mem, why = memory.get((case, impl), (None, None))
+                mem_s = f"{mem:9.1f}" if mem is not None else f"{'n/a':>9}"
+                if ms is None:
+                    print(f"{case:26} {t:>3} {impl:28} {'skipped (memory)':>10} {'':>8} {'':>8} {'':>8} {mem_s}")
+                    continue
+                rate = fl / ms / 1e9
+                speed = "" if impl == "mha" or ours is None else f"{ms / ours:7.2f}x"
+                print(f"{case:26} {t:>3} {impl:28} {ms * 1e3:>10.3f} {rate:>8.1f} "
+                      f"{100 * rate / roof[(t, case)]:>7.1f}% {speed:>8} {mem_s}")
+
+    # The issue's targets, as measured above.
+    print("\nTargets (2 threads where measured, else the largest thread count):")
+    t = max(args.threads)
+
+    def pct_of(case):  # mha's rate in % of the sgemm rate measured around the case
+        ms = results.get((t, case, "mha"))
+        return None if ms is None else 100 * flops(*CASES[case]) / ms / 1e9 / roof[(t, case)]
+
+    for case in ("B8 L512 D768 h12", "B1 L4096 D512 h8"):
+        pct = pct_of(case)
+        if pct is not None:
+            print(f"  module forward {case}: {pct:.1f}% of sgemm (target >= 75%): "
+                  f"{'met' if pct >= 75 else 'MISSED'}")
+    case = "B1 L16384 D256 h4"
+    if (case, "mha") in memory and memory[(case, "mha")][0] is not None:
+        B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
+        bound = 2 * 4 * (B * Q * Dq + B * Q * D + 4 * D * D) / 2 ** 20 + 64
+        mem = memory[(case, "mha")][0]
+        print(f"  peak memory {case}: {mem:.1f} MB, bound 2 x (inputs + outputs + weights) + 64 MB = "
+              f"{bound:.1f} MB: {'met' if mem <= bound else 'MISSED'}")
+    a, b = results.get((t, "B8 L512 D768 h12 pad40%", "mha")), results.get((t, "B8 L512 D768 h12", "mha"))
+    if a and b:
+        # Also with each time scaled by the sgemm rate measured around it,
+        # which takes out load that changed between the two cases.
+        norm = (a * roof[(t, "B8 L512 D768 h12 pad40%")]) / (b * roof[(t, "B8 L512 D768 h12")])
+        print(f"  padding (valid lengths averaging 40% of K): {a / b:.3f} x the unpadded time, "
+              f"{norm:.3f} x in sgemm-normalised time (target <= 0.7): {'met' if norm <= 0.7 else 'MISSED'}")
+    toy = results.get((t, "toy B2 Q4 K6 D100 h5", "mha"))
+    if toy:
+        print(f"  seed's toy shape: {toy * 1e3:.4f} ms per forward call from Python "
+              f"(target <= 0.05 ms): {'met' if toy <= 5e-5 else 'MISSED'}")
+    pct = pct_of("train B8 L512 D768 h12")
+    if pct is not None:
+        print(f"  training step B8 L512 D768 h12 (3x forward FLOPs): {pct:.1f}% of sgemm (target >= 60%): "
+              f"{'met' if pct >= 60 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

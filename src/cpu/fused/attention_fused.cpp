@@ -1,0 +1,254 @@
+// The fused attention kernel's dispatcher: picks the instruction set, counts
+// each query's valid keys, and runs the chunks on OpenMP threads.
+//
+// Threads: OpenMP over (batch, head, query tile) chunks, dynamically
+// scheduled (their cost varies with the valid lengths), more chunks than
+// threads. Inside a chunk nothing calls the BLAS: the tile products are the
+// register-blocked micro-kernels of kernel_impl.h, faster than BLAS calls on
+// tiles this small. The projections around this kernel run on the same
+// OpenMP threads (cpu/parallel_gemm.h), never beside OpenBLAS's own pool. The
+// tiling depends only on the shapes and each chunk is computed by one thread
+// from start to end, so the output is bitwise the same at any thread count.
+#include <omp.h>
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "cpu/fused/fused_job.h"
+#include "kernels/features.h"
+#include "kernels/attention_fused.h"
+#include "mha/error.h"
+#include "mha/threads.h"
+
+namespace mha::kernels {
+
+namespace {
+
+using fused::IsaKernels;
+
+FusedIsa detect_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma"))
+    return FusedIsa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FusedIsa::Avx2;
+  return FusedIsa::Scalar;
+}
+
+FusedIsa g_isa = detect_isa();
+
+const IsaKernels& kernels_for(FusedIsa isa) {
+  switch (isa) {
+    case FusedIsa::Avx512: return fused::kAvx512Kernels;
+    case FusedIsa::Avx2: return fused::kAvx2Kernels;
+    case FusedIsa::Scalar: break;
+  }
+  return fused::kScalarKernels;
+}
+
+// Below this many multiply-adds a call runs on the calling thread: waking a
+// team costs a few microseconds, more than such a call takes (the seed's toy
+// shape is ~5e3).
+constexpr double kMinParallelWork = 2e5;
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// Runs body(chunk, scratch) for every chunk; each thread gets its own 64-byte
+// aligned scratch of `scratch_floats` (first 64 bytes zeroed), allocated
+// before the threads start.
+template <class Body>
+void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& body) {
+  if (chunks <= 0) return;
+  const int threads = work >= kMinParallelWork && chunks > 1 ? num_threads() : 1;
+  const size_t stride = (scratch_floats + 15) / 16 * 16;
+  std::unique_ptr<float, FreeDeleter> pool(
+      static_cast<float*>(std::aligned_alloc(64, stride * sizeof(float) * threads)));
+  if (!pool) throw std::bad_alloc();
+  float* base = pool.get();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    // Flush denormals to zero while the kernel runs (FTZ and DAZ in MXCSR):
+    // the CPU takes a ~100x slower microcode path for each one, and next to
+    // a softmax sum >= 1 they are invisible. Restored before returning.
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
+    for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
+    _mm_setcsr(csr);
+  }
+}
+
+// Per batch row, the largest valid count of its queries: the key rows the
+// kernel reads.
+std::vector<int64_t> rows_read(const std::vector<int32_t>& n_valid, int64_t B, int64_t Q) {
+  std::vector<int64_t> rows(static_cast<size_t>(B), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t q = 0; q < Q; ++q)
+      rows[static_cast<size_t>(b)] = std::max<int64_t>(rows[static_cast<size_t>(b)], n_valid[static_cast<size_t>(b * Q + q)]);
+  return rows;
+}
+
+int64_t max_of(const std::vector<int64_t>& v) {
+  int64_t m = 0;
+  for (int64_t x : v) m = std::max(m, x);
+  return m;
+}
+
+// float(k) is exact below 2^24: the kernels compare key indices as floats.
+static_assert(kFusedMaxKeys == int64_t{1} << 24);
+
+void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
+  const IsaKernels& isa = kernels_for(g_isa);
+  fused::WeightsJob job = base_job;
+  job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
+  const double work = static_cast<double>(job.n_rows * job.n_heads) * Q * K * (d + 8);
+  run_chunks(chunks, isa.scratch_floats(d, 0, job.pack_rows), work,
+             [&](int64_t c, float* s) { isa.weights_chunk(job, c, s); });
+}
+
+}  // namespace
+
+// n_valid[b*Q + q] = #{k < K : float(k) < length(b, q)}. Since float(k) is
+// exact for k < 2^24 (checked by the callers), that is ceil(length) capped
+// to [0, K].
+std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_t B, int64_t Q,
+                                  int64_t K) {
+  std::vector<int32_t> n(static_cast<size_t>(B * Q));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t q = 0; q < Q; ++q) {
+      const float len = kind == LengthKind::None       ? __builtin_inff()
+                        : kind == LengthKind::PerBatch ? lens[b]
+                                                       : lens[b * Q + q];
+      int64_t c = 0;
+      if (len >= static_cast<float>(K)) c = K;
+      else if (len > 0.0f) c = static_cast<int64_t>(std::ceil(len));
+      n[static_cast<size_t>(b * Q + q)] = static_cast<int32_t>(c);
+    }
+  return n;
+}
+
+FusedIsa fused_isa() { return g_isa; }
+FusedIsa fused_best_isa() { return detect_isa(); }
+
+bool set_fused_isa(FusedIsa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(detect_isa())) return false;
+  g_isa = isa;
+  return true;
+}
+
+const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
+
+void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
+                             FusedForwardOptions options) {
+  const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+  // Callers pick another kernel for longer keys and for the options this one
+  // does not honour (kernels/dispatch.cpp, kernels/features.h: kernel_for).
+  assert(K <= kFusedMaxKeys && features_used(p) == 0);
+  const IsaKernels& isa = kernels_for(g_isa);
+  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+
+  // The weights need the statistics; keep them here if the caller did not ask.
+  std::vector<float> own_stats;
+  if (p.weights && !stats.row_max2) {
+    own_stats.resize(static_cast<size_t>(2 * B * H * Q));
+    stats = {own_stats.data(), own_stats.data() + B * H * Q};
+  }
+
+  fused::ForwardJob job;
+  job.p = &p;
+  job.n_valid = n_valid.data();
+  job.row_max2 = stats.row_max2;
+  job.row_sum = stats.row_sum;
+  job.c2 = kLog2e / p.scale_divisor;
+  job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  if (options.read_all_keys)
+    for (int64_t b = 0; b < B; ++b)
+      if (options.read_all_keys[b]) kv_rows[static_cast<size_t>(b)] = K;
+  job.kv_rows = kv_rows.data();
+  job.pack_rows = max_of(kv_rows);
+  job.read_all = options.read_all_keys;
+  double work = 0;
+  for (int32_t n : n_valid) work += n;
+  work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);
+  run_chunks(B * H * job.q_tiles, isa.scratch_floats(d, dv, job.pack_rows), work,
+             [&](int64_t c, float* s) { isa.forward_chunk(job, c, s); });
+
+  if (p.weights) {
+    std::vector<int64_t> rows(static_cast<size_t>(B)), heads(static_cast<size_t>(H));
+    for (int64_t b = 0; b < B; ++b) rows[static_cast<size_t>(b)] = b;
+    for (int64_t h = 0; h < H; ++h) heads[static_cast<size_t>(h)] = h;
+    fused::WeightsJob w;
+    w.q = p.q;
+    w.k = p.k;
+    w.n_valid = n_valid.data();
+    w.row_max2 = stats.row_max2;
+    w.row_sum = stats.row_sum;
+    w.c2 = job.c2;
+    w.batch_rows = rows.data();
+    w.heads = heads.data();
+    w.n_rows = B;
+    w.n_heads = H;
+    w.out = p.weights;
+    w.kv_rows = kv_rows.data();
+    w.pack_rows = job.pack_rows;
+    run_weights(w, Q, K, d);
+  }
+}
+
+void attention_weights_fused(const AttentionWeightsParams& p) {
+  const int64_t B = p.q.shape[0], Q = p.q.shape[2], K = p.k.shape[2], d = p.q.shape[3];
+  assert(K <= kFusedMaxKeys);
+  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  fused::WeightsJob w;
+  w.q = p.q;
+  w.k = p.k;
+  w.n_valid = n_valid.data();
+  w.row_max2 = p.row_max2;
+  w.row_sum = p.row_sum;
+  w.c2 = kLog2e / p.scale_divisor;
+  w.batch_rows = p.batch_rows.data();
+  w.heads = p.heads.data();
+  w.n_rows = static_cast<int64_t>(p.batch_rows.size());
+  w.n_heads = static_cast<int64_t>(p.heads.size());
+  w.out = p.out;
+  if (w.n_rows == 0 || w.n_heads == 0) return;
+  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  w.kv_rows = kv_rows.data();
+  w.pack_rows = max_of(kv_rows);
+  run_weights(w, Q, K, d);
+}
+
+void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
+                              const float* row_sum) {
+  const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+  assert(K <= kFusedMaxKeys && p.out.data && row_max2 && row_sum);
+  const IsaKernels& isa = kernels_for(g_isa);
+  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
+  fused::BackwardJob job;
+  job.p = &p;
+  job.n_valid = n_valid.data();
+  job.row_max2 = row_max2;
+  job.row_sum = row_sum;
+  job.c2 = kLog2e / p.scale_divisor;
+  job.kv_rows = kv_rows.data();
+  job.pack_rows = max_of(kv_rows);
+  double work = 0;
+  for (int64_t r : kv_rows) work += static_cast<double>(r);
+  work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
+  run_chunks(B * H, isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+             [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
+}
+
+}  // namespace mha::kernels

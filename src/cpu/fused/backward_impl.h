@@ -1,0 +1,304 @@
+// src/cpu/fused/backward_impl.h: the fused attention backward, written once
+// over a vector type V and its tile sizes T, beside the forward
+// (kernel_impl.h, whose score micro-kernel it reuses). Included by
+// fused_<isa>.cpp inside its `#pragma GCC target` region.
+//
+// One chunk is one (batch row b, head h), computed by one thread from start
+// to end: no two chunks write the same gradient rows, so no atomics, and the
+// result does not depend on the thread count. Per chunk, with the forward's
+// statistics (row_max2 m, row_sum l; kernels/attention_fused.h):
+//   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
+//   for each key tile J, for each query tile I:
+//     P^T  = 2^(S^T - m) / l                   S^T as in the forward, masked keys at the fill
+//     dP^T = (v_J dO_I^T) * M                  M: dropout multipliers
+//     dS^T = P^T (dP^T - D) / sqrt(d)          0 on masked keys (the seed assigns their score)
+//     dv_J += (P^T * M) dO_I,  dk_J += dS^T q_I,  dq_I += dS_I k_J
+//   masked keys past every length: dk = 0, dv from the rows whose masked keys
+//   carry weight (valid length 0) in closed form.
+// Memory is linear: per thread, the (b, h) slice of q, k, v, dO packed (both
+// row-major and, for the score products, transposed), dq, and a few tiles.
+
+namespace mha::kernels::fused {
+
+template <class V, class T>
+struct BackwardKernel {
+  using F = Kernel<V, T>;
+  using Reg = typename V::Reg;
+  static constexpr int L = F::L, NV = F::NV, MQ = F::MQ, NK = F::NK, MR = F::MR;
+
+  static int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+  struct Shape {
+    int64_t Q, d, dv, rows;  // rows: key rows packed (the longest length)
+    int64_t qpad, dpad, dvpad;
+  };
+  static Shape shape_of(int64_t Q, int64_t d, int64_t dv, int64_t rows) {
+    return {Q, d, dv, rows, up(Q, MQ), up(d, L), up(dv, L)};
+  }
+
+  struct Scratch {
+    int64_t* slice;  // [1] unused tag slot (kept for the forward's layout rule)
+    float *qT, *doT;  // [d, qpad], [dv, qpad]  transposed: lanes are queries
+    float *qr, *dor;  // [qpad, dpad], [qpad, dvpad]
+    float *kr, *vr;   // [rows, dpad], [rows, dvpad]
+    float* dq;        // [qpad, dpad]
+    float *D, *m, *linv, *nf, *w;  // [qpad] each; w: weight of a masked key
+    float *pt, *dst, *mt;          // [NK, MQ]: P^T, dS^T, dropout multipliers
+    float *dvj, *dkj;              // [NK, dvpad], [NK, dpad]
+  };
+  static size_t scratch_floats(const Shape& s) {
+    const int64_t n = 16 + up(s.d * s.qpad, 16) + up(s.dv * s.qpad, 16) + s.qpad * s.dpad +
+                      s.qpad * s.dvpad + up(s.rows * s.dpad, 16) + up(s.rows * s.dvpad, 16) +
+                      s.qpad * s.dpad + 5 * s.qpad + 3 * NK * MQ + NK * s.dvpad + NK * s.dpad;
+    return static_cast<size_t>(n);
+  }
+  static Scratch carve(float* p, const Shape& s) {
+    Scratch r;
+    r.slice = reinterpret_cast<int64_t*>(p); p += 16;
+    r.qT = p; p += up(s.d * s.qpad, 16);
+    r.doT = p; p += up(s.dv * s.qpad, 16);
+    r.qr = p; p += s.qpad * s.dpad;
+    r.dor = p; p += s.qpad * s.dvpad;
+    r.kr = p; p += up(s.rows * s.dpad, 16);
+    r.vr = p; p += up(s.rows * s.dvpad, 16);
+    r.dq = p; p += s.qpad * s.dpad;
+    r.D = p; p += s.qpad;
+    r.m = p; p += s.qpad;
+    r.linv = p; p += s.qpad;
+    r.nf = p; p += s.qpad;
+    r.w = p; p += s.qpad;
+    r.pt = p; p += NK * MQ;
+    r.dst = p; p += NK * MQ;
+    r.mt = p; p += NK * MQ;
+    r.dvj = p; p += NK * s.dvpad;
+    r.dkj = p;
+    return r;
+  }
+
+  // C[r, :] += sum_x A[x*ax + r*ar] * Bm[x, :] for R rows and CV vectors of
+  // columns: the products whose output rows are keys (dv, dk) or queries
+  // (dq), broadcasting one element of P^T or dS^T at a time.
+  template <int R, int CV>
+  static void rg_block(const float* A, int64_t ax, int64_t ar, const float* Bm, int64_t bs,
+                       int64_t nx, float* C, int64_t cs) {
+    Reg acc[R][CV];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < CV; ++v) acc[r][v] = V::load(C + r * cs + v * L);
+    for (int64_t x = 0; x < nx; ++x) {
+      Reg b[CV];
+      for (int v = 0; v < CV; ++v) b[v] = V::load(Bm + x * bs + v * L);
+      for (int r = 0; r < R; ++r) {
+        const Reg a = V::set1(A[x * ax + r * ar]);
+        for (int v = 0; v < CV; ++v) acc[r][v] = V::fmadd(a, b[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < CV; ++v) V::store(C + r * cs + v * L, acc[r][v]);
+  }
+  template <int R, int CV>
+  static void rg_cols(int cv, const float* A, int64_t ax, int64_t ar, const float* Bm, int64_t bs,
+                      int64_t nx, float* C, int64_t cs) {
+    if constexpr (CV >= 1) {
+      if (cv == CV) return rg_block<R, CV>(A, ax, ar, Bm, bs, nx, C, cs);
+      rg_cols<R, CV - 1>(cv, A, ax, ar, Bm, bs, nx, C, cs);
+    }
+  }
+  template <int R>
+  static void rg_rows(int rows, int cv, const float* A, int64_t ax, int64_t ar, const float* Bm,
+                      int64_t bs, int64_t nx, float* C, int64_t cs) {
+    if constexpr (R >= 1) {
+      if (rows == R) return rg_cols<R, NV>(cv, A, ax, ar, Bm, bs, nx, C, cs);
+      rg_rows<R - 1>(rows, cv, A, ax, ar, Bm, bs, nx, C, cs);
+    }
+  }
+  // C:[rows, width] += A' Bm with A'[r, x] = A[x*ax + r*ar]; width a multiple
+  // of L (padded), Bm:[nx, width] at row stride bs.
+  static void rowgemm(const float* A, int64_t ax, int64_t ar, int64_t rows, const float* Bm,
+                      int64_t bs, int64_t width, int64_t nx, float* C, int64_t cs) {
+    const int64_t vectors = width / L;
+    for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+      const int r = static_cast<int>(F::lmin(MR, rows - r0));
+      for (int64_t v0 = 0; v0 < vectors; v0 += NV) {
+        const int cv = static_cast<int>(F::lmin(NV, vectors - v0));
+        rg_rows<MR>(r, cv, A + r0 * ar, ax, ar, Bm + v0 * L, bs, nx, C + r0 * cs + v0 * L, cs);
+      }
+    }
+  }
+
+  // x rows [0, n) of one (b, h) (row stride xs, width w) -> row-major dst at
+  // stride wpad (zero padded), and, when dT is set, transposed into
+  // dT[c, i] at stride tpad (padding rows up to tpad zeroed too).
+  static void pack(const float* x, int64_t xs, int64_t n, int64_t w, int64_t wpad, float* dst,
+                   int64_t rows_to, float* dT, int64_t tpad) {
+    for (int64_t r = 0; r < n; ++r) F::prefetch_row(x + r * xs, w);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* src = x + r * xs;
+      float* out = dst + r * wpad;
+      for (int64_t c = 0; c < w; ++c) out[c] = src[c];
+      for (int64_t c = w; c < wpad; ++c) out[c] = 0.0f;
+      if (dT)
+        for (int64_t c = 0; c < w; ++c) dT[c * tpad + r] = src[c];
+    }
+    for (int64_t r = n; r < rows_to; ++r)
+      for (int64_t c = 0; c < wpad; ++c) dst[r * wpad + c] = 0.0f;
+    if (dT)
+      for (int64_t c = 0; c < w; ++c)
+        for (int64_t r = n; r < tpad; ++r) dT[c * tpad + r] = 0.0f;
+  }
+
+  template <int U>
+  static void tile(const AttentionBackward& p, const BackwardJob& job, const Shape& sh,
+                   const Scratch& s, int64_t b, int64_t h, int64_t j0, int64_t nk, int64_t i0,
+                   int64_t mq, int64_t kv_min) {
+    const int64_t Q = sh.Q, K = p.K();
+    Reg nfv[U], mv[U], lv[U], Dv[U];
+    for (int v = 0; v < U; ++v) {
+      nfv[v] = V::load(s.nf + i0 + v * L);
+      mv[v] = V::load(s.m + i0 + v * L);
+      lv[v] = V::load(s.linv + i0 + v * L);
+      Dv[v] = V::load(s.D + i0 + v * L);
+    }
+    const Reg fill = V::set1(kMaskFill2), zero = V::zero();
+    // P^T = 2^(S^T - m) / l, masked keys at the fill (weight 0 unless the
+    // row's masked keys carry weight).
+    const bool mask = j0 + nk > kv_min;
+    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv,
+                                  V::set1(job.c2), fill, s.pt, nullptr);
+    for (int64_t r = 0; r < nk; ++r)
+      for (int v = 0; v < U; ++v) {
+        float* x = s.pt + r * MQ + v * L;
+        V::store(x, V::mul(V::exp2(V::sub(V::load(x), mv[v])), lv[v]));
+      }
+    // dP^T = v_J dO^T (times M below).
+    F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv,
+                                  V::set1(1.0f), fill, s.dst, nullptr);
+    const bool drop = p.dropout.active();
+    if (drop) {
+      const uint64_t row0 = static_cast<uint64_t>(((b * p.H() + h) * Q + i0) * K);
+      for (int64_t r = 0; r < nk; ++r)
+        for (int64_t i = 0; i < mq; ++i) {
+          const float mult = p.dropout.multiplier(row0 + i * K + j0 + r);
+          s.mt[r * MQ + i] = mult;
+          s.dst[r * MQ + i] *= mult;
+        }
+    }
+    // dS^T = P^T (dP^T - D) / sqrt(d) on live keys, 0 on masked ones, and 0
+    // in rows with a single live key and weightless masked keys: that key's
+    // weight is 1 whatever its score, so the exact gradient is 0 (dP - D
+    // would leave float32 rounding).
+    const Reg inv_scale = V::set1(1.0f / p.scale_divisor), one_half = V::set1(1.5f);
+    const bool single = kv_min <= 1;
+    for (int64_t r = 0; r < nk; ++r) {
+      const Reg jv = V::set1(static_cast<float>(j0 + r));
+      for (int v = 0; v < U; ++v) {
+        float* x = s.dst + r * MQ + v * L;
+        const Reg pt = V::load(s.pt + r * MQ + v * L);
+        Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
+        if (mask) ds = V::select_lt(jv, nfv[v], ds, zero);
+        if (single) {
+          const Reg weighted_mask = V::select_lt(zero, V::load(s.w + i0 + v * L), ds, zero);
+          ds = V::select_lt(one_half, nfv[v], ds, weighted_mask);
+        }
+        V::store(x, ds);
+      }
+    }
+    if (drop)
+      for (int64_t r = 0; r < nk; ++r)
+        for (int64_t i = 0; i < mq; ++i) s.pt[r * MQ + i] *= s.mt[r * MQ + i];
+    // dv_J += (P^T M) dO_I;  dk_J += dS^T q_I;  dq_I += dS k_J.
+    rowgemm(s.pt, 1, MQ, nk, s.dor + i0 * sh.dvpad, sh.dvpad, sh.dvpad, mq, s.dvj, sh.dvpad);
+    rowgemm(s.dst, 1, MQ, nk, s.qr + i0 * sh.dpad, sh.dpad, sh.dpad, mq, s.dkj, sh.dpad);
+    rowgemm(s.dst, MQ, 1, mq, s.kr + j0 * sh.dpad, sh.dpad, sh.dpad, nk, s.dq + i0 * sh.dpad, sh.dpad);
+  }
+
+  static void chunk(const BackwardJob& job, int64_t chunk_index, float* scratch) {
+    const AttentionBackward& p = *job.p;
+    const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+    const int64_t b = chunk_index / H, h = chunk_index % H;
+    const int64_t rows = job.kv_rows[b];
+    const Shape sh = shape_of(Q, d, dv, job.pack_rows);
+    const Scratch s = carve(scratch, sh);
+
+    pack(p.q.ptr(b, h), p.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
+    pack(p.grad_out.ptr(b, h), p.grad_out.stride[2], Q, dv, sh.dvpad, s.dor, sh.qpad, s.doT, sh.qpad);
+    pack(p.k.ptr(b, h), p.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
+    pack(p.v.ptr(b, h), p.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
+    const int32_t* n_valid = job.n_valid + b * Q;
+    const int64_t base = (b * H + h) * Q;
+    for (int64_t i = 0; i < sh.qpad; ++i) {
+      const bool real = i < Q;
+      // D = dO . O, accumulated in the order and with the rounding of the
+      // score micro-kernel's dP = dO . v: where a row has one live key
+      // (O = v exactly), dP - D is then exactly 0, as the true gradient.
+      Reg dot = V::zero();
+      if (real) {
+        const float* o = p.out.ptr(b, h, i);
+        const float* g = s.dor + i * sh.dvpad;
+        for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(g[c]), dot);
+      }
+      float lanes[L];
+      V::store(lanes, dot);
+      s.D[i] = lanes[0];
+      s.m[i] = real ? job.row_max2[base + i] : 0.0f;
+      s.linv[i] = real ? 1.0f / job.row_sum[base + i] : 0.0f;
+      s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
+      s.w[i] = real ? std::exp2(kMaskFill2 - s.m[i]) * s.linv[i] : 0.0f;  // 0 unless a tail row
+    }
+    for (int64_t x = 0; x < sh.qpad * sh.dpad; ++x) s.dq[x] = 0.0f;
+
+    for (int64_t j0 = 0; j0 < rows; j0 += NK) {
+      const int64_t nk = F::lmin(NK, rows - j0);
+      for (int64_t x = 0; x < nk * sh.dvpad; ++x) s.dvj[x] = 0.0f;
+      for (int64_t x = 0; x < nk * sh.dpad; ++x) s.dkj[x] = 0.0f;
+      for (int64_t i0 = 0; i0 < Q; i0 += MQ) {
+        const int64_t mq = F::lmin(MQ, Q - i0);
+        int64_t kv_end = 0, kv_min = INT64_MAX;
+        bool weighted_mask = false;
+        for (int64_t i = 0; i < mq; ++i) {
+          kv_end = F::lmax(kv_end, n_valid[i0 + i]);
+          kv_min = F::lmin(kv_min, n_valid[i0 + i]);
+          weighted_mask = weighted_mask || s.w[i0 + i] != 0.0f;
+        }
+        if (j0 >= kv_end && !weighted_mask) continue;  // every key here masked, weight 0
+        F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
+          tile<decltype(u)::value>(p, job, sh, s, b, h, j0, nk, i0, mq, kv_min);
+        });
+      }
+      for (int64_t r = 0; r < nk; ++r) {
+        float* gk = p.grad_k.ptr(b, h, j0 + r);
+        float* gv = p.grad_v.ptr(b, h, j0 + r);
+        for (int64_t c = 0; c < d; ++c) gk[c] = s.dkj[r * sh.dpad + c];
+        for (int64_t c = 0; c < dv; ++c) gv[c] = s.dvj[r * sh.dvpad + c];
+      }
+    }
+    // Keys past every length: no gradient through their (assigned) scores;
+    // their values were weighted only by rows with no live key.
+    const uint64_t row0 = static_cast<uint64_t>(base * K);
+    float* acc = s.dvj;  // [dv], free now
+    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+    if (!p.dropout.active())
+      for (int64_t i = 0; i < Q; ++i)
+        if (s.w[i] != 0.0f)
+          for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
+    for (int64_t j = rows; j < K; ++j) {
+      float* gk = p.grad_k.ptr(b, h, j);
+      float* gv = p.grad_v.ptr(b, h, j);
+      for (int64_t c = 0; c < d; ++c) gk[c] = 0.0f;
+      if (p.dropout.active()) {
+        for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+        for (int64_t i = 0; i < Q; ++i) {
+          if (s.w[i] == 0.0f) continue;
+          const float wm = s.w[i] * p.dropout.multiplier(row0 + i * K + j);
+          for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
+        }
+      }
+      for (int64_t c = 0; c < dv; ++c) gv[c] = acc[c];
+    }
+    for (int64_t i = 0; i < Q; ++i) {
+      float* gq = p.grad_q.ptr(b, h, i);
+      for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
+    }
+  }
+};
+
+}  // namespace mha::kernels::fused

@@ -1,0 +1,432 @@
+// src/cpu/fused/kernel_impl.h: the fused attention kernel, written once over
+// a vector type V (simd_*.h) and its tile sizes T (traits.h).
+//
+// Included by fused_<isa>.cpp inside that file's target region (a GCC pragma
+// or a clang attribute), so every function here is compiled for one
+// instruction set; everything is a
+// member of the class template Kernel<V, T>, so each set's code has its own
+// symbols and nothing compiled for AVX-512 can be picked by the linker for a
+// caller on a CPU without it. Calls out of this file go only to inline code
+// of headers included before the region (compiled for the baseline target).
+//
+// One chunk is (batch row b, head h, query tile [i0, i0 + MQ)). Per chunk:
+//   k, v rows of (b, h) below the longest length   packed once per thread and slice
+//   Q^T[c, i]  = q[b, h, i0 + i, c]                 packed once per chunk
+//   for each key tile [j0, j0 + NK) below the tile's largest length:
+//     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j is masked
+//     m_new = max(m, max_j S^T[j, i]);  c = 2^(m - m_new)
+//     P^T = 2^(S^T - m_new);  l = l * c + sum_j P^T;  P^T *= dropout
+//     O^T[:, i] = O^T[:, i] * c + v^T P^T
+//   masked keys with non-zero weight (valid length 0): added in closed form
+//   out[b, h, i0 + i] = O^T[:, i] / l;   row_max2 = m, row_sum = l
+// The order of every sum is fixed by the tiling alone, so the result does not
+// depend on which thread runs the chunk.
+
+namespace mha::kernels::fused {
+
+template <class V, class T>
+struct Kernel {
+  using Reg = typename V::Reg;
+  static constexpr int L = T::kLanes;
+  static constexpr int NV = T::kQueryVectors;
+  static constexpr int MQ = L * NV;  // queries per chunk
+  static constexpr int NK = T::kKeyTile;
+  static constexpr int MR = T::kBlockRows;
+  static_assert(V::kLanes == T::kLanes && V::kRegisters == T::kRegisters);
+
+  static int64_t lmin(int64_t a, int64_t b) { return a < b ? a : b; }
+  static int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
+  static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+  // Per-thread scratch, each array 64-byte aligned when the base is. It
+  // starts with a tag naming the (b, h) slice packed in kp/vp, zeroed by the
+  // dispatcher before the first chunk: consecutive chunks of a thread mostly
+  // share (b, h), and pack its keys and values once.
+  struct Scratch {
+    int64_t* slice;  // [1]        b*H + h + 1 of the packed slice, 0: none
+    float* qt;       // [d, MQ]    Q^T
+    float* st;       // [NK, MQ]   S^T, then P^T
+    float* ot;       // [dv, MQ]   O^T, unnormalised
+    float* m;        // [MQ]       running max (base 2)
+    float* l;        // [MQ]       running sum
+    float* nf;       // [MQ]       valid key count, as float
+    float* vsum;     // [dv]       masked-key value sum (closed-form tail)
+    float* kp;       // [rows, d]  the slice's key rows, packed
+    float* vp;       // [rows, dv] the slice's value rows, packed
+  };
+  static size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
+    return static_cast<size_t>(16 + round16(d * MQ) + round16(NK * MQ) + round16(dv * MQ) +
+                               3 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
+  }
+  static Scratch carve(float* s, int64_t d, int64_t dv, int64_t rows) {
+    Scratch r;
+    r.slice = reinterpret_cast<int64_t*>(s); s += 16;
+    r.qt = s; s += round16(d * MQ);
+    r.st = s; s += round16(NK * MQ);
+    r.ot = s; s += round16(dv * MQ);
+    r.m = s; s += round16(MQ);
+    r.l = s; s += round16(MQ);
+    r.nf = s; s += round16(MQ);
+    r.vsum = s; s += round16(dv);
+    r.kp = s; s += round16(rows * d);
+    r.vp = s;
+    return r;
+  }
+
+  // Copies rows [0, rows) of one (b, h) of x (row stride xs, width w) to
+  // dst (row stride w). The projections hold a head's rows H*d or 3*H*d
+  // floats apart, each on its own page: read in place, every key tile would
+  // miss in the TLB and in cache sets that the stride aliases, again for
+  // every query tile. Packed, the slice is contiguous and stays in L2 for
+  // the thread's next chunks (measured ~10% faster at K = 2048, d = 64).
+  static void pack_rows(const float* x, int64_t xs, int64_t rows, int64_t w, float* dst) {
+    constexpr int64_t kAhead = 16;  // rows in flight
+    for (int64_t r = 0; r < rows && r < kAhead; ++r) prefetch_row(x + r * xs, w);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r + kAhead < rows) prefetch_row(x + (r + kAhead) * xs, w);
+      const float* src = x + r * xs;
+      float* out = dst + r * w;
+      for (int64_t c = 0; c < w; ++c) out[c] = src[c];
+    }
+  }
+
+  static void prefetch_row(const float* row, int64_t n) {
+    for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, 3);
+  }
+
+  // Q^T[c, i] = q[b, h, i0 + i, c]; lanes from the last query up to `lanes`
+  // are 0.
+  static void pack_queries(const TensorView& q, int64_t b, int64_t h, int64_t i0, int64_t mq,
+                           int64_t lanes, int64_t d, float* qt) {
+    // The rows are on different pages: ask for all of them first, so that
+    // their misses overlap instead of queueing one row at a time.
+    for (int64_t i = 0; i < mq; ++i) prefetch_row(q.ptr(b, h, i0 + i), d);
+    for (int64_t i = 0; i < mq; ++i) {
+      const float* row = q.ptr(b, h, i0 + i);
+      for (int64_t c = 0; c < d; ++c) qt[c * MQ + i] = row[c];
+    }
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t i = mq; i < lanes; ++i) qt[c * MQ + i] = 0.0f;
+  }
+
+  // nf[i] = valid key count of query i0 + i (0 for lanes past the last
+  // query, which therefore see no key). Returns the largest count of the
+  // tile's queries, and the smallest in `shortest`: key tiles below it need
+  // no masking.
+  static int64_t load_lengths(const int32_t* n_valid, int64_t mq, float* nf, int64_t* shortest) {
+    int64_t kv_end = 0, kv_min = INT64_MAX;
+    for (int64_t i = 0; i < MQ; ++i) {
+      const int64_t n = i < mq ? n_valid[i] : 0;
+      nf[i] = static_cast<float>(n);
+      kv_end = lmax(kv_end, n);
+      if (i < mq) kv_min = lmin(kv_min, n);
+    }
+    *shortest = kv_min;
+    return kv_end;
+  }
+
+  // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
+  // first, then the scale, as the seed divides the product by sqrt(d): a
+  // score that ties with the -1e6 fill in the seed ties here too), with kMask
+  // keys at or past a lane's length set to `masked`. k0 points at the block's
+  // first key row, ks is the key row stride, j_first that key's index.
+  // kTrackMax: mx = max(mx, S^T).
+  template <int R, int U, bool kTrackMax, bool kMask>
+  static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, int64_t qs, float j_first,
+                       const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+    Reg acc[R][U];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < U; ++v) acc[r][v] = V::zero();
+    for (int64_t c = 0; c < d; ++c) {
+      Reg qv[U];
+      for (int v = 0; v < U; ++v) qv[v] = V::load(qt + c * qs + v * L);
+      for (int r = 0; r < R; ++r) {
+        const Reg a = V::set1(k0[r * ks + c]);
+        for (int v = 0; v < U; ++v) acc[r][v] = V::fmadd(a, qv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const Reg jv = V::set1(j_first + static_cast<float>(r));
+      for (int v = 0; v < U; ++v) {
+        Reg t = V::mul(acc[r][v], c2v);
+        if constexpr (kMask) t = V::select_lt(jv, nfv[v], t, masked);
+        V::store(st + r * MQ + v * L, t);
+        if constexpr (kTrackMax) mx[v] = V::max(mx[v], t);
+      }
+    }
+  }
+  // The R < MR remainder of a key tile.
+  template <int R, int U, bool kTrackMax, bool kMask>
+  static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
+                      int64_t qs, float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+    if constexpr (R >= 1) {
+      if (rows == R)
+        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
+      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
+    }
+  }
+  // Keys [j0, j0 + nk) of S^T; `mask` when some lane's length ends before
+  // j0 + nk (else the compare and blend are skipped).
+  template <int U, bool kTrackMax>
+  static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0, int64_t nk,
+                      bool mask, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
+    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
+  }
+  template <int U, bool kTrackMax, bool kMask>
+  static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0,
+                         int64_t nk, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+    int64_t jb = 0;
+    for (; jb + MR <= nk; jb += MR)
+      qk_block<MR, U, kTrackMax, kMask>(kb + (j0 + jb) * ks, ks, d, qt, qs, static_cast<float>(j0 + jb),
+                                        nfv, c2v, masked, st + jb * MQ, mx);
+    if (jb < nk)
+      qk_rows<MR - 1, U, kTrackMax, kMask>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt, qs,
+                                           static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
+  }
+
+  // R columns of O^T: ot[r, :] = ot[r, :] * corr + sum_j v0[j, r] * P^T[j, :].
+  // v0 points at v[j0, c0], vs is the value row stride.
+  template <int R, int U>
+  static void pv_block(const float* v0, int64_t vs, int64_t nk, const float* pt, const Reg* corr,
+                       float* ot) {
+    Reg acc[R][U];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < U; ++v) acc[r][v] = V::mul(V::load(ot + r * MQ + v * L), corr[v]);
+    for (int64_t j = 0; j < nk; ++j) {
+      Reg pv[U];
+      for (int v = 0; v < U; ++v) pv[v] = V::load(pt + j * MQ + v * L);
+      const float* vr = v0 + j * vs;
+      for (int r = 0; r < R; ++r) {
+        const Reg a = V::set1(vr[r]);
+        for (int v = 0; v < U; ++v) acc[r][v] = V::fmadd(a, pv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < U; ++v) V::store(ot + r * MQ + v * L, acc[r][v]);
+  }
+  template <int R, int U>
+  static void pv_rows(int rows, const float* v0, int64_t vs, int64_t nk, const float* pt,
+                      const Reg* corr, float* ot) {
+    if constexpr (R >= 1) {
+      if (rows == R) return pv_block<R, U>(v0, vs, nk, pt, corr, ot);
+      pv_rows<R - 1, U>(rows, v0, vs, nk, pt, corr, ot);
+    }
+  }
+  template <int U>
+  static void pv_tile(const float* v0, int64_t vs, int64_t dv, int64_t nk, const float* pt,
+                      const Reg* corr, float* ot) {
+    int64_t cb = 0;
+    for (; cb + MR <= dv; cb += MR) pv_block<MR, U>(v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
+    if (cb < dv) pv_rows<MR - 1, U>(static_cast<int>(dv - cb), v0 + cb, vs, nk, pt, corr, ot + cb * MQ);
+  }
+
+  // The vectors of the query tile a chunk uses: all NV but in the last tile
+  // of a short query axis (the seed's toy shape has 4 queries: 1 of 4).
+  static int used_vectors(int64_t mq) { return static_cast<int>((mq + L - 1) / L); }
+
+  static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
+    const int64_t Q = job.p->Q(), tile = chunk % job.q_tiles;
+    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+                      [&](auto u) { forward_tile<decltype(u)::value>(job, chunk, scratch); });
+  }
+  static void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
+    const int64_t Q = job.q.shape[2], tile = chunk % job.q_tiles;
+    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+                      [&](auto u) { weights_tile<decltype(u)::value>(job, chunk, scratch); });
+  }
+  template <int U, class F>
+  static void dispatch_used(int used, const F& f) {
+    if constexpr (U >= 1) {
+      if (used == U) return f(std::integral_constant<int, U>{});
+      dispatch_used<U - 1>(used, f);
+    }
+  }
+
+  template <int U>
+  static void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
+    const AttentionForward& p = *job.p;
+    const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+    const int64_t tile = chunk % job.q_tiles, bh = chunk / job.q_tiles;
+    const int64_t h = bh % H, b = bh / H;
+    const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
+    const Scratch s = carve(scratch, d, dv, job.pack_rows);
+
+    pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
+    const int32_t* n_valid = job.n_valid + b * Q + i0;
+    int64_t kv_min;
+    int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
+    if (job.read_all && job.read_all[b]) kv_end = K;  // masked keys too, at weight 0
+    Reg nfv[U], m[U], l[U];
+    for (int v = 0; v < U; ++v) {
+      nfv[v] = V::load(s.nf + v * L);
+      m[v] = V::set1(-__builtin_inff());
+      l[v] = V::zero();
+    }
+    for (int64_t c = 0; c < dv; ++c)
+      for (int v = 0; v < U; ++v) V::store(s.ot + c * MQ + v * L, V::zero());
+
+    const Reg c2v = V::set1(job.c2), neg_inf = V::set1(-__builtin_inff());
+    const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
+    // Keys and values below the row's longest length, packed once per slice.
+    const int64_t rows = job.kv_rows[b];
+    if (*s.slice != b * H + h + 1) {
+      pack_rows(p.k.ptr(b, h), p.k.stride[2], rows, d, s.kp);
+      pack_rows(p.v.ptr(b, h), p.v.stride[2], rows, dv, s.vp);
+      *s.slice = b * H + h + 1;
+    }
+    const float* kb = s.kp;
+    const float* vb = s.vp;
+    const int64_t ks = d, vs = dv;
+    const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index
+
+    for (int64_t j0 = 0; j0 < kv_end; j0 += NK) {
+      const int64_t nk = lmin(NK, kv_end - j0);
+      Reg mx[U];
+      for (int v = 0; v < U; ++v) mx[v] = neg_inf;
+      qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+      // Online softmax: rescale what came before to the new running max. A
+      // lane that has seen no key yet keeps max -inf; it exponentiates
+      // against 0 instead, so that -inf - -inf never makes a NaN.
+      Reg corr[U];
+      for (int v = 0; v < U; ++v) {
+        const Reg m_new = V::max(m[v], mx[v]);
+        const Reg m_safe = V::select_lt(m_new, lowest, zero, m_new);
+        corr[v] = V::exp2(V::sub(m[v], m_safe));
+        m[v] = m_new;
+        Reg sum = V::zero();
+        for (int64_t r = 0; r < nk; ++r) {
+          float* x = s.st + r * MQ + v * L;
+          const Reg e = V::exp2(V::sub(V::load(x), m_safe));
+          V::store(x, e);
+          sum = V::add(sum, e);
+        }
+        l[v] = V::fmadd(l[v], corr[v], sum);
+      }
+      if (p.dropout.active()) {
+        // The softmax sum above excludes dropout: it scales the weights
+        // after normalisation, only in what multiplies v.
+        for (int64_t r = 0; r < nk; ++r)
+          for (int64_t i = 0; i < mq; ++i)
+            s.st[r * MQ + i] *= p.dropout.multiplier(row0 + i * K + j0 + r);
+      }
+      pv_tile<U>(vb + j0 * vs, vs, dv, nk, s.st, corr, s.ot);
+    }
+    for (int v = 0; v < U; ++v) {
+      V::store(s.m + v * L, m[v]);
+      V::store(s.l + v * L, l[v]);
+    }
+    masked_tail(p, n_valid, mq, p.v.ptr(b, h), p.v.stride[2], row0, s);  // may read past `rows`
+
+    // out = O^T / l: divide lane-wise (a scalar division per element would
+    // cost a tenth of the chunk at d = 64), then transpose into the rows.
+    for (int v = 0; v < U; ++v) l[v] = V::load(s.l + v * L);
+    for (int64_t c = 0; c < dv; ++c)
+      for (int v = 0; v < U; ++v) {
+        float* x = s.ot + c * MQ + v * L;
+        V::store(x, V::div(V::load(x), l[v]));
+      }
+    for (int64_t i = 0; i < mq; ++i) {
+      float* o = p.out.ptr(b, h, i0 + i);
+      for (int64_t c = 0; c < dv; ++c) o[c] = s.ot[c * MQ + i];
+    }
+    if (job.row_max2) {
+      const int64_t base = (b * H + h) * Q + i0;
+      for (int64_t i = 0; i < mq; ++i) {
+        job.row_max2[base + i] = s.m[i];
+        job.row_sum[base + i] = s.l[i];
+      }
+    }
+  }
+
+  // Masked keys [n, K) of a query all score the fill, so their share is
+  // closed-form: weight 2^(fill - m) each, times the sum of their (dropout
+  // scaled) values. Only rows where that weight is not exactly 0 in float32
+  // need it: valid length 0 (uniform weights over all K keys), or scores
+  // within 150 (base 2) of the fill.
+  static void masked_tail(const AttentionForward& p, const int32_t* n_valid, int64_t mq,
+                          const float* vb, int64_t vs, uint64_t row0, const Scratch& s) {
+    const int64_t K = p.K(), dv = p.dv();
+    int64_t cached_n = -1;  // vsum holds the plain sum over [cached_n, K)
+    for (int64_t i = 0; i < mq; ++i) {
+      const int64_t n = n_valid[i];
+      if (n >= K) continue;
+      const float m = s.m[i];
+      if (n > 0 && m - kMaskFill2 >= kUnderflow2) continue;
+      if (p.dropout.active()) {
+        for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
+        for (int64_t j = n; j < K; ++j) {
+          const float mult = p.dropout.multiplier(row0 + i * K + j);
+          if (mult == 0.0f) continue;
+          const float* vr = vb + j * vs;
+          for (int64_t c = 0; c < dv; ++c) s.vsum[c] += mult * vr[c];
+        }
+        cached_n = -1;
+      } else if (n != cached_n) {
+        for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
+        for (int64_t j = n; j < K; ++j) {
+          const float* vr = vb + j * vs;
+          for (int64_t c = 0; c < dv; ++c) s.vsum[c] += vr[c];
+        }
+        cached_n = n;
+      }
+      const float m_new = m > kMaskFill2 ? m : kMaskFill2;
+      const float corr = std::exp2(m - m_new);  // 0 when m = -inf (no unmasked key)
+      const float w = std::exp2(kMaskFill2 - m_new);
+      s.m[i] = m_new;
+      s.l[i] = s.l[i] * corr + static_cast<float>(K - n) * w;
+      for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] = s.ot[c * MQ + i] * corr + w * s.vsum[c];
+    }
+  }
+
+  template <int U>
+  static void weights_tile(const WeightsJob& job, int64_t chunk, float* scratch) {
+    const int64_t H = job.q.shape[1], Q = job.q.shape[2], K = job.k.shape[2], d = job.q.shape[3];
+    const int64_t tile = chunk % job.q_tiles, pair = chunk / job.q_tiles;
+    const int64_t b = job.batch_rows[pair / job.n_heads], h = job.heads[pair % job.n_heads];
+    const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
+    const Scratch s = carve(scratch, d, 0, job.pack_rows);
+
+    pack_queries(job.q, b, h, i0, mq, U * L, d, s.qt);
+    int64_t kv_min;
+    const int64_t kv_end = load_lengths(job.n_valid + b * Q + i0, mq, s.nf, &kv_min);
+    const int64_t base = (b * H + h) * Q + i0;
+    for (int64_t i = 0; i < MQ; ++i) {
+      s.m[i] = i < mq ? job.row_max2[base + i] : 0.0f;
+      s.l[i] = i < mq ? 1.0f / job.row_sum[base + i] : 0.0f;
+    }
+    Reg nfv[U], m[U], inv_l[U];
+    for (int v = 0; v < U; ++v) {
+      nfv[v] = V::load(s.nf + v * L);
+      m[v] = V::load(s.m + v * L);
+      inv_l[v] = V::load(s.l + v * L);
+    }
+    const Reg c2v = V::set1(job.c2), fill = V::set1(kMaskFill2);
+    if (*s.slice != b * H + h + 1) {
+      pack_rows(job.k.ptr(b, h), job.k.stride[2], job.kv_rows[b], d, s.kp);
+      *s.slice = b * H + h + 1;
+    }
+    const float* kb = s.kp;
+    const int64_t ks = d;
+    float* out = job.out + pair * Q * K;
+    for (int64_t j0 = 0; j0 < K; j0 += NK) {
+      const int64_t nk = lmin(NK, K - j0);
+      const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
+      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
+                        s.st, nullptr);
+      for (int64_t r = computed; r < nk; ++r)
+        for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
+      for (int64_t r = 0; r < nk; ++r)
+        for (int v = 0; v < U; ++v) {
+          float* x = s.st + r * MQ + v * L;
+          V::store(x, V::mul(V::exp2(V::sub(V::load(x), m[v])), inv_l[v]));
+        }
+      for (int64_t i = 0; i < mq; ++i) {
+        float* dst = out + (i0 + i) * K + j0;
+        for (int64_t r = 0; r < nk; ++r) dst[r] = s.st[r * MQ + i];
+      }
+    }
+  }
+};
+
+}  // namespace mha::kernels::fused

@@ -1,0 +1,300 @@
+// `mha bench`: mha's forward on the shapes against the machine's own
+// sgemm, at 1 and 2 threads, from C++ (no Python in the timings). The PyTorch
+// peers are only reachable from Python: bench/bench.py runs them beside mha
+// in one process and prints the ratios.
+//
+// ms: median wall time of a forward call after a warm-up call; GFLOP/s by the
+// issue's count, projections 2B(Q Dq D + K Dk D + K Dv D + Q D D) plus
+// attention 4 B h Q K (D/h) (the unpadded count for padded cases; 3x for a
+// training step: forward and backward of sum(output), dropout 0); % sgemm:
+// over OpenBLAS's 4096x4096 sgemm at the same thread count, measured just
+// before and after each case (the larger rate), so that load from other
+// processes drifts out of the ratio. peak MB: in a fresh process per case (this program re-run with a
+// hidden option), at 1 thread, the peak resident set (VmHWM, reset through
+// /proc/self/clear_refs) minus the resident set before the inputs are made:
+// inputs, weights, outputs and all working memory of one call.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "mha/mha.h"
+
+extern "C" char* openblas_get_corename(void);
+
+namespace mha::tools {
+
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t B, Q, K, Dq, Dk, Dv, D, h;
+  enum Kind { Toy, Self, Padded, Cross, Train } kind;
+};
+
+const Case kCases[] = {
+    {"toy B2 Q4 K6 D100 h5", 2, 4, 6, 100, 100, 100, 100, 5, Case::Toy},
+    {"B8 L512 D768 h12", 8, 512, 512, 768, 768, 768, 768, 12, Case::Self},
+    {"B8 L512 D768 h12 pad40%", 8, 512, 512, 768, 768, 768, 768, 12, Case::Padded},
+    {"B1 L4096 D512 h8", 1, 4096, 4096, 512, 512, 512, 512, 8, Case::Self},
+    {"B1 L16384 D256 h4", 1, 16384, 16384, 256, 256, 256, 256, 4, Case::Self},
+    {"cross B4 Q128 K1024", 4, 128, 1024, 512, 256, 384, 512, 8, Case::Cross},
+    {"train B8 L512 D768 h12", 8, 512, 512, 768, 768, 768, 768, 12, Case::Train},
+};
+
+// A training step (forward + backward) counts 3x the forward: the backward
+// runs two products for each of the forward's.
+double flops(const Case& c) {
+  const double forward =
+      2.0 * c.B * (c.Q * c.Dq * c.D + c.K * c.Dk * c.D + c.K * c.Dv * c.D + c.Q * c.D * c.D) +
+      4.0 * c.B * c.h * c.Q * c.K * (c.D / c.h);
+  return c.kind == Case::Train ? 3 * forward : forward;
+}
+
+// Valid lengths averaging 40% of K, spread from 15% to 60%.
+std::vector<float> pad_lengths(int64_t B, int64_t K) {
+  const double fr[] = {0.15, 0.25, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6};
+  std::vector<float> l;
+  for (int64_t b = 0; b < B; ++b) l.push_back(std::max(1.0f, std::round(static_cast<float>(K * fr[b % 8]))));
+  return l;
+}
+
+struct Inputs {
+  Tensor X, Y, Z;
+  ValidLens lens;
+  bool self = false, kv_same = false, train = false;
+};
+
+Inputs make_inputs(const Case& c) {
+  Inputs in;
+  Generator g(0);
+  auto rnd = [&](Shape s) {
+    Tensor t(std::move(s));
+    for (float& x : t.values()) x = static_cast<float>(g.normal());
+    return t;
+  };
+  switch (c.kind) {
+    case Case::Toy:  // the seed's check: ones, keys = values, valid_lens [3, 2]
+      in.X = Tensor({c.B, c.Q, c.Dq}, 1.0f);
+      in.Y = Tensor({c.B, c.K, c.Dk}, 1.0f);
+      in.kv_same = true;
+      in.lens = ValidLens::per_batch({3, 2});
+      break;
+    case Case::Self:
+    case Case::Padded:
+    case Case::Train:
+      in.X = rnd({c.B, c.Q, c.Dq});
+      in.self = true;
+      if (c.kind == Case::Padded) in.lens = ValidLens::per_batch(pad_lengths(c.B, c.K));
+      in.train = c.kind == Case::Train;
+      break;
+    case Case::Cross:
+      in.X = rnd({c.B, c.Q, c.Dq});
+      in.Y = rnd({c.B, c.K, c.Dk});
+      in.Z = rnd({c.B, c.K, c.Dv});
+      break;
+  }
+  return in;
+}
+
+Tensor run_once(MultiHeadAttention& m, const Inputs& in) {
+  if (in.train) {  // forward and backward of sum(output), as PyTorch's out.sum().backward()
+    Tensor out = m(in.X, in.X, in.X, in.lens);
+    Tensor ones(out.shape(), 1.0f);
+    m.backward(ones);
+    return out;
+  }
+  if (in.self) return m(in.X, in.X, in.X, in.lens);
+  if (in.kv_same) return m(in.X, in.Y, in.Y, in.lens);
+  return m(in.X, in.Y, in.Z, in.lens);
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median seconds of f() over >= 3 calls and about `budget` seconds, after one warm-up.
+double time_call(const std::function<void()>& f, double budget) {
+  f();
+  std::vector<double> t;
+  const double end = now() + budget;
+  while (t.size() < 3 || (now() < end && t.size() < 50)) {
+    const double t0 = now();
+    f();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double sgemm_rate(int threads, double budget) {
+  const int n = 4096;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  openblas_set_num_threads(threads);
+  const double t = time_call(
+      [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                    0.0f, c.data(), n);
+      },
+      budget);
+  return 2.0 * n * n * n / t / 1e9;
+}
+
+long status_kb(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field) + 1);
+  return -1;
+}
+
+// The hidden child: one forward call of case `index`; prints peak MB.
+void memory_child(int index) {
+  set_num_threads(1);
+  // Resets the peak resident set to the current one.
+  { std::ofstream("/proc/self/clear_refs") << "5"; }  // atomic-writes: ok (a kernel interface)
+  const long base = status_kb("VmRSS");
+  const Case& c = kCases[index];
+  Inputs in = make_inputs(c);
+  MultiHeadAttention m(c.D, c.h, 0.0f);
+  m.train(in.train);
+  Tensor out = run_once(m, in);
+  std::printf("%.1f\n", (status_kb("VmHWM") - base) / 1024.0);
+}
+
+double measure_memory(int index) {
+  const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe bench --memory-child " +
+                          std::to_string(index);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  double mb = -1;
+  if (std::fscanf(p, "%lf", &mb) != 1) mb = -1;
+  return pclose(p) == 0 ? mb : -1;
+}
+
+struct BenchOptions {
+  std::vector<int> threads{1, 2};
+  bool quick = false, no_memory = false;
+  int memory_child = -1;
+};
+
+void run_bench(const BenchOptions& opt) {
+  if (opt.memory_child >= 0) return memory_child(opt.memory_child);
+  const std::string core = openblas_get_corename();
+  std::printf("mha %s; OpenBLAS core %s%s\n", kVersion, core.c_str(),
+              std::getenv("OPENBLAS_CORETYPE") ? " (set by OPENBLAS_CORETYPE)" : "");
+  if (core == "Prescott" && !std::getenv("OPENBLAS_CORETYPE"))
+    std::printf("warning: OpenBLAS fell back to its generic kernels on this CPU; for the roofline it "
+                "is meant to be, run with OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2)\n");
+  const double budget = opt.quick ? 0.5 : 2.0;
+  const int n_cases = static_cast<int>(std::size(kCases));
+  const int total = static_cast<int>(opt.threads.size()) * (n_cases + 1) + (opt.no_memory ? 0 : n_cases);
+  int done = 0;
+  auto progress = [&](const std::string& what) {
+    std::fprintf(stderr, "\r\033[K[%d/%d] %s", done, total, what.c_str());
+    std::fflush(stderr);
+  };
+
+  std::vector<double> memory(n_cases, -1);
+  if (!opt.no_memory)
+    for (int i = 0; i < n_cases; ++i, ++done) {
+      progress(std::string("peak memory: ") + kCases[i].name);
+      memory[i] = measure_memory(i);
+    }
+  // The roofline is measured just before and after each case (the larger
+  // rate counts): on a machine shared with other work the sgemm rate drifts,
+  // and a ratio is only meaningful between runs under the same conditions.
+  std::map<int, double> sgemm;                  // median over the cases
+  std::map<std::pair<int, int>, double> roof;   // around each case
+  std::map<std::pair<int, int>, double> ms;
+  const int saved = num_threads();
+  for (int t : opt.threads) {
+    std::vector<double> rates;
+    for (int i = 0; i < n_cases; ++i, ++done) {
+      progress("threads=" + std::to_string(t) + " " + kCases[i].name);
+      const double before = sgemm_rate(t, 0.1);
+      set_num_threads(t);
+      const Case& c = kCases[i];
+      Inputs in = make_inputs(c);
+      MultiHeadAttention m(c.D, c.h, 0.0f);
+      m.train(in.train);
+      ms[{t, i}] = time_call([&] { run_once(m, in); }, budget);
+      roof[{t, i}] = std::max(before, sgemm_rate(t, 0.1));
+      rates.push_back(roof[{t, i}]);
+    }
+    std::sort(rates.begin(), rates.end());
+    sgemm[t] = rates[rates.size() / 2];
+    ++done;
+  }
+  set_num_threads(saved);
+  std::fprintf(stderr, "\r\033[K");
+
+  std::printf("\n%-26s %3s %10s %8s %8s %9s %9s\n", "case", "thr", "ms", "GFLOP/s", "% sgemm", "peak MB",
+              "sgemm GF/s");
+  for (int t : opt.threads)
+    std::printf("%-26s %3d %10.2f %8.1f %7.1f%%  (median of the rates measured around the cases)\n",
+                "sgemm 4096x4096 (OpenBLAS)", t, 2.0 * 4096 * 4096 * 4096 / sgemm[t] / 1e6, sgemm[t], 100.0);
+  for (int i = 0; i < n_cases; ++i)
+    for (int t : opt.threads) {
+      const double s = ms[{t, i}], rate = flops(kCases[i]) / s / 1e9;
+      char mem[32] = "n/a";
+      if (memory[i] >= 0) std::snprintf(mem, sizeof mem, "%.1f", memory[i]);
+      std::printf("%-26s %3d %10.3f %8.1f %7.1f%% %9s %9.1f\n", kCases[i].name, t, s * 1e3, rate,
+                  100 * rate / roof[{t, i}], mem, roof[{t, i}]);
+    }
+
+  const int t = opt.threads.back();
+  std::printf("\nTargets (%d threads):\n", t);
+  for (int i : {1, 3}) {
+    const double pct = 100 * flops(kCases[i]) / ms[{t, i}] / 1e9 / roof[{t, i}];
+    std::printf("  module forward %s: %.1f%% of sgemm (target >= 75%%): %s\n", kCases[i].name, pct,
+                pct >= 75 ? "met" : "MISSED");
+  }
+  if (memory[4] >= 0) {
+    const Case& c = kCases[4];
+    const double bound = 2.0 * 4 * (c.B * c.Q * c.Dq + c.B * c.Q * c.D + 4 * c.D * c.D) / 1048576.0 + 64;
+    std::printf("  peak memory %s: %.1f MB, bound 2 x (inputs + outputs + weights) + 64 MB = %.1f MB: %s\n",
+                c.name, memory[4], bound, memory[4] <= bound ? "met" : "MISSED");
+  }
+  // Also with each time scaled by the sgemm rate measured around it, which
+  // takes out load that changed between the two cases.
+  const double ratio = ms[{t, 2}] / ms[{t, 1}];
+  const double norm = ratio * roof[{t, 2}] / roof[{t, 1}];
+  std::printf("  padding (valid lengths averaging 40%% of K): %.3f x the unpadded time, %.3f x in "
+              "sgemm-normalised time (target <= 0.7): %s\n",
+              ratio, norm, norm <= 0.7 ? "met" : "MISSED");
+  std::printf("  seed's toy shape: %.4f ms per forward call (target <= 0.05 ms): %s\n", ms[{t, 0}] * 1e3,
+              ms[{t, 0}] <= 5e-5 ? "met" : "MISSED");
+  {
+    const int i = 6;
+    const double pct = 100 * flops(kCases[i]) / ms[{t, i}] / 1e9 / roof[{t, i}];
+    std::printf("  training step %s (3x forward FLOPs): %.1f%% of sgemm (target >= 60%%): %s\n",
+                kCases[i].name, pct, pct >= 60 ? "met" : "MISSED");
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto opt = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Time mha's forward on the issue's shapes against the machine's sgemm (PyTorch peers: bench/bench.py)");
+  cmd->add_option("--threads", opt->threads, "Thread counts to run at")->capture_default_str();
+  cmd->add_flag("--quick", opt->quick, "Short timing budget per case");
+  cmd->add_flag("--no-memory", opt->no_memory, "Skip the peak-memory child processes");
+  cmd->add_option("--memory-child", opt->memory_child)->group("");  // hidden
+  cmd->callback([opt] { run_bench(*opt); });
+}
+
+}  // namespace mha::tools
