@@ -5,16 +5,18 @@
 #
 #   find_package(mha 0.1 REQUIRED)
 #   target_link_libraries(app PRIVATE mha::mha)
+#   target_link_libraries(app PRIVATE mha::plot)   # mha/plot.h: heatmaps, charts (cairo)
 #
 # The package's config finds OpenBLAS and OpenMP itself (cmake/mhaConfig.cmake.in),
-# so a user of the static library never names them.
+# so a user of the static library never names them; mha::plot also finds cairo
+# through pkg-config.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(MHA_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/mha CACHE STRING
     "Where the CMake package files go, relative to the prefix")
 
-install(TARGETS mha EXPORT mhaTargets
+install(TARGETS mha mha_plot EXPORT mhaTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

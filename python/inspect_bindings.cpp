@@ -32,7 +32,10 @@ pairs (Q+K-1,) int: (batch row, query, key) triples averaged at each offset
       .def_readonly("max_offset", &HeadOffsets::max_offset)
       .def("__repr__", [](const HeadOffsets& o) {
         std::string s = "HeadOffsets(offset=[";
-        for (size_t h = 0; h < o.offset.size(); ++h) s += (h ? ", " : "") + std::to_string(o.offset[h]);
+        for (size_t h = 0; h < o.offset.size(); ++h) {
+          if (h) s += ", ";
+          s += std::to_string(o.offset[h]);
+        }
         return s + "])";
       });
 

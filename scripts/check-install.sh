@@ -16,11 +16,12 @@ version=$(sed -n 's/^project(mha VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
 cmake --install "$build" --prefix "$prefix" > "$tmp/install.log"
 echo "check-install: installed $(find "$prefix" -type f | wc -l) files into a temporary prefix"
 
-# 1. CMake: find_package(mha 0.1 REQUIRED), target mha::mha.
+# 1. CMake: find_package(mha 0.1 REQUIRED), targets mha::mha and mha::plot.
 cmake -S examples/consumer -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release > "$tmp/consumer-configure.log"
 cmake --build "$tmp/consumer" -j"${JOBS:-2}" > "$tmp/consumer-build.log"
 "$tmp/consumer/seed_check"
+"$tmp/consumer/plot_check"
 
 # 2. pkg-config, with the same source.
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig

@@ -74,8 +74,11 @@ void write_curves_csv(const std::string& path, const std::vector<TrainPoint>& hi
 // The PNG of the curves: the training loss per step (log scale) and the
 // batch and held-out accuracy against the step, side by side.
 void write_curves_png(const std::string& path, const std::vector<TrainPoint>& history) {
-  plot::Series loss{.name = "batch loss"}, batch_acc{.name = "batch accuracy"},
-      held_out{.name = "held-out accuracy", .markers = true};
+  plot::Series loss, batch_acc, held_out;
+  loss.name = "batch loss";
+  batch_acc.name = "batch accuracy";
+  held_out.name = "held-out accuracy";
+  held_out.markers = true;
   for (const TrainPoint& p : history) {
     const double step = static_cast<double>(p.step);
     if (p.loss > 0) {
@@ -89,10 +92,10 @@ void write_curves_png(const std::string& path, const std::vector<TrainPoint>& hi
       held_out.y.push_back(p.held_out_accuracy);
     }
   }
-  plot::LinePanel loss_panel{.title = "Training loss", .xlabel = "step", .ylabel = "cross-entropy"};
+  plot::LinePanel loss_panel{.title = "Training loss", .xlabel = "step", .ylabel = "cross-entropy", .series = {}};
   loss_panel.log_y = true;
   loss_panel.series.push_back(std::move(loss));
-  plot::LinePanel acc_panel{.title = "Accuracy", .xlabel = "step", .ylabel = "accuracy"};
+  plot::LinePanel acc_panel{.title = "Accuracy", .xlabel = "step", .ylabel = "accuracy", .series = {}};
   acc_panel.ymin = 0.0;
   acc_panel.ymax = 1.0;
   acc_panel.series.push_back(std::move(batch_acc));
