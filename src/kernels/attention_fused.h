@@ -92,10 +92,11 @@ void attention_weights_fused(const AttentionWeightsParams& p);
 
 // The fused backward: gradients of q, k, v from the statistics a fused
 // forward saved (recomputing P tile by tile, never a (Q, K) matrix), in
-// memory linear in the lengths. p.out (the forward's output) is required;
-// p.weights and p.lse are ignored.
-//   q:[B,h,Q,d] k,v:[B,h,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
-//     -> grad_q:[B,h,Q,d] grad_k:[B,h,K,d] grad_v:[B,h,K,dv]
+// memory linear in the lengths, with p.masks and grouped heads as the forward
+// had them. p.out (the forward's output) is required; p.weights and p.lse
+// are ignored.
+//   q:[B,h,Q,d] k,v:[B,hkv,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
+//     -> grad_q:[B,h,Q,d] grad_k:[B,hkv,K,d] grad_v:[B,hkv,K,dv]
 void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
                               const float* row_sum);
 

@@ -22,7 +22,7 @@ void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
   switch (kernel_for(kernel, p)) {
     case AttentionKernel::Reference: attention_backward_reference(p); return;
     case AttentionKernel::Blas: attention_backward_blas(p); return;
-    case AttentionKernel::Fused: break;  // no fused backward yet: the BLAS one below
+    case AttentionKernel::Fused: break;  // its backward needs the fused forward's statistics: BLAS
   }
   attention_backward_blas(p);
 }

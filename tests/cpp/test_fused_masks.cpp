@@ -304,6 +304,101 @@ TEST_P(FusedMasks, KeysPastEveryLimitAreNotRead) {
   }
 }
 
+// Gradients of q, k, v by the fused backward (from the fused forward's
+// statistics) and by the masked reference backward.
+struct Gradients {
+  Tensor q, k, v;
+  explicit Gradients(const MaskProblem& pr)
+      : q({pr.B, pr.Q, pr.H * pr.d}), k({pr.B, pr.K, pr.Hkv * pr.d}), v({pr.B, pr.K, pr.Hkv * pr.dv}) {
+    for (Tensor* t : {&q, &k, &v}) t->values().assign(static_cast<size_t>(t->numel()), NAN);
+  }
+  bool finite() const { return all_finite(q) && all_finite(k) && all_finite(v); }
+};
+
+Gradients fused_gradients(const MaskProblem& pr, const Tensor& grad_out) {
+  Tensor out = pr.new_out();
+  const int64_t n = pr.B * pr.H * pr.Q;
+  std::vector<float> stats(static_cast<size_t>(2 * n));
+  attention_forward_fused(pr.with(out, nullptr), {stats.data(), stats.data() + n});
+  Gradients g(pr);
+  AttentionBackward bp;
+  bp.q = pr.p.q;
+  bp.k = pr.p.k;
+  bp.v = pr.p.v;
+  bp.grad_out = grad_out.view().split_heads(pr.H);
+  bp.out = out.view().split_heads(pr.H);
+  bp.length_kind = pr.p.length_kind;
+  bp.lens = pr.p.lens;
+  bp.scale_divisor = pr.p.scale_divisor;
+  bp.dropout = pr.p.dropout;
+  bp.masks = pr.p.masks;
+  bp.grad_q = g.q.view().split_heads(pr.H);
+  bp.grad_k = g.k.view().split_heads(pr.Hkv);
+  bp.grad_v = g.v.view().split_heads(pr.Hkv);
+  attention_backward_fused(bp, stats.data(), stats.data() + n);
+  return g;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0.0;
+  for (float x : t.values()) m = std::fmax(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+double max_error(const Tensor& got, const Tensor& want) {
+  double err = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i)
+    err = std::fmax(err, std::fabs(static_cast<double>(got.data()[i]) - want.data()[i]));
+  return err;
+}
+
+TEST(FusedMasksFeatures, TheFusedBackwardListsEveryOption) {
+  EXPECT_EQ(kernel_backward_features(AttentionKernel::Fused), kAllFeatures);
+}
+
+TEST_P(FusedMasks, BackwardMatchesTheReference) {
+  Generator gen(78);
+  for (uint32_t options : option_sets()) {
+    MaskProblem pr(gen, options);
+    SCOPED_TRACE(pr.name());
+    Tensor grad_out = pr.new_out();
+    for (float& x : grad_out.values()) x = gen.uniform(-1.0f, 1.0f);
+    const Gradients got = fused_gradients(pr, grad_out);
+    Gradients want(pr);
+    Tensor unused = pr.new_out();
+    attention_backward_masked_reference(pr.with(unused, nullptr), grad_out.view().split_heads(pr.H),
+                                        want.q.view().split_heads(pr.H), want.k.view().split_heads(pr.Hkv),
+                                        want.v.view().split_heads(pr.Hkv));
+    ASSERT_TRUE(want.finite());
+    // Fully masked rows pass no NaN to any gradient.
+    ASSERT_TRUE(got.finite()) << "NaN or inf in a gradient";
+    const double g = std::fmax(std::fmax(max_abs(want.q), max_abs(want.k)), max_abs(want.v));
+    const double tol = 1e-5 * g + 1e-7;
+    EXPECT_LE(max_error(got.q, want.q), tol) << "grad_q";
+    EXPECT_LE(max_error(got.k, want.k), tol) << "grad_k";
+    EXPECT_LE(max_error(got.v, want.v), tol) << "grad_v";
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST_P(FusedMasks, BackwardBitwiseTheSameAtOneAndTwoThreads) {
+  Generator gen(6);
+  const int saved = omp_get_max_threads();
+  for (int trial = 0; trial < 12; ++trial) {
+    const uint32_t options = static_cast<uint32_t>(gen.below(1u << 8)) | kGroupedHeads |
+                             (trial % 2 ? kLensPerQuery : kDropout);
+    MaskProblem pr(gen, options);
+    SCOPED_TRACE(pr.name());
+    Tensor grad_out = pr.new_out();
+    for (float& x : grad_out.values()) x = gen.uniform(-1.0f, 1.0f);
+    omp_set_num_threads(1);
+    const Gradients g1 = fused_gradients(pr, grad_out);
+    omp_set_num_threads(2);
+    const Gradients g2 = fused_gradients(pr, grad_out);
+    EXPECT_TRUE(g1.q == g2.q && g1.k == g2.k && g1.v == g2.v) << "gradients differ between 1 and 2 threads";
+  }
+  omp_set_num_threads(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryIsa, FusedMasks, ::testing::ValuesIn(supported_isas()),
                          [](const auto& info) { return std::string(fused_isa_name(info.param)); });
 

@@ -281,20 +281,22 @@ void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   assert(K <= kFusedMaxKeys && p.out.data && row_max2 && row_sum);
   const IsaKernels& isa = kernels_for(g_isa);
-  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  std::vector<uint8_t> tile_mask;
+  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   fused::BackwardJob job;
+  job.mask = mask_job(p.masks, K, tile_mask);
   job.p = &p;
   job.n_valid = n_valid.data();
   job.row_max2 = row_max2;
   job.row_sum = row_sum;
-  job.c2 = kLog2e / p.scale_divisor;
+  job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
   double work = 0;
   for (int64_t r : kv_rows) work += static_cast<double>(r);
   work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
-  run_chunks(B * H, isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+  run_chunks(B * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
 }
 

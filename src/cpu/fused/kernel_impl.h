@@ -167,7 +167,7 @@ struct Kernel {
         count += keep ? 1.0f : 0.0f;
         if (kt) kt[r * MQ + i] = keep ? 1.0f : 0.0f;
       }
-      kept[i] += count;
+      if (kept) kept[i] += count;
     }
   }
 
