@@ -213,6 +213,11 @@ class FusedMasks : public ::testing::TestWithParam<FusedIsa> {
 
 TEST(FusedMasksFeatures, TheFusedForwardListsEveryOption) {
   EXPECT_EQ(kernel_features(AttentionKernel::Fused), kAllFeatures);
+  // So a module preferring Fused keeps it for a call using every option.
+  Generator gen(1);
+  MaskProblem pr(gen, kAllFeatures | kLensPerQuery | kDropout);
+  EXPECT_EQ(features_used(pr.p), kAllFeatures);
+  EXPECT_EQ(kernel_for(AttentionKernel::Fused, pr.p), AttentionKernel::Fused);
 }
 
 TEST_P(FusedMasks, ForwardAndWeightsMatchTheReference) {

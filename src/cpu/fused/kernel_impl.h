@@ -16,7 +16,8 @@
 //   for each key tile [j0, j0 + NK) below the tile's largest length:
 //     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j >= n[i]
 //     (masking pass, only for rows with boolean holes or additive masks:
-//      S^T[j, i] += bias * log2(e) on kept keys, the fill on masked ones)
+//      S^T[j, i] += bias on kept keys, the fill on masked ones; a call with
+//      an additive mask keeps natural scores, MaskJob::natural)
 //     m_new = max(m, max_j S^T[j, i]);  c = 2^(m - m_new)
 //     P^T = 2^(S^T - m_new);  l = l * c + sum_j P^T;  P^T *= dropout
 //     O^T[:, i] = O^T[:, i] * c + v^T P^T
@@ -137,7 +138,8 @@ struct Kernel {
   // The masking pass over keys [j0, j0 + nk) of S^T, for lanes i < mq and
   // keys below the lane's key limit n (qk_tile set those past it): a key a
   // boolean mask drops scores the fill, a kept one gets its additive masks
-  // (scaled to base 2). S^T is [key, query], so pair masks are read along
+  // (there are some only in natural mode, MaskJob::natural, so no scaling).
+  // S^T is [key, query], so pair masks are read along
   // their rows, one query at a time. kept[i] += the lane's kept keys; kt,
   // when set, gets 1 on kept keys and 0 elsewhere (every lane of the tile).
   static void mask_tile(const MaskJob& mj, int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t K,
