@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -383,6 +384,37 @@ TEST_P(FusedMasks, BackwardMatchesTheReference) {
     EXPECT_LE(max_error(got.v, want.v), tol) << "grad_v";
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+// Rows with every key masked (batch row 0, by key_keep) or every score -inf
+// (query 0 of batch row 1, by a -inf pair bias): both policies, both fills,
+// with and without dropout, the gradients are finite and those rows pass
+// exactly nothing to their queries (their weights are constants).
+TEST_P(FusedMasks, FullyMaskedRowsGiveNoQueryGradientAndNoNaN) {
+  Generator gen(9);
+  for (auto policy : {FullyMaskedRows::Uniform, FullyMaskedRows::Zeros})
+    for (auto fill : {MaskFill::Seed, MaskFill::NegInf})
+      for (bool drop : {false, true}) {
+        MaskProblem pr(gen, kKeyKeep | kPairBias | kPairPerHead | (drop ? kDropout : 0u));
+        const int64_t B = pr.B, H = pr.H, Q = pr.Q, K = pr.K;
+        std::fill(pr.key_keep.begin(), pr.key_keep.end(), 1);
+        std::fill(pr.key_keep.begin(), pr.key_keep.begin() + K, 0);
+        std::fill(pr.pair_bias.begin(), pr.pair_bias.end(), 0.5f);
+        if (B > 1)
+          for (int64_t h = 0; h < H; ++h)
+            std::fill_n(pr.pair_bias.begin() + ((1 * H + h) * Q + 0) * K, K, -INFINITY);
+        pr.p.masks.fill = fill;
+        pr.p.masks.fully_masked = policy;
+        SCOPED_TRACE(pr.name() + (policy == FullyMaskedRows::Zeros ? " zeros" : " uniform") +
+                     (fill == MaskFill::Seed ? " seed fill" : " -inf fill"));
+        Tensor grad_out = pr.new_out();
+        for (float& x : grad_out.values()) x = gen.uniform(-1.0f, 1.0f);
+        const Gradients g = fused_gradients(pr, grad_out);
+        ASSERT_TRUE(g.finite());
+        for (int64_t x = 0; x < Q * H * pr.d; ++x) ASSERT_EQ(g.q.data()[x], 0.0f) << "batch row 0";
+        if (B > 1)
+          for (int64_t x = 0; x < H * pr.d; ++x) ASSERT_EQ(g.q.data()[Q * H * pr.d + x], 0.0f) << "row 1, query 0";
+      }
 }
 
 TEST_P(FusedMasks, BackwardBitwiseTheSameAtOneAndTwoThreads) {
