@@ -16,7 +16,7 @@
 // score exceeds the fill by more than 104 (150 in base 2): their weights are
 // exactly 0 in float32, in the seed as here.
 //
-//   q:[B,h,Q,d] k:[B,h,K,d] v:[B,h,K,dv] -> out:[B,h,Q,dv], row_max2/row_sum:[B,h,Q]
+//   q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv], row_max2/row_sum:[B,h,Q]
 //
 // What it reads: k rows only below the largest length of the batch row's
 // queries; v rows also beyond that only for queries whose masked keys carry
@@ -24,9 +24,13 @@
 // caller flags (FusedForwardOptions). Callers that skip projecting padded
 // rows rely on this (nn/padding.h). The backward reads the same rows.
 //
-// It honours the seed's semantics only: no kernel option of
-// kernels/features.h, key axes up to kFusedMaxKeys (callers route others to
-// the BLAS kernel; these are asserted).
+// It honours every mask option and grouped heads (kernels/features.h) on key
+// axes up to kFusedMaxKeys (callers route longer ones to the BLAS kernel;
+// asserted). Causality, lengths and the last kept key of a key_keep row fold
+// into one key limit per query, so tiles past it are skipped; other masks
+// run a masking pass over each score tile. A fully masked row
+// (kernels/masked_row.h) gets the policy and the statistics row_max2 = -inf,
+// row_sum = 1, from which the weights and the backward recompute it.
 #pragma once
 
 #include <cstdint>
@@ -71,12 +75,13 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats = {},
 
 // Weights of a subset of (batch row, head) pairs from a fused forward's
 // statistics, by the same tile kernel:
-//   q:[B,h,Q,d] k:[B,h,K,d] stats:[B,h,Q] -> out:[rows.size(), heads.size(), Q, K]
+//   q:[B,h,Q,d] k:[B,hkv,K,d] stats:[B,h,Q] -> out:[rows.size(), heads.size(), Q, K]
 struct AttentionWeightsParams {
   TensorView q, k;
   LengthKind length_kind = LengthKind::None;
   const float* lens = nullptr;  // [B] or [B,Q]
   float scale_divisor = 1.0f;
+  MaskOptions masks;            // the forward call's
   const float* row_max2 = nullptr;  // [B,h,Q]
   const float* row_sum = nullptr;   // [B,h,Q]
   std::vector<int64_t> batch_rows;  // each in [0, B)
@@ -87,10 +92,11 @@ void attention_weights_fused(const AttentionWeightsParams& p);
 
 // The fused backward: gradients of q, k, v from the statistics a fused
 // forward saved (recomputing P tile by tile, never a (Q, K) matrix), in
-// memory linear in the lengths. p.out (the forward's output) is required;
-// p.weights and p.lse are ignored.
-//   q:[B,h,Q,d] k,v:[B,h,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
-//     -> grad_q:[B,h,Q,d] grad_k:[B,h,K,d] grad_v:[B,h,K,dv]
+// memory linear in the lengths, with p.masks and grouped heads as the forward
+// had them. p.out (the forward's output) is required; p.weights and p.lse
+// are ignored.
+//   q:[B,h,Q,d] k,v:[B,hkv,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
+//     -> grad_q:[B,h,Q,d] grad_k:[B,hkv,K,d] grad_v:[B,hkv,K,dv]
 void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
                               const float* row_sum);
 

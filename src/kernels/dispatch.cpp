@@ -10,8 +10,8 @@ void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
     case AttentionKernel::Reference: attention_forward_reference(p); return;
     case AttentionKernel::Blas: attention_forward_blas(p); return;
     case AttentionKernel::Fused:
-      // The seed's semantics on key axes below 2^24; the BLAS path otherwise.
-      if (p.K() <= kFusedMaxKeys && features_used(p) == 0) attention_forward_fused(p);
+      // Key axes below 2^24 (float key indices); the BLAS path otherwise.
+      if (p.K() <= kFusedMaxKeys && supports(AttentionKernel::Fused, p)) attention_forward_fused(p);
       else attention_forward_blas(p);
       return;
   }
@@ -22,7 +22,7 @@ void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
   switch (kernel_for(kernel, p)) {
     case AttentionKernel::Reference: attention_backward_reference(p); return;
     case AttentionKernel::Blas: attention_backward_blas(p); return;
-    case AttentionKernel::Fused: break;  // no fused backward yet: the BLAS one below
+    case AttentionKernel::Fused: break;  // its backward needs the fused forward's statistics: BLAS
   }
   attention_backward_blas(p);
 }

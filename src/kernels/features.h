@@ -56,7 +56,7 @@ inline uint32_t kernel_features(AttentionKernel kernel) {
   switch (kernel) {
     case AttentionKernel::Reference: return kAllFeatures;
     case AttentionKernel::Blas: return kAllFeatures;
-    case AttentionKernel::Fused: return 0;  // the seed's semantics only, so far
+    case AttentionKernel::Fused: return kAllFeatures;
     default: break;
   }
   return 0;
@@ -81,6 +81,9 @@ inline uint32_t kernel_backward_features(AttentionKernel kernel) {
   switch (kernel) {
     case AttentionKernel::Reference: return kAllFeatures;
     case AttentionKernel::Blas: return kAllFeatures;
+    // attention_backward_fused (it needs the fused forward's statistics, so
+    // kernels::attention_backward, given none, still runs the BLAS one).
+    case AttentionKernel::Fused: return kAllFeatures;
     default: break;
   }
   return 0;

@@ -16,7 +16,8 @@ using mha::test::random_tensor;
 
 namespace {
 
-const AttentionKernel kKernels[] = {AttentionKernel::Reference, AttentionKernel::Blas};
+const AttentionKernel kKernels[] = {AttentionKernel::Reference, AttentionKernel::Blas,
+                                   AttentionKernel::Fused};
 
 // One head, d = 1, q = 1, keys k_j = j, values v_j = 10^j: the scaled score of
 // key j is j, and the output is sum_j w_j 10^j, so weights and output can be
@@ -316,17 +317,19 @@ bool finite(const Tensor& t) {
 
 }  // namespace
 
-TEST(MaskKernels, BlasMatchesReferenceOnEveryOptionCombined) {
+TEST(MaskKernels, BlasAndFusedMatchReferenceOnEveryOptionCombined) {
   Generator gen(41);
   int grouped = 0, fully_masked_rows = 0;
   for (int trial = 0; trial < 300; ++trial) {
     RandomCase c(gen, trial);
     auto [ref_out, ref_w] = c.run(AttentionKernel::Reference);
-    auto [out, w] = c.run(AttentionKernel::Blas);
     ASSERT_TRUE(finite(ref_out) && finite(ref_w)) << "trial " << trial;
-    ASSERT_TRUE(finite(out) && finite(w)) << "trial " << trial;
-    EXPECT_TRUE(all_close(w, ref_w, 1e-5, 1e-6)) << "trial " << trial;
-    EXPECT_TRUE(all_close(out, ref_out, 1e-5, 1e-5)) << "trial " << trial;
+    for (AttentionKernel kernel : {AttentionKernel::Blas, AttentionKernel::Fused}) {
+      auto [out, w] = c.run(kernel);
+      ASSERT_TRUE(finite(out) && finite(w)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
+      EXPECT_TRUE(all_close(w, ref_w, 1e-5, 1e-6)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
+      EXPECT_TRUE(all_close(out, ref_out, 1e-5, 1e-5)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
+    }
     grouped += c.Hkv != c.H;
     for (int64_t r = 0; r < c.B * c.H * c.Q; ++r) {
       float s = 0;

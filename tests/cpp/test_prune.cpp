@@ -61,7 +61,7 @@ const ModuleCase kModuleCases[] = {
 };
 
 TEST(HeadPruning, PrunedModuleEqualsGatedModule) {
-  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas}) {
+  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas, AttentionKernel::Fused}) {
     for (const ModuleCase& c : kModuleCases) {
       SCOPED_TRACE("heads " + std::to_string(c.heads) + " d " + std::to_string(c.head_dim) + " kernel " +
                    std::to_string(static_cast<int>(kernel)));

@@ -198,7 +198,7 @@ TEST(TorchMha, GroupedHeadsEqualFullHeadsWithRepeatedKvWeights) {
   EXPECT_EQ(grouped.num_kv_heads(), Hkv);
   const Tensor q = random_tensor({2, 4, E}, gen), k = random_tensor({2, 7, 5}, gen),
                v = random_tensor({2, 7, 3}, gen);
-  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas}) {
+  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas, AttentionKernel::Fused}) {
     grouped.set_kernel(kernel);
     auto rg = grouped(q, k, v, {}, true, {}, false, true);
     auto rp = plain(q, k, v, {}, true, {}, false, true);

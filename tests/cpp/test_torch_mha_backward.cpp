@@ -223,7 +223,7 @@ TEST(TorchMhaBackward, FullyMaskedRowsGiveFiniteGradientsAndZerosPassNoneToKeys)
                v = random_tensor({B, S, 8}, gen), go = random_tensor({B, L, 8}, gen);
   for (FullyMaskedRows policy : {FullyMaskedRows::Uniform, FullyMaskedRows::Zeros})
     for (float dropout : {0.0f, 0.5f})
-      for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas})
+      for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas, AttentionKernel::Fused})
         for (bool need_weights : {false, true}) {
           TorchMhaOptions o;
           o.fully_masked_rows = policy;

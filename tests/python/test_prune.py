@@ -84,7 +84,7 @@ def test_pruned_module_equals_gated_module(seed):
     assert pruned.kept_heads == [h for h in range(H) if h not in prune]
     assert pruned.num_heads == H - len(prune) and pruned.original_num_heads == H
     assert pruned.inner_dim == pruned.num_heads * pruned.head_dim and pruned.num_hiddens == case["num_hiddens"]
-    for kernel in (mha.Kernel.REFERENCE, mha.Kernel.BLAS):
+    for kernel in (mha.Kernel.REFERENCE, mha.Kernel.BLAS, mha.Kernel.FUSED):
         pruned.kernel = kernel
         got = pruned(*args)
         assert close_to_rounding(got, want), np.abs(got - want).max()

@@ -138,7 +138,7 @@ def test_grouped_query_attention_matches_torch_with_repeated_kv_heads(tmp_path):
     assert grouped >= 100
 
 
-@pytest.mark.parametrize("kernel", [mha.Kernel.REFERENCE, mha.Kernel.BLAS])
+@pytest.mark.parametrize("kernel", [mha.Kernel.REFERENCE, mha.Kernel.BLAS, mha.Kernel.FUSED])
 def test_every_kernel_matches_pytorch(tmp_path, kernel):
     rng = np.random.default_rng(5)
     for i in range(60):

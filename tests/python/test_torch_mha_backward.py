@@ -323,7 +323,7 @@ def test_grouped_heads_gradients_sum_over_the_repeated_kv_copies(tmp_path):
     assert grouped >= 50
 
 
-@pytest.mark.parametrize("kernel", [mha.Kernel.REFERENCE, mha.Kernel.BLAS])
+@pytest.mark.parametrize("kernel", [mha.Kernel.REFERENCE, mha.Kernel.BLAS, mha.Kernel.FUSED])
 def test_every_kernel_backward_matches_pytorch(tmp_path, kernel):
     rng = np.random.default_rng(6)
     for i in range(40):

@@ -106,6 +106,49 @@ int64_t max_of(const std::vector<int64_t>& v) {
 // float(k) is exact below 2^24: the kernels compare key indices as floats.
 static_assert(kFusedMaxKeys == int64_t{1} << 24);
 
+// The per-query key limits of the fused kernels (fused_job.h, n_valid):
+// n[b*Q + q] = min(the length count, causal last key + 1, row b's last
+// kept key + 1). `tile_mask[b]` says whether keys below n still need the
+// masking pass: an additive mask, a pair mask, or a key_keep row with a hole
+// below its last kept key (a padding mask, kept keys first, needs none).
+std::vector<int32_t> key_limits(LengthKind kind, const float* lens, const MaskOptions& m,
+                                int64_t B, int64_t Q, int64_t K, std::vector<uint8_t>* tile_mask) {
+  std::vector<int32_t> n = valid_key_counts(kind, lens, B, Q, K);
+  const bool any_other = m.key_bias || m.pair_keep || m.pair_bias;
+  tile_mask->assign(static_cast<size_t>(B), any_other ? 1 : 0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t last = K - 1;  // the last kept key of row b
+    if (m.key_keep) {
+      const uint8_t* keep = m.key_keep + b * K;
+      last = -1;
+      for (int64_t j = 0; j < K; ++j)
+        if (keep[j]) last = j;
+      for (int64_t j = 0; j < last; ++j)
+        if (!keep[j]) (*tile_mask)[static_cast<size_t>(b)] = 1;
+    }
+    for (int64_t q = 0; q < Q; ++q) {
+      const int64_t limit = std::min(last, m.causal_last_key(q, Q, K)) + 1;
+      int32_t& x = n[static_cast<size_t>(b * Q + q)];
+      x = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(x, limit)));
+    }
+  }
+  return n;
+}
+
+fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8_t>& tile_mask) {
+  fused::MaskJob j;
+  j.m = &m;
+  j.tile_mask = tile_mask.data();
+  j.neg_inf = m.fill == MaskFill::NegInf;
+  j.natural = m.key_bias || m.pair_bias;
+  j.unit = j.natural ? kLog2e : 1.0f;
+  j.fill = j.neg_inf ? -__builtin_inff() : j.natural ? kMaskFill : kMaskFill2;
+  j.zeros = m.fully_masked == FullyMaskedRows::Zeros;
+  // As the reference: the uniform weight rounded once from double.
+  j.policy = j.zeros ? 0.0f : static_cast<float>(1.0 / static_cast<double>(K));
+  return j;
+}
+
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
   const IsaKernels& isa = kernels_for(g_isa);
   fused::WeightsJob job = base_job;
@@ -151,11 +194,11 @@ const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
                              FusedForwardOptions options) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  // Callers pick another kernel for longer keys and for the options this one
-  // does not honour (kernels/dispatch.cpp, kernels/features.h: kernel_for).
-  assert(K <= kFusedMaxKeys && features_used(p) == 0);
+  // Callers pick another kernel for longer keys (kernels/dispatch.cpp).
+  assert(K <= kFusedMaxKeys && supports(AttentionKernel::Fused, p));
   const IsaKernels& isa = kernels_for(g_isa);
-  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  std::vector<uint8_t> tile_mask;
+  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
 
   // The weights need the statistics; keep them here if the caller did not ask.
   std::vector<float> own_stats;
@@ -169,7 +212,8 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
   job.n_valid = n_valid.data();
   job.row_max2 = stats.row_max2;
   job.row_sum = stats.row_sum;
-  job.c2 = kLog2e / p.scale_divisor;
+  job.mask = mask_job(p.masks, K, tile_mask);
+  job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   if (options.read_all_keys)
@@ -202,6 +246,7 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
     w.out = p.weights;
     w.kv_rows = kv_rows.data();
     w.pack_rows = job.pack_rows;
+    w.mask = job.mask;
     run_weights(w, Q, K, d);
   }
 }
@@ -209,14 +254,16 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
 void attention_weights_fused(const AttentionWeightsParams& p) {
   const int64_t B = p.q.shape[0], Q = p.q.shape[2], K = p.k.shape[2], d = p.q.shape[3];
   assert(K <= kFusedMaxKeys);
-  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  std::vector<uint8_t> tile_mask;
+  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
   fused::WeightsJob w;
+  w.mask = mask_job(p.masks, K, tile_mask);
   w.q = p.q;
   w.k = p.k;
   w.n_valid = n_valid.data();
   w.row_max2 = p.row_max2;
   w.row_sum = p.row_sum;
-  w.c2 = kLog2e / p.scale_divisor;
+  w.c2 = (w.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;
   w.batch_rows = p.batch_rows.data();
   w.heads = p.heads.data();
   w.n_rows = static_cast<int64_t>(p.batch_rows.size());
@@ -234,20 +281,22 @@ void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   assert(K <= kFusedMaxKeys && p.out.data && row_max2 && row_sum);
   const IsaKernels& isa = kernels_for(g_isa);
-  const std::vector<int32_t> n_valid = valid_key_counts(p.length_kind, p.lens, B, Q, K);
+  std::vector<uint8_t> tile_mask;
+  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   fused::BackwardJob job;
+  job.mask = mask_job(p.masks, K, tile_mask);
   job.p = &p;
   job.n_valid = n_valid.data();
   job.row_max2 = row_max2;
   job.row_sum = row_sum;
-  job.c2 = kLog2e / p.scale_divisor;
+  job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
   double work = 0;
   for (int64_t r : kv_rows) work += static_cast<double>(r);
   work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
-  run_chunks(B * H, isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+  run_chunks(B * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
 }
 

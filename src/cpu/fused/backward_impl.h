@@ -3,20 +3,25 @@
 // (kernel_impl.h, whose score micro-kernel it reuses). Included by
 // fused_<isa>.cpp inside its `#pragma GCC target` region.
 //
-// One chunk is one (batch row b, head h), computed by one thread from start
-// to end: no two chunks write the same gradient rows, so no atomics, and the
-// result does not depend on the thread count. Per chunk, with the forward's
-// statistics (row_max2 m, row_sum l; kernels/attention_fused.h):
+// One chunk is one (batch row b, kv head hk), computed by one thread from
+// start to end, running the query heads that read hk one after another in
+// head order: no two chunks write the same gradient rows, so no atomics, and
+// the result does not depend on the thread count. Per query head h of the
+// chunk, with the forward's statistics (row_max2 m, row_sum l;
+// kernels/attention_fused.h) and key limits n (fused_job.h):
 //   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
-//   for each key tile J, for each query tile I:
-//     P^T  = 2^(S^T - m) / l                   S^T as in the forward, masked keys at the fill
+//   for each key tile J below the longest n, for each query tile I:
+//     P^T  = 2^(S^T - m) / l                   S^T as in the forward, with its masking pass;
+//                                              the policy's weight in fully masked rows
 //     dP^T = (v_J dO_I^T) * M                  M: dropout multipliers
-//     dS^T = P^T (dP^T - D) / sqrt(d)          0 on masked keys (the seed assigns their score)
+//     dS^T = P^T (dP^T - D) / sqrt(d)          0 on masked keys (the mask assigns their
+//                                              score) and in fully masked rows
 //     dv_J += (P^T * M) dO_I,  dk_J += dS^T q_I,  dq_I += dS_I k_J
-//   masked keys past every length: dk = 0, dv from the rows whose masked keys
-//   carry weight (valid length 0) in closed form.
-// Memory is linear: per thread, the (b, h) slice of q, k, v, dO packed (both
-// row-major and, for the score products, transposed), dq, and a few tiles.
+//   keys past every limit: dk = 0, dv from the rows whose masked keys carry
+//   weight (valid length 0, the uniform policy) in closed form.
+// Memory is linear: per thread, the kv head's k, v and gradient rows, one
+// query head's q and dO packed (both row-major and, for the score products,
+// transposed), dq, and a few tiles.
 
 namespace mha::kernels::fused {
 
@@ -42,14 +47,17 @@ struct BackwardKernel {
     float *qr, *dor;  // [qpad, dpad], [qpad, dvpad]
     float *kr, *vr;   // [rows, dpad], [rows, dvpad]
     float* dq;        // [qpad, dpad]
-    float *D, *m, *linv, *nf, *w;  // [qpad] each; w: weight of a masked key
-    float *pt, *dst, *mt;          // [NK, MQ]: P^T, dS^T, dropout multipliers
-    float *dvj, *dkj;              // [NK, dvpad], [NK, dpad]
+    float *D, *m, *linv, *nf, *w, *pm;  // [qpad] each; w: weight of a masked key, pm: 1 in a fully masked row
+    int32_t* nf_int;                    // [qpad] the key limits
+    float *pt, *dst, *mt, *kt;          // [NK, MQ]: P^T, dS^T, dropout multipliers, kept keys
+    float* dvj;                         // [dvpad]: the tail's value gradient
+    float *dk, *dv;                     // [rows, dpad], [rows, dvpad]: grad_k, grad_v of the kv head
   };
   static size_t scratch_floats(const Shape& s) {
     const int64_t n = 16 + up(s.d * s.qpad, 16) + up(s.dv * s.qpad, 16) + s.qpad * s.dpad +
                       s.qpad * s.dvpad + up(s.rows * s.dpad, 16) + up(s.rows * s.dvpad, 16) +
-                      s.qpad * s.dpad + 5 * s.qpad + 3 * NK * MQ + NK * s.dvpad + NK * s.dpad;
+                      s.qpad * s.dpad + 7 * s.qpad + 4 * NK * MQ + s.dvpad + up(s.rows * s.dpad, 16) +
+                      up(s.rows * s.dvpad, 16);
     return static_cast<size_t>(n);
   }
   static Scratch carve(float* p, const Shape& s) {
@@ -67,11 +75,15 @@ struct BackwardKernel {
     r.linv = p; p += s.qpad;
     r.nf = p; p += s.qpad;
     r.w = p; p += s.qpad;
+    r.pm = p; p += s.qpad;
+    r.nf_int = reinterpret_cast<int32_t*>(p); p += s.qpad;
     r.pt = p; p += NK * MQ;
     r.dst = p; p += NK * MQ;
     r.mt = p; p += NK * MQ;
-    r.dvj = p; p += NK * s.dvpad;
-    r.dkj = p;
+    r.kt = p; p += NK * MQ;
+    r.dvj = p; p += s.dvpad;
+    r.dk = p; p += up(s.rows * s.dpad, 16);
+    r.dv = p;
     return r;
   }
 
@@ -146,28 +158,36 @@ struct BackwardKernel {
         for (int64_t r = n; r < tpad; ++r) dT[c * tpad + r] = 0.0f;
   }
 
-  template <int U>
+  template <int U, bool kNat>
   static void tile(const AttentionBackward& p, const BackwardJob& job, const Shape& sh,
                    const Scratch& s, int64_t b, int64_t h, int64_t j0, int64_t nk, int64_t i0,
-                   int64_t mq, int64_t kv_min) {
+                   int64_t mq, int64_t kv_min, bool any_policy, float* dkj, float* dvj) {
     const int64_t Q = sh.Q, K = p.K();
-    Reg nfv[U], mv[U], lv[U], Dv[U];
+    const MaskJob& mj = job.mask;
+    const bool tile_mask = mj.tile_mask[b] != 0;
+    Reg nfv[U], mv[U], lv[U], Dv[U], pmv[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + i0 + v * L);
       mv[v] = V::load(s.m + i0 + v * L);
       lv[v] = V::load(s.linv + i0 + v * L);
       Dv[v] = V::load(s.D + i0 + v * L);
+      pmv[v] = V::load(s.pm + i0 + v * L);
     }
-    const Reg fill = V::set1(kMaskFill2), zero = V::zero();
+    const Reg fill = V::set1(mj.fill), zero = V::zero(), one_half = V::set1(0.5f);
+    const Reg policy = V::set1(mj.policy);
     // P^T = 2^(S^T - m) / l, masked keys at the fill (weight 0 unless the
-    // row's masked keys carry weight).
+    // row's masked keys carry weight), the policy's weight in fully masked
+    // rows.
     const bool mask = j0 + nk > kv_min;
     F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv,
                                   V::set1(job.c2), fill, s.pt, nullptr);
+    if (tile_mask) F::mask_tile(mj, b, h, i0, mq, K, j0, nk, s.nf_int + i0, s.pt, nullptr, s.kt);
     for (int64_t r = 0; r < nk; ++r)
       for (int v = 0; v < U; ++v) {
         float* x = s.pt + r * MQ + v * L;
-        V::store(x, V::mul(V::exp2(V::sub(V::load(x), mv[v])), lv[v]));
+        Reg w = V::mul(V::exp2(F::template to_base2<kNat>(V::sub(V::load(x), mv[v]))), lv[v]);
+        if (any_policy) w = V::select_lt(one_half, pmv[v], policy, w);
+        V::store(x, w);
       }
     // dP^T = v_J dO^T (times M below).
     F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv,
@@ -182,11 +202,12 @@ struct BackwardKernel {
           s.dst[r * MQ + i] *= mult;
         }
     }
-    // dS^T = P^T (dP^T - D) / sqrt(d) on live keys, 0 on masked ones, and 0
-    // in rows with a single live key and weightless masked keys: that key's
-    // weight is 1 whatever its score, so the exact gradient is 0 (dP - D
-    // would leave float32 rounding).
-    const Reg inv_scale = V::set1(1.0f / p.scale_divisor), one_half = V::set1(1.5f);
+    // dS^T = P^T (dP^T - D) / sqrt(d) on kept keys, 0 on masked ones and in
+    // fully masked rows (the policy's weights are constants), and 0 in rows
+    // with a single live key and weightless masked keys: that key's weight
+    // is 1 whatever its score, so the exact gradient is 0 (dP - D would
+    // leave float32 rounding).
+    const Reg inv_scale = V::set1(1.0f / p.scale_divisor), one_and_half = V::set1(1.5f);
     const bool single = kv_min <= 1;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
@@ -195,10 +216,12 @@ struct BackwardKernel {
         const Reg pt = V::load(s.pt + r * MQ + v * L);
         Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
         if (mask) ds = V::select_lt(jv, nfv[v], ds, zero);
+        if (tile_mask) ds = V::select_lt(one_half, V::load(s.kt + r * MQ + v * L), ds, zero);
         if (single) {
           const Reg weighted_mask = V::select_lt(zero, V::load(s.w + i0 + v * L), ds, zero);
-          ds = V::select_lt(one_half, nfv[v], ds, weighted_mask);
+          ds = V::select_lt(one_and_half, nfv[v], ds, weighted_mask);
         }
+        if (any_policy) ds = V::select_lt(one_half, pmv[v], zero, ds);
         V::store(x, ds);
       }
     }
@@ -206,97 +229,129 @@ struct BackwardKernel {
       for (int64_t r = 0; r < nk; ++r)
         for (int64_t i = 0; i < mq; ++i) s.pt[r * MQ + i] *= s.mt[r * MQ + i];
     // dv_J += (P^T M) dO_I;  dk_J += dS^T q_I;  dq_I += dS k_J.
-    rowgemm(s.pt, 1, MQ, nk, s.dor + i0 * sh.dvpad, sh.dvpad, sh.dvpad, mq, s.dvj, sh.dvpad);
-    rowgemm(s.dst, 1, MQ, nk, s.qr + i0 * sh.dpad, sh.dpad, sh.dpad, mq, s.dkj, sh.dpad);
+    rowgemm(s.pt, 1, MQ, nk, s.dor + i0 * sh.dvpad, sh.dvpad, sh.dvpad, mq, dvj, sh.dvpad);
+    rowgemm(s.dst, 1, MQ, nk, s.qr + i0 * sh.dpad, sh.dpad, sh.dpad, mq, dkj, sh.dpad);
     rowgemm(s.dst, MQ, 1, mq, s.kr + j0 * sh.dpad, sh.dpad, sh.dpad, nk, s.dq + i0 * sh.dpad, sh.dpad);
   }
 
   static void chunk(const BackwardJob& job, int64_t chunk_index, float* scratch) {
+    if (job.mask.natural) return chunk_as<true>(job, chunk_index, scratch);
+    chunk_as<false>(job, chunk_index, scratch);
+  }
+
+  // One (b, kv head hk): its key rows packed once, then each query head of
+  // the group in order, accumulating grad_k and grad_v of hk.
+  template <bool kNat>
+  static void chunk_as(const BackwardJob& job, int64_t chunk_index, float* scratch) {
     const AttentionBackward& p = *job.p;
-    const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-    const int64_t b = chunk_index / H, h = chunk_index % H;
+    const MaskJob& mj = job.mask;
+    const int64_t H = p.H(), Hkv = p.Hkv(), G = H / Hkv, Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+    const int64_t b = chunk_index / Hkv, hk = chunk_index % Hkv;
     const int64_t rows = job.kv_rows[b];
     const Shape sh = shape_of(Q, d, dv, job.pack_rows);
     const Scratch s = carve(scratch, sh);
 
-    pack(p.q.ptr(b, h), p.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
-    pack(p.grad_out.ptr(b, h), p.grad_out.stride[2], Q, dv, sh.dvpad, s.dor, sh.qpad, s.doT, sh.qpad);
-    pack(p.k.ptr(b, h), p.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
-    pack(p.v.ptr(b, h), p.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
-    const int32_t* n_valid = job.n_valid + b * Q;
-    const int64_t base = (b * H + h) * Q;
-    for (int64_t i = 0; i < sh.qpad; ++i) {
-      const bool real = i < Q;
-      // D = dO . O, accumulated in the order and with the rounding of the
-      // score micro-kernel's dP = dO . v: where a row has one live key
-      // (O = v exactly), dP - D is then exactly 0, as the true gradient.
-      Reg dot = V::zero();
-      if (real) {
-        const float* o = p.out.ptr(b, h, i);
-        const float* g = s.dor + i * sh.dvpad;
-        for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(g[c]), dot);
-      }
-      float lanes[L];
-      V::store(lanes, dot);
-      s.D[i] = lanes[0];
-      s.m[i] = real ? job.row_max2[base + i] : 0.0f;
-      s.linv[i] = real ? 1.0f / job.row_sum[base + i] : 0.0f;
-      s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
-      s.w[i] = real ? std::exp2(kMaskFill2 - s.m[i]) * s.linv[i] : 0.0f;  // 0 unless a tail row
-    }
-    for (int64_t x = 0; x < sh.qpad * sh.dpad; ++x) s.dq[x] = 0.0f;
-
-    for (int64_t j0 = 0; j0 < rows; j0 += NK) {
-      const int64_t nk = F::lmin(NK, rows - j0);
-      for (int64_t x = 0; x < nk * sh.dvpad; ++x) s.dvj[x] = 0.0f;
-      for (int64_t x = 0; x < nk * sh.dpad; ++x) s.dkj[x] = 0.0f;
-      for (int64_t i0 = 0; i0 < Q; i0 += MQ) {
-        const int64_t mq = F::lmin(MQ, Q - i0);
-        int64_t kv_end = 0, kv_min = INT64_MAX;
-        bool weighted_mask = false;
-        for (int64_t i = 0; i < mq; ++i) {
-          kv_end = F::lmax(kv_end, n_valid[i0 + i]);
-          kv_min = F::lmin(kv_min, n_valid[i0 + i]);
-          weighted_mask = weighted_mask || s.w[i0 + i] != 0.0f;
-        }
-        if (j0 >= kv_end && !weighted_mask) continue;  // every key here masked, weight 0
-        F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
-          tile<decltype(u)::value>(p, job, sh, s, b, h, j0, nk, i0, mq, kv_min);
-        });
-      }
-      for (int64_t r = 0; r < nk; ++r) {
-        float* gk = p.grad_k.ptr(b, h, j0 + r);
-        float* gv = p.grad_v.ptr(b, h, j0 + r);
-        for (int64_t c = 0; c < d; ++c) gk[c] = s.dkj[r * sh.dpad + c];
-        for (int64_t c = 0; c < dv; ++c) gv[c] = s.dvj[r * sh.dvpad + c];
-      }
-    }
-    // Keys past every length: no gradient through their (assigned) scores;
-    // their values were weighted only by rows with no live key.
-    const uint64_t row0 = static_cast<uint64_t>(base * K);
-    float* acc = s.dvj;  // [dv], free now
-    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-    if (!p.dropout.active())
-      for (int64_t i = 0; i < Q; ++i)
-        if (s.w[i] != 0.0f)
-          for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
+    pack(p.k.ptr(b, hk), p.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
+    pack(p.v.ptr(b, hk), p.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
+    for (int64_t x = 0; x < rows * sh.dpad; ++x) s.dk[x] = 0.0f;
+    for (int64_t x = 0; x < rows * sh.dvpad; ++x) s.dv[x] = 0.0f;
+    // Keys past every key limit: no gradient through their (assigned)
+    // scores; their values are weighted only by rows whose masked keys carry
+    // weight (below), summed over the group's heads.
     for (int64_t j = rows; j < K; ++j) {
-      float* gk = p.grad_k.ptr(b, h, j);
-      float* gv = p.grad_v.ptr(b, h, j);
+      float* gk = p.grad_k.ptr(b, hk, j);
+      float* gv = p.grad_v.ptr(b, hk, j);
       for (int64_t c = 0; c < d; ++c) gk[c] = 0.0f;
-      if (p.dropout.active()) {
-        for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-        for (int64_t i = 0; i < Q; ++i) {
-          if (s.w[i] == 0.0f) continue;
-          const float wm = s.w[i] * p.dropout.multiplier(row0 + i * K + j);
-          for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
+      for (int64_t c = 0; c < dv; ++c) gv[c] = 0.0f;
+    }
+    const int32_t* n_valid = job.n_valid + b * Q;
+    for (int64_t i = 0; i < sh.qpad; ++i) s.nf_int[i] = i < Q ? n_valid[i] : 0;
+
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hk * G + g;
+      pack(p.q.ptr(b, h), p.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
+      pack(p.grad_out.ptr(b, h), p.grad_out.stride[2], Q, dv, sh.dvpad, s.dor, sh.qpad, s.doT, sh.qpad);
+      const int64_t base = (b * H + h) * Q;
+      for (int64_t i = 0; i < sh.qpad; ++i) {
+        const bool real = i < Q;
+        // D = dO . O, accumulated in the order and with the rounding of the
+        // score micro-kernel's dP = dO . v: where a row has one live key
+        // (O = v exactly), dP - D is then exactly 0, as the true gradient.
+        Reg dot = V::zero();
+        if (real) {
+          const float* o = p.out.ptr(b, h, i);
+          const float* gr = s.dor + i * sh.dvpad;
+          for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
+        }
+        float lanes[L];
+        V::store(lanes, dot);
+        s.D[i] = lanes[0];
+        // A fully masked row (the forward's row_max2 = -inf): the policy's
+        // weight on every key, no gradient to the scores.
+        const bool policy = real && job.row_max2[base + i] == -__builtin_inff();
+        s.pm[i] = policy ? 1.0f : 0.0f;
+        s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
+        s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
+        s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
+        // The weight of a key past the row's limit: 0 under the -inf fill,
+        // else 0 unless the row's max is near the fill.
+        float w = 0.0f;
+        if (policy) w = mj.policy;
+        else if (real && !mj.neg_inf) w = std::exp2((mj.fill - s.m[i]) * mj.unit) * s.linv[i];
+        s.w[i] = w;
+      }
+      for (int64_t x = 0; x < sh.qpad * sh.dpad; ++x) s.dq[x] = 0.0f;
+
+      for (int64_t j0 = 0; j0 < rows; j0 += NK) {
+        const int64_t nk = F::lmin(NK, rows - j0);
+        for (int64_t i0 = 0; i0 < Q; i0 += MQ) {
+          const int64_t mq = F::lmin(MQ, Q - i0);
+          int64_t kv_end = 0, kv_min = INT64_MAX;
+          bool weighted_mask = false, any_policy = false;
+          for (int64_t i = 0; i < mq; ++i) {
+            kv_end = F::lmax(kv_end, n_valid[i0 + i]);
+            kv_min = F::lmin(kv_min, n_valid[i0 + i]);
+            weighted_mask = weighted_mask || s.w[i0 + i] != 0.0f;
+            any_policy = any_policy || s.pm[i0 + i] != 0.0f;
+          }
+          if (j0 >= kv_end && !weighted_mask) continue;  // every key here masked, weight 0
+          F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
+            tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv_min, any_policy,
+                                           s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
+          });
         }
       }
-      for (int64_t c = 0; c < dv; ++c) gv[c] = acc[c];
+      // Values past every limit: from the rows whose masked keys carry weight.
+      const uint64_t row0 = static_cast<uint64_t>(base * K);
+      float* acc = s.dvj;  // [dv]
+      if (rows < K && !p.dropout.active()) {
+        for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+        for (int64_t i = 0; i < Q; ++i)
+          if (s.w[i] != 0.0f)
+            for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
+      }
+      for (int64_t j = rows; j < K; ++j) {
+        float* gv = p.grad_v.ptr(b, hk, j);
+        if (p.dropout.active()) {
+          for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+          for (int64_t i = 0; i < Q; ++i) {
+            if (s.w[i] == 0.0f) continue;
+            const float wm = s.w[i] * p.dropout.multiplier(row0 + i * K + j);
+            for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
+          }
+        }
+        for (int64_t c = 0; c < dv; ++c) gv[c] += acc[c];
+      }
+      for (int64_t i = 0; i < Q; ++i) {
+        float* gq = p.grad_q.ptr(b, h, i);
+        for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
+      }
     }
-    for (int64_t i = 0; i < Q; ++i) {
-      float* gq = p.grad_q.ptr(b, h, i);
-      for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
+    for (int64_t r = 0; r < rows; ++r) {
+      float* gk = p.grad_k.ptr(b, hk, r);
+      float* gv = p.grad_v.ptr(b, hk, r);
+      for (int64_t c = 0; c < d; ++c) gk[c] = s.dk[r * sh.dpad + c];
+      for (int64_t c = 0; c < dv; ++c) gv[c] = s.dv[r * sh.dvpad + c];
     }
   }
 };

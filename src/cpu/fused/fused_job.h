@@ -13,10 +13,34 @@
 
 namespace mha::kernels::fused {
 
+// The mask options as the tile kernels read them (kernels/attention_params.h
+// MaskOptions). Causality, lengths and each row's last kept key are already
+// folded into the per-query key limit n_valid; keys inside it still need the
+// masking pass when `tile_mask[b]` is set (a key_keep with holes, a bias, a
+// pair mask).
+struct MaskJob {
+  const MaskOptions* m = nullptr;      // never null in a job
+  const uint8_t* tile_mask = nullptr;  // [B]: 1 when row b's keys below n need the masking pass
+  // Scores are kept in base 2 (t = s * log2 e, the cheaper exponential),
+  // except with an additive mask: a bias of -1e4 or -2e6 leaves too few bits
+  // for the differences once scaled, so such calls keep natural scores
+  // s + bias, as the reference adds them, and scale each difference to the
+  // running max instead (`natural`; the statistics are then natural too).
+  bool natural = false;
+  float unit = 1.0f;                   // natural ? log2(e) : 1: a score difference -> base 2
+  float fill = 0.0f;                   // a masked score in these units: the seed's fill or -inf
+  float policy = 0.0f;                 // weight of every key in a fully masked row: 1/K or 0
+  bool neg_inf = false;                // fill == NegInf
+  bool zeros = false;                  // fully_masked == Zeros
+};
+
 // One forward call. Chunk c is (b, head, query tile) = c / (H*q_tiles), ...
 struct ForwardJob {
   const AttentionForward* p = nullptr;
-  const int32_t* n_valid = nullptr;  // [B,Q]: #{k < K : float(k) < length(b, q)}
+  // [B,Q]: the keys [0, n) query q may see: min of the length count
+  // #{k < K : float(k) < length(b, q)}, its causal limit + 1 and row b's
+  // last kept key (key_keep) + 1. Keys past it are masked.
+  const int32_t* n_valid = nullptr;
   float* row_max2 = nullptr;         // [B,h,Q] or null
   float* row_sum = nullptr;          // [B,h,Q] or null
   float c2 = 0.0f;                   // log2(e) / scale_divisor
@@ -24,13 +48,14 @@ struct ForwardJob {
   const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read (K where read_all)
   int64_t pack_rows = 0;             // max over b of kv_rows
   const uint8_t* read_all = nullptr; // [B] or null: read every key of these rows
+  MaskJob mask;
 };
 
 // One weights request. Chunk c is (pair, query tile); pair = (row i, head j)
 // of the request, writing out[(i*n_heads + j), Q, K].
 struct WeightsJob {
-  TensorView q, k;                   // [B,h,Q,d], [B,h,K,d]
-  const int32_t* n_valid = nullptr;  // [B,Q]
+  TensorView q, k;                   // [B,h,Q,d], [B,hkv,K,d]
+  const int32_t* n_valid = nullptr;  // [B,Q]: per-query key limit, as in ForwardJob
   const float* row_max2 = nullptr;   // [B,h,Q]
   const float* row_sum = nullptr;    // [B,h,Q]
   float c2 = 0.0f;
@@ -41,9 +66,12 @@ struct WeightsJob {
   int64_t q_tiles = 0;
   const int64_t* kv_rows = nullptr;  // [B], as in ForwardJob
   int64_t pack_rows = 0;
+  MaskJob mask;
 };
 
-// One backward call. Chunk c is (b, head) = (c / H, c % H).
+// One backward call. Chunk c is (b, kv head) = (c / Hkv, c % Hkv); it runs
+// the query heads of that kv head in order, so that grad_k and grad_v sum
+// over them on one thread.
 struct BackwardJob {
   const AttentionBackward* p = nullptr;
   const int32_t* n_valid = nullptr;   // [B,Q]
@@ -52,6 +80,7 @@ struct BackwardJob {
   float c2 = 0.0f;                    // log2(e) / scale_divisor
   const int64_t* kv_rows = nullptr;   // [B]: key rows with any live key
   int64_t pack_rows = 0;              // max over b of kv_rows
+  MaskJob mask;
 };
 
 // The entry points of one instruction set's kernel (fused_<isa>.cpp).

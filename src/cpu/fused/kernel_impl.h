@@ -10,15 +10,23 @@
 // of headers included before the region (compiled for the baseline target).
 //
 // One chunk is (batch row b, head h, query tile [i0, i0 + MQ)). Per chunk:
-//   k, v rows of (b, h) below the longest length   packed once per thread and slice
+//   k, v rows of (b, kv head of h) below the longest key limit n
+//                                                   packed once per thread and slice
 //   Q^T[c, i]  = q[b, h, i0 + i, c]                 packed once per chunk
 //   for each key tile [j0, j0 + NK) below the tile's largest length:
-//     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j is masked
+//     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j >= n[i]
+//     (masking pass, only for rows with boolean holes or additive masks:
+//      S^T[j, i] += bias on kept keys, the fill on masked ones; a call with
+//      an additive mask keeps natural scores, MaskJob::natural)
 //     m_new = max(m, max_j S^T[j, i]);  c = 2^(m - m_new)
 //     P^T = 2^(S^T - m_new);  l = l * c + sum_j P^T;  P^T *= dropout
 //     O^T[:, i] = O^T[:, i] * c + v^T P^T
 //   masked keys with non-zero weight (valid length 0): added in closed form
+//   fully masked rows (kernels/masked_row.h): the policy, marked row_max2 = -inf
 //   out[b, h, i0 + i] = O^T[:, i] / l;   row_max2 = m, row_sum = l
+// n (ForwardJob::n_valid) folds lengths, causality and the last kept key in,
+// so the tiles past every query's n are never computed: causal and padding
+// masks skip whole tiles.
 // The order of every sum is fixed by the tiling alone, so the result does not
 // depend on which thread runs the chunk.
 
@@ -43,20 +51,21 @@ struct Kernel {
   // dispatcher before the first chunk: consecutive chunks of a thread mostly
   // share (b, h), and pack its keys and values once.
   struct Scratch {
-    int64_t* slice;  // [1]        b*H + h + 1 of the packed slice, 0: none
+    int64_t* slice;  // [1]        b*Hkv + kv head + 1 of the packed slice, 0: none
     float* qt;       // [d, MQ]    Q^T
     float* st;       // [NK, MQ]   S^T, then P^T
     float* ot;       // [dv, MQ]   O^T, unnormalised
     float* m;        // [MQ]       running max (base 2)
     float* l;        // [MQ]       running sum
     float* nf;       // [MQ]       valid key count, as float
+    float* kept;     // [MQ]       keys kept (the fully-masked test)
     float* vsum;     // [dv]       masked-key value sum (closed-form tail)
     float* kp;       // [rows, d]  the slice's key rows, packed
     float* vp;       // [rows, dv] the slice's value rows, packed
   };
   static size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
     return static_cast<size_t>(16 + round16(d * MQ) + round16(NK * MQ) + round16(dv * MQ) +
-                               3 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
+                               4 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
   }
   static Scratch carve(float* s, int64_t d, int64_t dv, int64_t rows) {
     Scratch r;
@@ -67,6 +76,7 @@ struct Kernel {
     r.m = s; s += round16(MQ);
     r.l = s; s += round16(MQ);
     r.nf = s; s += round16(MQ);
+    r.kept = s; s += round16(MQ);
     r.vsum = s; s += round16(dv);
     r.kp = s; s += round16(rows * d);
     r.vp = s;
@@ -123,6 +133,56 @@ struct Kernel {
     }
     *shortest = kv_min;
     return kv_end;
+  }
+
+  // The masking pass over keys [j0, j0 + nk) of S^T, for lanes i < mq and
+  // keys below the lane's key limit n (qk_tile set those past it): a key a
+  // boolean mask drops scores the fill, a kept one gets its additive masks
+  // (there are some only in natural mode, MaskJob::natural, so no scaling).
+  // S^T is [key, query], so pair masks are read along
+  // their rows, one query at a time. kept[i] += the lane's kept keys; kt,
+  // when set, gets 1 on kept keys and 0 elsewhere (every lane of the tile).
+  static void mask_tile(const MaskJob& mj, int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t K,
+                        int64_t j0, int64_t nk, const int32_t* n_valid, float* st, float* kept,
+                        float* kt) {
+    const MaskOptions& m = *mj.m;
+    const uint8_t* kk = m.key_keep ? m.key_keep + b * K + j0 : nullptr;
+    const float* kb = m.key_bias ? m.key_bias + b * K + j0 : nullptr;
+    if (kt)
+      for (int64_t x = 0; x < nk * MQ; ++x) kt[x] = 0.0f;
+    for (int64_t i = 0; i < mq; ++i) {
+      const int64_t end = lmin(nk, n_valid[i] - j0);  // keys of the tile below n
+      if (end <= 0) continue;
+      const int64_t off = m.pair_offset(b, h, i0 + i, K) + j0;
+      const uint8_t* pk = m.pair_keep ? m.pair_keep + off : nullptr;
+      const float* pb = m.pair_bias ? m.pair_bias + off : nullptr;
+      float count = 0.0f;
+      for (int64_t r = 0; r < end; ++r) {
+        const bool keep = (!kk || kk[r]) && (!pk || pk[r]);
+        float& x = st[r * MQ + i];
+        if (!keep) {
+          x = mj.fill;
+        } else if (mj.natural) {  // as the reference: (s + key bias) + pair bias
+          if (kb) x += kb[r];
+          if (pb) x += pb[r];
+        }
+        count += keep ? 1.0f : 0.0f;
+        if (kt) kt[r * MQ + i] = keep ? 1.0f : 0.0f;
+      }
+      if (kept) kept[i] += count;
+    }
+  }
+
+  // Whether query i ends fully masked (kernels/masked_row.h), from the
+  // running max m over its keys below n and its kept count: every score
+  // -inf (m = -inf) where no masked key holds the seed's finite fill (fill
+  // -inf, or no key masked: n = K and none dropped inside), or no key kept
+  // under the zeros policy (under uniform, the seed's fill alone already
+  // gives the policy's 1/K, through the closed-form tail).
+  static bool fully_masked(const MaskJob& mj, float m, float kept, int64_t n, int64_t K) {
+    if (m == -__builtin_inff() && (mj.neg_inf || (n == K && kept == static_cast<float>(K))))
+      return true;
+    return mj.zeros && kept == 0.0f;
   }
 
   // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
@@ -228,12 +288,18 @@ struct Kernel {
   static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
     const int64_t Q = job.p->Q(), tile = chunk % job.q_tiles;
     dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
-                      [&](auto u) { forward_tile<decltype(u)::value>(job, chunk, scratch); });
+                      [&](auto u) {
+                        if (job.mask.natural) forward_tile<decltype(u)::value, true>(job, chunk, scratch);
+                        else forward_tile<decltype(u)::value, false>(job, chunk, scratch);
+                      });
   }
   static void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
     const int64_t Q = job.q.shape[2], tile = chunk % job.q_tiles;
     dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
-                      [&](auto u) { weights_tile<decltype(u)::value>(job, chunk, scratch); });
+                      [&](auto u) {
+                        if (job.mask.natural) weights_tile<decltype(u)::value, true>(job, chunk, scratch);
+                        else weights_tile<decltype(u)::value, false>(job, chunk, scratch);
+                      });
   }
   template <int U, class F>
   static void dispatch_used(int used, const F& f) {
@@ -243,19 +309,31 @@ struct Kernel {
     }
   }
 
-  template <int U>
+  // A score difference in base 2: natural scores (MaskJob::natural) are
+  // scaled by log2(e) here, base-2 ones are already.
+  template <bool kNat>
+  static Reg to_base2(Reg x) {
+    if constexpr (kNat) return V::mul(x, V::set1(kLog2e));
+    else return x;
+  }
+
+  template <int U, bool kNat>
   static void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
     const AttentionForward& p = *job.p;
     const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
     const int64_t tile = chunk % job.q_tiles, bh = chunk / job.q_tiles;
-    const int64_t h = bh % H, b = bh / H;
+    const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
     const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
     const Scratch s = carve(scratch, d, dv, job.pack_rows);
+    const MaskJob& mj = job.mask;
+    const bool tile_mask = mj.tile_mask[b] != 0;
 
     pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     int64_t kv_min;
     int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
+    // Without the masking pass every key below n is kept.
+    for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i];
     if (job.read_all && job.read_all[b]) kv_end = K;  // masked keys too, at weight 0
     Reg nfv[U], m[U], l[U];
     for (int v = 0; v < U; ++v) {
@@ -268,12 +346,13 @@ struct Kernel {
 
     const Reg c2v = V::set1(job.c2), neg_inf = V::set1(-__builtin_inff());
     const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
-    // Keys and values below the row's longest length, packed once per slice.
+    // Keys and values below the row's longest key limit, packed once per
+    // slice (the heads of a group share it).
     const int64_t rows = job.kv_rows[b];
-    if (*s.slice != b * H + h + 1) {
-      pack_rows(p.k.ptr(b, h), p.k.stride[2], rows, d, s.kp);
-      pack_rows(p.v.ptr(b, h), p.v.stride[2], rows, dv, s.vp);
-      *s.slice = b * H + h + 1;
+    if (*s.slice != b * Hkv + hk + 1) {
+      pack_rows(p.k.ptr(b, hk), p.k.stride[2], rows, d, s.kp);
+      pack_rows(p.v.ptr(b, hk), p.v.stride[2], rows, dv, s.vp);
+      *s.slice = b * Hkv + hk + 1;
     }
     const float* kb = s.kp;
     const float* vb = s.vp;
@@ -284,7 +363,14 @@ struct Kernel {
       const int64_t nk = lmin(NK, kv_end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
-      qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+      if (tile_mask) {
+        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+        mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, s.st, s.kept, nullptr);
+        for (int64_t r = 0; r < nk; ++r)
+          for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
+      } else {
+        qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+      }
       // Online softmax: rescale what came before to the new running max. A
       // lane that has seen no key yet keeps max -inf; it exponentiates
       // against 0 instead, so that -inf - -inf never makes a NaN.
@@ -292,12 +378,12 @@ struct Kernel {
       for (int v = 0; v < U; ++v) {
         const Reg m_new = V::max(m[v], mx[v]);
         const Reg m_safe = V::select_lt(m_new, lowest, zero, m_new);
-        corr[v] = V::exp2(V::sub(m[v], m_safe));
+        corr[v] = V::exp2(to_base2<kNat>(V::sub(m[v], m_safe)));
         m[v] = m_new;
         Reg sum = V::zero();
         for (int64_t r = 0; r < nk; ++r) {
           float* x = s.st + r * MQ + v * L;
-          const Reg e = V::exp2(V::sub(V::load(x), m_safe));
+          const Reg e = V::exp2(to_base2<kNat>(V::sub(V::load(x), m_safe)));
           V::store(x, e);
           sum = V::add(sum, e);
         }
@@ -316,7 +402,12 @@ struct Kernel {
       V::store(s.m + v * L, m[v]);
       V::store(s.l + v * L, l[v]);
     }
-    masked_tail(p, n_valid, mq, p.v.ptr(b, h), p.v.stride[2], row0, s);  // may read past `rows`
+    bool policy[MQ];
+    for (int64_t i = 0; i < mq; ++i) policy[i] = fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
+    // Keys past n score the seed's fill (their weight is 0 under -inf).
+    if (!mj.neg_inf)
+      masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
+    policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
     // out = O^T / l: divide lane-wise (a scalar division per element would
     // cost a tenth of the chunk at d = 64), then transpose into the rows.
@@ -344,15 +435,16 @@ struct Kernel {
   // scaled) values. Only rows where that weight is not exactly 0 in float32
   // need it: valid length 0 (uniform weights over all K keys), or scores
   // within 150 (base 2) of the fill.
-  static void masked_tail(const AttentionForward& p, const int32_t* n_valid, int64_t mq,
-                          const float* vb, int64_t vs, uint64_t row0, const Scratch& s) {
+  static void masked_tail(const AttentionForward& p, const MaskJob& mj, const int32_t* n_valid, int64_t mq,
+                          const float* vb, int64_t vs, uint64_t row0, const bool* policy,
+                          const Scratch& s) {
     const int64_t K = p.K(), dv = p.dv();
     int64_t cached_n = -1;  // vsum holds the plain sum over [cached_n, K)
     for (int64_t i = 0; i < mq; ++i) {
       const int64_t n = n_valid[i];
-      if (n >= K) continue;
+      if (n >= K || policy[i]) continue;
       const float m = s.m[i];
-      if (n > 0 && m - kMaskFill2 >= kUnderflow2) continue;
+      if (n > 0 && (m - mj.fill) * mj.unit >= kUnderflow2) continue;
       if (p.dropout.active()) {
         for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
         for (int64_t j = n; j < K; ++j) {
@@ -370,30 +462,69 @@ struct Kernel {
         }
         cached_n = n;
       }
-      const float m_new = m > kMaskFill2 ? m : kMaskFill2;
-      const float corr = std::exp2(m - m_new);  // 0 when m = -inf (no unmasked key)
-      const float w = std::exp2(kMaskFill2 - m_new);
+      const float m_new = m > mj.fill ? m : mj.fill;
+      const float corr = std::exp2((m - m_new) * mj.unit);  // 0 when m = -inf (no unmasked key)
+      const float w = std::exp2((mj.fill - m_new) * mj.unit);
       s.m[i] = m_new;
       s.l[i] = s.l[i] * corr + static_cast<float>(K - n) * w;
       for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] = s.ot[c * MQ + i] * corr + w * s.vsum[c];
     }
   }
 
-  template <int U>
+  // Fully masked rows get the policy: weight mj.policy (1/K or 0) on every
+  // key, so the output is the mean of the (dropout scaled) values or 0. Their
+  // statistics mark them: row_max2 = -inf (a row with any live score, or
+  // with the seed's finite fill on some key, has a finite max), row_sum = 1.
+  static void policy_rows(const AttentionForward& p, const MaskJob& mj, int64_t mq,
+                          const float* vb, int64_t vs, uint64_t row0, const bool* policy,
+                          const Scratch& s) {
+    const int64_t K = p.K(), dv = p.dv();
+    bool cached = false;  // vsum holds the plain sum over all keys
+    for (int64_t i = 0; i < mq; ++i) {
+      if (!policy[i]) continue;
+      s.m[i] = -__builtin_inff();
+      s.l[i] = 1.0f;
+      if (mj.policy == 0.0f) {
+        for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] = 0.0f;
+        continue;
+      }
+      if (p.dropout.active() || !cached) {
+        for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
+        for (int64_t j = 0; j < K; ++j) {
+          const float mult = p.dropout.multiplier(row0 + i * K + j);
+          if (mult == 0.0f) continue;
+          const float* vr = vb + j * vs;
+          for (int64_t c = 0; c < dv; ++c) s.vsum[c] += mult * vr[c];
+        }
+        cached = !p.dropout.active();
+      }
+      for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] = mj.policy * s.vsum[c];
+    }
+  }
+
+  template <int U, bool kNat>
   static void weights_tile(const WeightsJob& job, int64_t chunk, float* scratch) {
     const int64_t H = job.q.shape[1], Q = job.q.shape[2], K = job.k.shape[2], d = job.q.shape[3];
+    const int64_t Hkv = job.k.shape[1];
     const int64_t tile = chunk % job.q_tiles, pair = chunk / job.q_tiles;
     const int64_t b = job.batch_rows[pair / job.n_heads], h = job.heads[pair % job.n_heads];
+    const int64_t hk = h / (H / Hkv);
     const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
     const Scratch s = carve(scratch, d, 0, job.pack_rows);
+    const MaskJob& mj = job.mask;
+    const bool tile_mask = mj.tile_mask[b] != 0;
 
     pack_queries(job.q, b, h, i0, mq, U * L, d, s.qt);
+    const int32_t* n_valid = job.n_valid + b * Q + i0;
     int64_t kv_min;
-    const int64_t kv_end = load_lengths(job.n_valid + b * Q + i0, mq, s.nf, &kv_min);
+    const int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
     const int64_t base = (b * H + h) * Q + i0;
+    bool policy[MQ];  // fully masked rows (row_max2 = -inf): the policy's weight
     for (int64_t i = 0; i < MQ; ++i) {
-      s.m[i] = i < mq ? job.row_max2[base + i] : 0.0f;
-      s.l[i] = i < mq ? 1.0f / job.row_sum[base + i] : 0.0f;
+      s.kept[i] = 0.0f;  // counted by mask_tile, not needed here
+      policy[i] = i < mq && job.row_max2[base + i] == -__builtin_inff();
+      s.m[i] = i < mq && !policy[i] ? job.row_max2[base + i] : 0.0f;
+      s.l[i] = i < mq && !policy[i] ? 1.0f / job.row_sum[base + i] : 0.0f;
     }
     Reg nfv[U], m[U], inv_l[U];
     for (int v = 0; v < U; ++v) {
@@ -401,10 +532,10 @@ struct Kernel {
       m[v] = V::load(s.m + v * L);
       inv_l[v] = V::load(s.l + v * L);
     }
-    const Reg c2v = V::set1(job.c2), fill = V::set1(kMaskFill2);
-    if (*s.slice != b * H + h + 1) {
-      pack_rows(job.k.ptr(b, h), job.k.stride[2], job.kv_rows[b], d, s.kp);
-      *s.slice = b * H + h + 1;
+    const Reg c2v = V::set1(job.c2), fill = V::set1(mj.fill);
+    if (*s.slice != b * Hkv + hk + 1) {
+      pack_rows(job.k.ptr(b, hk), job.k.stride[2], job.kv_rows[b], d, s.kp);
+      *s.slice = b * Hkv + hk + 1;
     }
     const float* kb = s.kp;
     const int64_t ks = d;
@@ -414,16 +545,20 @@ struct Kernel {
       const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
       qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
                         s.st, nullptr);
+      if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, computed, n_valid, s.st, s.kept, nullptr);
       for (int64_t r = computed; r < nk; ++r)
         for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
       for (int64_t r = 0; r < nk; ++r)
         for (int v = 0; v < U; ++v) {
           float* x = s.st + r * MQ + v * L;
-          V::store(x, V::mul(V::exp2(V::sub(V::load(x), m[v])), inv_l[v]));
+          V::store(x, V::mul(V::exp2(to_base2<kNat>(V::sub(V::load(x), m[v]))), inv_l[v]));
         }
       for (int64_t i = 0; i < mq; ++i) {
         float* dst = out + (i0 + i) * K + j0;
-        for (int64_t r = 0; r < nk; ++r) dst[r] = s.st[r * MQ + i];
+        if (policy[i])
+          for (int64_t r = 0; r < nk; ++r) dst[r] = mj.policy;
+        else
+          for (int64_t r = 0; r < nk; ++r) dst[r] = s.st[r * MQ + i];
       }
     }
   }

@@ -1,0 +1,154 @@
+// `mha bench --masks`: what causal and key padding masks save in the fused
+// kernel, which skips the key tiles past each query's last visible key.
+//
+// Two levels, each timed with and without the mask in one run:
+// - the attention kernel alone (kernels::attention_forward_fused on (B, h,
+//   L, d) views): the part masks can save;
+// - TorchMultiheadAttention (eval, need_weights=False, as a caller runs it
+//   for inference), projections included, on the Fused kernel, and on the
+//   BLAS kernel (which materialises every score: what a masked call ran on
+//   before the fused kernel honoured masks).
+// ms: median wall time after a warm-up call; ratio: masked / unmasked time
+// of the same kernel.
+#include "bench_masks.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "kernels/attention_fused.h"
+#include "kernels/attention_params.h"
+#include "kernels/dispatch.h"
+#include "mha/mha.h"
+
+namespace mha::tools {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median seconds of f() over >= 3 calls and about `budget` seconds, after one warm-up.
+double median_time(const std::function<void()>& f, double budget) {
+  f();
+  std::vector<double> t;
+  const double end = now() + budget;
+  while (t.size() < 3 || (now() < end && t.size() < 30)) {
+    const double t0 = now();
+    f();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+Tensor normal(Shape s, Generator& g, float scale = 1.0f) {
+  Tensor t(std::move(s));
+  for (float& x : t.values()) x = scale * static_cast<float>(g.normal());
+  return t;
+}
+
+// Key padding averaging 40% kept: row b keeps its first fr[b % 8] * K keys.
+std::vector<uint8_t> padding_keep(int64_t B, int64_t K) {
+  const double fr[] = {0.15, 0.25, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6};
+  std::vector<uint8_t> keep;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::max<int64_t>(1, std::lround(static_cast<double>(K) * fr[b % 8]));
+    for (int64_t j = 0; j < K; ++j) keep.push_back(j < n);
+  }
+  return keep;
+}
+
+enum class MaskKind { None, Causal, Padding };
+
+// The fused kernel alone on (B, h, L, d) self-attention views.
+double kernel_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, AttentionKernel kernel,
+                   double budget) {
+  Generator g(1);
+  const int64_t d = D / h;
+  Tensor q = normal({B, L, D}, g), k = normal({B, L, D}, g), v = normal({B, L, D}, g), out({B, L, D});
+  const std::vector<uint8_t> keep = padding_keep(B, L);
+  kernels::AttentionForward p;
+  p.q = q.view().split_heads(h);
+  p.k = k.view().split_heads(h);
+  p.v = v.view().split_heads(h);
+  p.out = out.view().split_heads(h);
+  p.scale_divisor = std::sqrt(static_cast<float>(d));
+  p.masks.fill = kernels::MaskFill::NegInf;  // as PyTorch's masks
+  if (kind == MaskKind::Causal) p.masks.causal = Causal::TopLeft;
+  if (kind == MaskKind::Padding) p.masks.key_keep = keep.data();
+  Tensor weights;
+  if (kernel == AttentionKernel::Blas) {  // the BLAS kernel forms the weights
+    weights = Tensor({B, h, L, L});
+    p.weights = weights.data();
+  }
+  return median_time([&] { kernels::attention_forward(kernel, p); }, budget);
+}
+
+// TorchMultiheadAttention (E = D, h heads, biases), eval, no weights.
+double module_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, AttentionKernel kernel,
+                   double budget) {
+  Generator g(2);
+  StateDict s;
+  const float w = 1.0f / std::sqrt(static_cast<float>(D));
+  s["in_proj_weight"] = normal({3 * D, D}, g, w);
+  s["in_proj_bias"] = normal({3 * D}, g, 0.1f);
+  s["out_proj.weight"] = normal({D, D}, g, w);
+  s["out_proj.bias"] = normal({D}, g, 0.1f);
+  auto m = TorchMultiheadAttention::from_state_dict(s, h);
+  m.eval();
+  m.set_kernel(kernel);
+  const Tensor x = normal({B, L, D}, g);
+  Mask kpm;
+  if (kind == MaskKind::Padding) {
+    std::vector<uint8_t> masked = padding_keep(B, L);
+    for (uint8_t& b : masked) b = !b;
+    kpm = mask_from_torch_mha({B, L}, masked);
+  }
+  return median_time([&] { m(x, x, x, kpm, false, {}, true, kind == MaskKind::Causal); }, budget);
+}
+
+struct Shape4 {
+  const char* name;
+  int64_t B, L, D, h;
+  MaskKind mask;
+};
+
+}  // namespace
+
+void run_mask_bench(const std::vector<int>& threads, double budget) {
+  const Shape4 shapes[] = {{"B1 L4096 D512 h8 causal", 1, 4096, 512, 8, MaskKind::Causal},
+                           {"B8 L512 D768 h12 keypad40%", 8, 512, 768, 12, MaskKind::Padding}};
+  const int saved = num_threads();
+  std::printf("\n%-28s %-26s %3s %10s %10s %7s\n", "case", "what", "thr", "none ms", "masked ms",
+              "ratio");
+  for (int t : threads) {
+    set_num_threads(t);
+    for (const Shape4& c : shapes) {
+      std::fprintf(stderr, "\r\033[Kthreads=%d %s", t, c.name);
+      std::fflush(stderr);
+      const double k0 = kernel_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Fused, budget);
+      const double k1 = kernel_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Fused, budget);
+      const double m0 = module_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Fused, budget);
+      const double m1 = module_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Fused, budget);
+      const double b0 = module_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Blas, budget);
+      const double b1 = module_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Blas, budget);
+      std::fprintf(stderr, "\r\033[K");
+      std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", c.name, "fused kernel alone", t, k0 * 1e3,
+                  k1 * 1e3, k1 / k0);
+      std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", c.name, "TorchMHA module, Fused", t,
+                  m0 * 1e3, m1 * 1e3, m1 / m0);
+      std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", c.name, "TorchMHA module, Blas", t,
+                  b0 * 1e3, b1 * 1e3, b1 / b0);
+      std::printf("%-28s %-26s %3d %10s %10s %7.3f\n", c.name, "masked: Fused / Blas module", t, "",
+                  "", m1 / b1);
+    }
+  }
+  set_num_threads(saved);
+}
+
+}  // namespace mha::tools
