@@ -172,7 +172,12 @@ class TorchMultiheadAttention {
   void eval() { training_ = false; }
   // True in training mode.
   bool training() const { return training_; }
-  // The attention kernel the calls use (mha/attention.h).
+  // The attention kernel the calls use (mha/attention.h); default Blas.
+  // Fused honours every mask option too, skips the keys past a key padding
+  // mask's last kept key and the tiles a causal mask removes, forms the
+  // weights only when need_weights asks for them, and its backward
+  // recomputes them from two floats per query kept by the training-mode
+  // forward (docs/masks.md: its gradients are less exact where they cancel).
   void set_kernel(AttentionKernel k) { kernel_ = k; }
   // The attention kernel the calls use.
   AttentionKernel kernel() const { return kernel_; }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
 #include "kernels/features.h"
@@ -88,6 +89,24 @@ bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
     case Causal::BottomRight: return j > i + K - Q;
   }
   return false;
+}
+
+// [B]: 1 for each batch row with a non-finite projected value row, or
+// empty when there is none. v: [B*Kt rows, width] in g's row order.
+std::vector<uint8_t> nonfinite_value_rows(const std::vector<float>& v, const Geometry& g,
+                                          int64_t width) {
+  std::vector<uint8_t> flag;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t pos = 0; pos < g.Kt; ++pos) {
+      const float* row = v.data() + g.row(b, pos, g.Kt) * width;
+      bool finite = true;
+      for (int64_t c = 0; c < width; ++c) finite &= std::isfinite(row[c]);
+      if (finite) continue;
+      if (flag.empty()) flag.assign(static_cast<size_t>(g.B), 0);
+      flag[static_cast<size_t>(b)] = 1;
+      break;
+    }
+  return flag;
 }
 
 }  // namespace
@@ -216,7 +235,23 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   nn::TorchMhaMasks masks = nn::build_masks(kpm, am, call.causal, g, H, fully_masked_);
   p.masks = masks.options();
 
-  kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
+  // The fused kernel (key axes up to kFusedMaxKeys) keeps the softmax
+  // statistics for the backward instead of the weights.
+  std::vector<float> stats;
+  if (kernel_ == AttentionKernel::Fused && g.Kt <= kernels::kFusedMaxKeys &&
+      kernels::supports(AttentionKernel::Fused, p)) {
+    const int64_t n = g.B * H * g.Q;
+    if (keep) stats.resize(static_cast<size_t>(2 * n));
+    // A value row the kernel would skip (past a row's last live key) still
+    // reaches the outputs when it is not finite (0 * NaN), as in PyTorch:
+    // such batch rows are read in full.
+    const std::vector<uint8_t> read_all = nonfinite_value_rows(v_proj, g, Ekv);
+    kernels::attention_forward_fused(
+        p, keep ? kernels::SoftmaxStats{stats.data(), stats.data() + n} : kernels::SoftmaxStats{},
+        {read_all.empty() ? nullptr : read_all.data()});
+  } else {
+    kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
+  }
 
   TorchMhaResult result;
   result.output = Tensor(query.shape());
@@ -234,6 +269,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
     saved->weights = weights;  // a copy: dropout and averaging change `weights` below
     saved->masks = std::move(masks);
     saved->dropout = p.dropout;
+    saved->stats = std::move(stats);
     saved_ = std::move(saved);
   } else {
     saved_.reset();

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/attention_backward.h"
+#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
@@ -191,7 +192,14 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tens
   p.grad_q = view(dq.data(), g.Q, H);
   p.grad_k = view(dk.data(), g.Kt, Hkv);
   p.grad_v = view(dv.data(), g.Kt, Hkv);
-  kernels::attention_backward(kernel_, p);  // falls back to a backward with every option used
+  if (!s.stats.empty()) {
+    // The forward ran the fused kernel: its backward recomputes P from the
+    // saved statistics, tile by tile.
+    const size_t n = s.stats.size() / 2;
+    kernels::attention_backward_fused(p, s.stats.data(), s.stats.data() + n);
+  } else {
+    kernels::attention_backward(kernel_, p);  // falls back to a backward with every option used
+  }
 
   // bias_k / bias_v: row K of every batch row's keys / values.
   if (has_bias_kv()) {

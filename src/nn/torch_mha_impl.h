@@ -56,6 +56,9 @@ struct TorchMhaSaved {
   Tensor weights;            // [B,H,Q,Kt] before dropout, or empty (the backward recomputes)
   TorchMhaMasks masks;
   kernels::Dropout dropout;
+  // [2,B,H,Q]: row_max2 then row_sum of a fused forward (its backward
+  // recomputes the weights from them), else empty.
+  std::vector<float> stats;
 };
 
 }  // namespace mha::nn

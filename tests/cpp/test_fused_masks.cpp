@@ -180,8 +180,8 @@ struct MaskProblem {
 // Every option alone (with each kind of length), then random combinations.
 std::vector<uint32_t> option_sets() {
   std::vector<uint32_t> sets;
-  const uint32_t single[] = {0u, kKeyKeep, kKeyBias, kPairKeep, kPairKeep | kPairPerHead,
-                             kPairBias, kPairBias | kPairPerHead, kCausal, kNegInfFill,
+  const uint32_t single[] = {0u, kKeyKeep, kKeyBias, kPairKeep, uint32_t{kPairKeep} | kPairPerHead,
+                             kPairBias, uint32_t{kPairBias} | kPairPerHead, kCausal, kNegInfFill,
                              kZerosForMasked, kGroupedHeads, kDropout};
   const uint32_t lens[] = {0u, kLensPerBatch, kLensPerQuery};
   for (uint32_t l : lens)
@@ -412,8 +412,9 @@ TEST_P(FusedMasks, FullyMaskedRowsGiveNoQueryGradientAndNoNaN) {
         const Gradients g = fused_gradients(pr, grad_out);
         ASSERT_TRUE(g.finite());
         for (int64_t x = 0; x < Q * H * pr.d; ++x) ASSERT_EQ(g.q.data()[x], 0.0f) << "batch row 0";
-        if (B > 1)
+        if (B > 1) {
           for (int64_t x = 0; x < H * pr.d; ++x) ASSERT_EQ(g.q.data()[Q * H * pr.d + x], 0.0f) << "row 1, query 0";
+        }
       }
 }
 

@@ -1,6 +1,7 @@
 // Masks as values, and TorchMultiheadAttention's own rules: loading, layouts,
 // weights, grouped heads, fully masked rows, errors. Parity with PyTorch
 // itself is in tests/python/test_torch_mha.py (it needs torch).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -291,4 +292,66 @@ TEST(TorchMha, BadStateDictsAndCallsAreRefusedByName) {
   EXPECT_TRUE(throws_with([&] { m(x, y, y, {}, true, Mask::additive(Tensor({2, 3, 5}))); },
                           "attn_mask: shape (2, 3, 5) is not (4, 3, 5)"));
   EXPECT_TRUE(throws_with([&] { m(Tensor({8}), y, y); }, "query: shape (8,) is neither"));
+}
+
+namespace {
+
+// Output and input gradients of one training-mode call (dropout 0) on `kernel`.
+struct KernelRun {
+  Tensor out;
+  TorchMultiheadAttention::InputGrads grads;
+};
+KernelRun run_on(AttentionKernel kernel, const StateDict& s, int64_t H, const Tensor& x,
+                 const Tensor& v, const Mask& kpm, bool causal, const Tensor& grad_out) {
+  auto m = TorchMultiheadAttention::from_state_dict(s, H);
+  m.set_kernel(kernel);
+  m.train();
+  KernelRun r;
+  r.out = m(x, x, v, kpm, /*need_weights=*/false, {}, true, causal).output;
+  r.grads = m.backward(grad_out);
+  return r;
+}
+
+}  // namespace
+
+// The fused kernel in the drop-in: key padding skipped, causal tiles skipped,
+// statistics kept for its own backward; outputs and gradients as the BLAS
+// path's (1e-5 of the largest magnitude + 1e-6), and a NaN value row past a
+// row's last kept key still reaches that row's outputs (0 x NaN, as PyTorch).
+TEST(TorchMha, FusedKernelMatchesBlasWithPaddingAndCausalMasks) {
+  Generator gen(811);
+  const int64_t B = 3, L = 67, E = 24, H = 4;
+  const StateDict s = random_state(gen, E, E, E, E, /*bias=*/true, /*bias_kv=*/false);
+  const Tensor x = random_tensor({B, L, E}, gen);
+  const Tensor grad_out = random_tensor({B, L, E}, gen);
+  std::vector<uint8_t> masked(static_cast<size_t>(B * L), 0);
+  const int64_t kept[B] = {L, 40, 1};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = kept[b]; j < L; ++j) masked[static_cast<size_t>(b * L + j)] = 1;
+  const Mask kpm = mask_from_torch_mha({B, L}, masked);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "no causal mask");
+    const KernelRun blas = run_on(AttentionKernel::Blas, s, H, x, x, kpm, causal, grad_out);
+    const KernelRun fused = run_on(AttentionKernel::Fused, s, H, x, x, kpm, causal, grad_out);
+    auto close = [](const Tensor& got, const Tensor& want, const char* what) {
+      float scale = 0.0f;
+      for (float w : want.values()) scale = std::max(scale, std::fabs(w));
+      for (int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_NEAR(got.data()[i], want.data()[i], 1e-5f * scale + 1e-6f) << what << " at " << i;
+    };
+    close(fused.out, blas.out, "output");
+    close(fused.grads.query, blas.grads.query, "grad query");
+    close(fused.grads.key, blas.grads.key, "grad key");
+    close(fused.grads.value, blas.grads.value, "grad value");
+  }
+  // A NaN in row 1's value input past its last kept key (position 50).
+  Tensor v = x;
+  v.at({1, 50, 3}) = NAN;
+  const KernelRun blas = run_on(AttentionKernel::Blas, s, H, x, v, kpm, false, grad_out);
+  const KernelRun fused = run_on(AttentionKernel::Fused, s, H, x, v, kpm, false, grad_out);
+  for (int64_t i = 0; i < blas.out.numel(); ++i)
+    ASSERT_EQ(std::isnan(fused.out.data()[i]), std::isnan(blas.out.data()[i])) << "NaN pattern at " << i;
+  bool row1_nan = false;
+  for (int64_t i = L * E; i < 2 * L * E; ++i) row1_nan |= std::isnan(fused.out.data()[i]);
+  EXPECT_TRUE(row1_nan) << "0 x NaN reaches the outputs of the row that holds it";
 }
