@@ -57,11 +57,18 @@ using nn::head_view;
 // x:[B*K rows, in] -> out:[B*Kt rows, width]: the projection of the K given
 // keys, then the bias row (bias_k / bias_v, if any) at position K of every
 // batch row; any position after that (add_zero_attn's) stays zero.
+// `rows` ([B] or empty: all): project only the first rows[b] positions of
+// batch row b (batch-first, no appended rows); the others stay zero.
 std::vector<float> project_keys(const LazyLinear& layer, const Tensor& x, const Geometry& g,
-                                const Tensor& extra_row) {
+                                const Tensor& extra_row, const std::vector<int64_t>& rows = {}) {
   const int64_t width = layer.out_features(), in = layer.in_features();
   std::vector<float> out(static_cast<size_t>(g.B * g.Kt * width), 0.0f);
-  if (g.seq_first || g.Kt == g.K) {
+  if (!rows.empty()) {
+    for (int64_t b = 0; b < g.B; ++b)
+      if (rows[static_cast<size_t>(b)] > 0)
+        layer.forward_rows(x.data() + b * g.K * in, rows[static_cast<size_t>(b)], out.data() + b * g.K * width,
+                           width);
+  } else if (g.seq_first || g.Kt == g.K) {
     // The K given positions are the first B*K rows in both layouts here.
     layer.forward_rows(x.data(), g.B * g.K, out.data(), width);
   } else {
@@ -89,6 +96,43 @@ bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
     case Causal::BottomRight: return j > i + K - Q;
   }
   return false;
+}
+
+// [B] or empty (all): the key and value rows of each batch row that the
+// fused kernel can read, when a boolean key padding mask lets it skip the
+// rest. The kernel reads no key past a row's last kept key; the policy for
+// fully masked rows reads every value row only under Uniform, so rows whose
+// queries might all be masked (no kept key, or attn_mask / causal in play)
+// are projected in full then. A non-finite value input past the limit is
+// projected too: PyTorch multiplies it by weight 0, and NaN reaches the
+// outputs (nonfinite_value_rows then has the kernel read the row in full).
+// Only batch-first rows without appended keys are contiguous per batch row.
+std::vector<int64_t> key_rows_read(const Mask& kpm, const Mask& am, Causal causal, FullyMaskedRows policy,
+                                   const Tensor& value, const Geometry& g) {
+  std::vector<int64_t> rows;
+  if (!kpm.is_keep() || g.Kt != g.K || (g.seq_first && g.B > 1)) return rows;
+  const bool other_masks = !am.is_none() || causal != Causal::None;
+  const int64_t width = value.size(-1);
+  const uint8_t* keep = kpm.keep_data();
+  bool skips = false;
+  rows.assign(static_cast<size_t>(g.B), g.K);
+  for (int64_t b = 0; b < g.B; ++b) {
+    int64_t n = 0;  // last kept key + 1
+    for (int64_t j = g.K - 1; j >= 0; --j)
+      if (keep[b * g.K + j]) {
+        n = j + 1;
+        break;
+      }
+    if (policy == FullyMaskedRows::Uniform && (n == 0 || other_masks)) continue;
+    const float* v = value.data() + (b * g.K + n) * width;
+    bool finite = true;
+    for (int64_t x = 0; x < (g.K - n) * width; ++x) finite &= std::isfinite(v[x]);
+    if (!finite) continue;
+    rows[static_cast<size_t>(b)] = n;
+    skips |= n < g.K;
+  }
+  if (!skips) rows.clear();
+  return rows;
 }
 
 // [B]: 1 for each batch row with a non-finite projected value row, or
@@ -213,8 +257,13 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   q_proj_.forward_rows(query.data(), g.B * g.Q, q_proj.data(), E);
   const Tensor bk = has_bias_kv() ? bias_k_.reshape({Ekv}) : Tensor();
   const Tensor bv = has_bias_kv() ? bias_v_.reshape({Ekv}) : Tensor();
-  std::vector<float> k_proj = project_keys(k_proj_, key, g, bk);
-  std::vector<float> v_proj = project_keys(v_proj_, value, g, bv);
+  // The fused kernel skips keys past a key padding mask's last kept key:
+  // their projections are skipped too.
+  const bool fused = kernel_ == AttentionKernel::Fused && g.Kt <= kernels::kFusedMaxKeys;
+  const std::vector<int64_t> rows =
+      fused ? key_rows_read(kpm, am, call.causal, fully_masked_, value, g) : std::vector<int64_t>{};
+  std::vector<float> k_proj = project_keys(k_proj_, key, g, bk, rows);
+  std::vector<float> v_proj = project_keys(v_proj_, value, g, bv, rows);
 
   kernels::AttentionForward p;
   Tensor concat({g.B * g.Q, E});
@@ -238,8 +287,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   // The fused kernel (key axes up to kFusedMaxKeys) keeps the softmax
   // statistics for the backward instead of the weights.
   std::vector<float> stats;
-  if (kernel_ == AttentionKernel::Fused && g.Kt <= kernels::kFusedMaxKeys &&
-      kernels::supports(AttentionKernel::Fused, p)) {
+  if (fused && kernels::supports(AttentionKernel::Fused, p)) {
     const int64_t n = g.B * H * g.Q;
     if (keep) stats.resize(static_cast<size_t>(2 * n));
     // A value row the kernel would skip (past a row's last live key) still

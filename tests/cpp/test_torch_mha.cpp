@@ -302,9 +302,11 @@ struct KernelRun {
   TorchMultiheadAttention::InputGrads grads;
 };
 KernelRun run_on(AttentionKernel kernel, const StateDict& s, int64_t H, const Tensor& x,
-                 const Tensor& v, const Mask& kpm, bool causal, const Tensor& grad_out) {
+                 const Tensor& v, const Mask& kpm, bool causal, const Tensor& grad_out,
+                 FullyMaskedRows policy = FullyMaskedRows::Zeros) {
   auto m = TorchMultiheadAttention::from_state_dict(s, H);
   m.set_kernel(kernel);
+  m.set_fully_masked_rows(policy);
   m.train();
   KernelRun r;
   r.out = m(x, x, v, kpm, /*need_weights=*/false, {}, true, causal).output;
@@ -314,25 +316,30 @@ KernelRun run_on(AttentionKernel kernel, const StateDict& s, int64_t H, const Te
 
 }  // namespace
 
-// The fused kernel in the drop-in: key padding skipped, causal tiles skipped,
-// statistics kept for its own backward; outputs and gradients as the BLAS
-// path's (1e-5 of the largest magnitude + 1e-6), and a NaN value row past a
-// row's last kept key still reaches that row's outputs (0 x NaN, as PyTorch).
+// The fused kernel in the drop-in: keys past a row's last kept key skipped
+// with their projections, causal tiles skipped, statistics kept for its own
+// backward; outputs and gradients as the BLAS path's (1e-5 of the largest
+// magnitude + 1e-6) under both policies for fully masked rows (batch row 3
+// has no kept key; row 1 has a hole), and a NaN value row past a row's last
+// kept key still reaches that row's outputs (0 x NaN, as PyTorch).
 TEST(TorchMha, FusedKernelMatchesBlasWithPaddingAndCausalMasks) {
   Generator gen(811);
-  const int64_t B = 3, L = 67, E = 24, H = 4;
+  const int64_t B = 4, L = 67, E = 24, H = 4;
   const StateDict s = random_state(gen, E, E, E, E, /*bias=*/true, /*bias_kv=*/false);
   const Tensor x = random_tensor({B, L, E}, gen);
   const Tensor grad_out = random_tensor({B, L, E}, gen);
   std::vector<uint8_t> masked(static_cast<size_t>(B * L), 0);
-  const int64_t kept[B] = {L, 40, 1};
+  const int64_t kept[B] = {L, 40, 1, 0};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = kept[b]; j < L; ++j) masked[static_cast<size_t>(b * L + j)] = 1;
+  masked[static_cast<size_t>(1 * L + 10)] = 1;
   const Mask kpm = mask_from_torch_mha({B, L}, masked);
+  for (FullyMaskedRows policy : {FullyMaskedRows::Zeros, FullyMaskedRows::Uniform})
   for (bool causal : {false, true}) {
-    SCOPED_TRACE(causal ? "causal" : "no causal mask");
-    const KernelRun blas = run_on(AttentionKernel::Blas, s, H, x, x, kpm, causal, grad_out);
-    const KernelRun fused = run_on(AttentionKernel::Fused, s, H, x, x, kpm, causal, grad_out);
+    SCOPED_TRACE(std::string(causal ? "causal" : "no causal mask") +
+                 (policy == FullyMaskedRows::Zeros ? ", zeros" : ", uniform"));
+    const KernelRun blas = run_on(AttentionKernel::Blas, s, H, x, x, kpm, causal, grad_out, policy);
+    const KernelRun fused = run_on(AttentionKernel::Fused, s, H, x, x, kpm, causal, grad_out, policy);
     auto close = [](const Tensor& got, const Tensor& want, const char* what) {
       float scale = 0.0f;
       for (float w : want.values()) scale = std::max(scale, std::fabs(w));
