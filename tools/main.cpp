@@ -3,12 +3,10 @@
 #include <exception>
 
 #include "commands.h"
-#include "openblas_core.h"
 #include "mha/memory.h"
 #include "mha/version.h"
 
 int main(int argc, char** argv) {
-  mha::tools::rerun_on_fast_openblas_kernels(argv);
   CLI::App app{"mha: multi-head attention, exact to the seed's PyTorch code"};
   app.set_version_flag("--version", std::string("mha ") + mha::kVersion);
   app.require_subcommand(1);
