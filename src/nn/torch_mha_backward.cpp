@@ -55,15 +55,6 @@ void appended_row_backward(const float* dy, const nn::TorchMhaGeometry& g, int64
   }
 }
 
-Tensor concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
-  std::vector<float> all(a.values());
-  all.insert(all.end(), b.values().begin(), b.values().end());
-  all.insert(all.end(), c.values().begin(), c.values().end());
-  Shape shape = a.shape();
-  shape[0] = a.size(0) + b.size(0) + c.size(0);
-  return Tensor(shape, std::move(all));
-}
-
 }  // namespace
 
 void TorchMultiheadAttention::ensure_grads() {
@@ -97,14 +88,14 @@ StateDict TorchMultiheadAttention::grads() const {
   const Tensor wk = grad("k_proj.weight", k_proj_.weight());
   const Tensor wv = grad("v_proj.weight", v_proj_.weight());
   if (packed_) {
-    s["in_proj_weight"] = concat_rows(wq, wk, wv);
+    s["in_proj_weight"] = nn::concat_rows(wq, wk, wv);
   } else {
     s["q_proj_weight"] = wq;
     s["k_proj_weight"] = wk;
     s["v_proj_weight"] = wv;
   }
   if (bias_) {
-    s["in_proj_bias"] = concat_rows(grad("q_proj.bias", q_proj_.bias()), grad("k_proj.bias", k_proj_.bias()),
+    s["in_proj_bias"] = nn::concat_rows(grad("q_proj.bias", q_proj_.bias()), grad("k_proj.bias", k_proj_.bias()),
                                     grad("v_proj.bias", v_proj_.bias()));
     s["out_proj.bias"] = grad("out_proj.bias", out_proj_.bias());
   }

@@ -46,6 +46,10 @@ struct TorchMhaMasks {
 TorchMhaMasks build_masks(const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
                           const TorchMhaGeometry& g, int64_t H, FullyMaskedRows policy);
 
+// a, b, c stacked along axis 0 (PyTorch's packed in_proj_weight / in_proj_bias
+// from the q, k, v parts): [Na, ...], [Nb, ...], [Nc, ...] -> [Na+Nb+Nc, ...].
+Tensor concat_rows(const Tensor& a, const Tensor& b, const Tensor& c);
+
 // What a training-mode forward keeps for backward().
 struct TorchMhaSaved {
   TorchMhaGeometry g;

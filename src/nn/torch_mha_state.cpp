@@ -6,6 +6,7 @@
 #include "mha/error.h"
 #include "mha/safetensors.h"
 #include "mha/torch_mha.h"
+#include "nn/torch_mha_impl.h"
 
 namespace mha {
 
@@ -25,15 +26,6 @@ Tensor element_slice(const Tensor& t, int64_t begin, int64_t count) {
   return Tensor({count}, std::vector<float>(from, from + count));
 }
 
-Tensor concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
-  std::vector<float> all(a.values());
-  all.insert(all.end(), b.values().begin(), b.values().end());
-  all.insert(all.end(), c.values().begin(), c.values().end());
-  Shape shape = a.shape();
-  shape[0] = a.size(0) + b.size(0) + c.size(0);
-  return Tensor(shape, std::move(all));
-}
-
 void want_shape(const StateDict& s, const std::string& name, const Shape& wanted,
                 const std::string& why) {
   const Tensor& t = s.at(name);
@@ -42,6 +34,16 @@ void want_shape(const StateDict& s, const std::string& name, const Shape& wanted
 }
 
 }  // namespace
+
+Tensor nn::concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
+  std::vector<float> all(a.values());
+  all.insert(all.end(), b.values().begin(), b.values().end());
+  all.insert(all.end(), c.values().begin(), c.values().end());
+  Shape shape = a.shape();
+  shape[0] = a.size(0) + b.size(0) + c.size(0);
+  return Tensor(shape, std::move(all));
+}
+
 
 TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_heads,
                                                  int64_t num_kv_heads, bool bias,
@@ -171,14 +173,14 @@ TorchMultiheadAttention TorchMultiheadAttention::from_safetensors(const std::str
 StateDict TorchMultiheadAttention::state_dict() const {
   StateDict s;
   if (packed_) {
-    s["in_proj_weight"] = concat_rows(q_proj_.weight(), k_proj_.weight(), v_proj_.weight());
+    s["in_proj_weight"] = nn::concat_rows(q_proj_.weight(), k_proj_.weight(), v_proj_.weight());
   } else {
     s["q_proj_weight"] = q_proj_.weight();
     s["k_proj_weight"] = k_proj_.weight();
     s["v_proj_weight"] = v_proj_.weight();
   }
   if (bias_) {
-    s["in_proj_bias"] = concat_rows(q_proj_.bias(), k_proj_.bias(), v_proj_.bias());
+    s["in_proj_bias"] = nn::concat_rows(q_proj_.bias(), k_proj_.bias(), v_proj_.bias());
     s["out_proj.bias"] = out_proj_.bias();
   }
   s["out_proj.weight"] = out_proj_.weight();
