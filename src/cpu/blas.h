@@ -1,10 +1,11 @@
-// src/cpu/blas.h: the one place mha calls the BLAS (OpenBLAS, cblas).
+// src/cpu/blas.h: row-major single-precision products, and the one place mha
+// calls the BLAS (OpenBLAS, cblas).
 //
-// Row-major single-precision products. Dimensions are int64 here and checked
-// against the BLAS's 32-bit int before the call. sgemm splits a product into
-// row blocks run on mha's threads (cpu/parallel_gemm.h, where it is defined),
-// so that its result does not depend on the thread count; blas_sgemm is one
-// single-threaded BLAS call.
+// sgemm is mha's own product (cpu/gemm/gemm.h) split into row blocks on
+// mha's threads (cpu/parallel_gemm.h, where it is defined), so that its
+// result does not depend on the thread count. blas_sgemm is one
+// single-threaded OpenBLAS call: the reference the tests and benchmarks hold
+// mha's product to; dimensions are checked against the BLAS's 32-bit int.
 #pragma once
 
 #include <cstdint>

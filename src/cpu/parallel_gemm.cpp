@@ -3,7 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
+#include <memory>
 
 #include "cpu/blas.h"
 #include "mha/threads.h"
@@ -11,8 +11,9 @@
 namespace mha::cpu {
 
 int64_t gemm_row_block(int64_t M) {
+  constexpr int64_t kUnit = 192;
   const int64_t eighth = (M + 7) / 8;
-  return std::clamp<int64_t>((eighth + 63) / 64 * 64, 128, 1024);
+  return std::clamp<int64_t>((eighth + kUnit - 1) / kUnit * kUnit, kUnit, 6 * kUnit);
 }
 
 void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -28,15 +29,70 @@ void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
 }
 
-std::vector<GemmBlock> GemmBatch::blocks() const {
+namespace {
+
+struct Job {
+  GemmBlock block;
+  const PackedB* b;
+};
+
+bool same_b(const GemmBlock& x, const GemmBlock& y) {
+  return x.B == y.B && x.ldb == y.ldb && x.trans_b == y.trans_b && x.K == y.K && x.N == y.N;
+}
+
+}  // namespace
+
+void GemmBatch::run() const {
+  if (products_.empty()) return;
+  // Products smaller than this (multiply-adds) run on the calling thread:
+  // waking a team costs more than they take (the d2l chapter's toy shape:
+  // 2e5).
+  constexpr double kMinParallelWork = 2e6;
+  double work = 0;
+  for (const GemmBlock& g : products_) work += static_cast<double>(g.M) * g.N * g.K;
+  const int team = work < kMinParallelWork ? 1 : num_threads();
+
+  // Each distinct right-hand matrix packed once (the projections of padded
+  // batch rows are one product per row, all reading the same weight).
+  std::vector<size_t> pack_of(products_.size());
+  std::vector<size_t> firsts;  // the product each packing is made from
+  for (size_t i = 0; i < products_.size(); ++i) {
+    size_t p = 0;
+    while (p < firsts.size() && !same_b(products_[firsts[p]], products_[i])) ++p;
+    if (p == firsts.size()) firsts.push_back(i);
+    pack_of[i] = p;
+  }
+  // Packed on every thread, a few column panels at a time: packing reads
+  // the whole right-hand matrix from memory (~0.5-2 ms for 768 x 768).
+  std::vector<std::unique_ptr<PackedB>> packs;
+  struct PackJob {
+    size_t pack;
+    int64_t panel0, panel1;
+  };
+  std::vector<PackJob> pack_jobs;
+  constexpr int64_t kPanelsPerJob = 4;
+  for (size_t p = 0; p < firsts.size(); ++p) {
+    const GemmBlock& g = products_[firsts[p]];
+    packs.push_back(std::make_unique<PackedB>(g.K, g.N));
+    for (int64_t j = 0; j < packs.back()->panels(); j += kPanelsPerJob)
+      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs.back()->panels())});
+  }
+  const int64_t n_pack_jobs = static_cast<int64_t>(pack_jobs.size());
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1 && n_pack_jobs > 1)
+  for (int64_t i = 0; i < n_pack_jobs; ++i) {
+    const PackJob& j = pack_jobs[static_cast<size_t>(i)];
+    const GemmBlock& g = products_[firsts[j.pack]];
+    packs[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1);
+  }
+
   // One block size for the whole batch, from its total rows: a product that
-  // padding cut into short pieces then stays one block per piece, instead of
-  // many small blocks that each repack the same right-hand matrix.
+  // padding cut into short pieces then stays one block per piece.
   int64_t total = 0;
   for (const GemmBlock& g : products_) total += g.M;
   const int64_t rows = gemm_row_block(total);
-  std::vector<GemmBlock> out;
-  for (const GemmBlock& g : products_) {
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < products_.size(); ++i) {
+    const GemmBlock& g = products_[i];
     // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
     const int64_t a_step = g.trans_a ? 1 : g.lda;
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
@@ -44,56 +100,30 @@ std::vector<GemmBlock> GemmBatch::blocks() const {
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      out.push_back(b);
+      jobs.push_back({b, packs[pack_of[i]].get()});
     }
   }
-  return out;
-}
-
-namespace {
-
-void run_block(const GemmBlock& g) {
-  float beta = g.beta;
-  if (g.bias) {
-    for (int64_t r = 0; r < g.M; ++r) std::memcpy(g.C + r * g.ldc, g.bias, sizeof(float) * g.N);
-    beta = 1.0f;
-  }
-  blas_sgemm(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc);
-}
-
-}  // namespace
-
-void GemmBatch::run() const {
   // Largest blocks first, so that the threads finish together (padding
   // leaves blocks of very different sizes); the order does not change any
   // block's result.
-  std::vector<GemmBlock> blocks_ = blocks();
-  std::stable_sort(blocks_.begin(), blocks_.end(), [](const GemmBlock& a, const GemmBlock& b) {
-    return static_cast<double>(a.M) * a.N * a.K > static_cast<double>(b.M) * b.N * b.K;
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    return static_cast<double>(a.block.M) * a.block.N * a.block.K >
+           static_cast<double>(b.block.M) * b.block.N * b.block.K;
   });
-  const int64_t n = static_cast<int64_t>(blocks_.size());
-  if (n == 0) return;
-  // OpenBLAS must not thread inside our threads. Its count is set to one and
-  // left there: switching it back and forth costs ~10 ms per switch once
-  // other threads have called it (measured with OpenBLAS 0.3.21, pthreads).
-  if (blas_threads() != 1) set_blas_threads(1);
-  // Products smaller than this (multiply-adds) run on the calling thread:
-  // waking a team costs more than they take (the seed's toy shape: 2e5).
-  constexpr double kMinParallelWork = 2e6;
-  double work = 0;
-  for (const GemmBlock& g : blocks_) work += static_cast<double>(g.M) * g.N * g.K;
-  const int threads =
-      work < kMinParallelWork ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), n));
+  const int64_t n = static_cast<int64_t>(jobs.size());
+  const int threads = static_cast<int>(std::min<int64_t>(team, n));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) run_block(blocks_[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < n; ++i) {
+    const Job& j = jobs[static_cast<size_t>(i)];
+    gemm_packed(j.block, *j.b);
+  }
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc) {
   if (omp_in_parallel()) {  // already on one of mha's threads: one block, here
-    if (blas_threads() != 1) set_blas_threads(1);
-    blas_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
     return;
   }
   GemmBatch batch;

@@ -1,43 +1,33 @@
-// src/cpu/parallel_gemm.h: matrix products whose result does not depend on
-// the thread count.
+// src/cpu/parallel_gemm.h: matrix products on mha's threads whose result
+// does not depend on the thread count.
 //
-// OpenBLAS threads a product by splitting its rows by the number of threads,
-// and its kernels round the edge blocks of a split differently from whole
-// blocks (measured: with OpenBLAS 0.3.21, 1- and 2-thread products differ in
-// the last bit for most shapes on its Haswell kernel, some on SkylakeX). So
-// mha does not let OpenBLAS thread: it cuts the rows of each product into
-// blocks fixed by the shape alone and runs one single-threaded BLAS call per
-// block on its own OpenMP threads; each row then sees the same kernel path at
-// any thread count. Several products (e.g. the projections of every batch
-// row's unpadded part) go into one batch of blocks, so the threads share them
-// all without a join per product. The cost is repacking the right-hand matrix
-// once per block: ~3% single-threaded at 8 blocks of 512 rows.
+// Each product runs on mha's own GEMM (cpu/gemm/gemm.h): its right-hand
+// matrix is packed once (shared read-only by every thread), its rows are cut
+// into blocks fixed by the shapes alone, and one thread computes each block
+// from start to end. Every element sums its K products in the same order in
+// any block, so 1 and N threads give the same bits. Several products (e.g.
+// the projections of every batch row's unpadded part) go into one batch, so
+// the threads share them all without a join per product, and products that
+// read the same right-hand matrix share one packing.
+//
+// (Before mha had its own GEMM, each block was one single-threaded OpenBLAS
+// call: OpenBLAS threads a product by splitting its rows by the thread count
+// and rounds a split's edge blocks differently, so its threaded results
+// change with the thread count.)
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "cpu/gemm/gemm.h"
+
 namespace mha::cpu {
 
 // Rows per block for a batch of products of M rows in all: about M/8, a
-// multiple of 64, within [128, 1024]. Depends on the shapes only.
+// multiple of 192 (whole row blocks of every ISA's micro-kernel, so that
+// only a product's last block has an edge), within [192, 1152]. Depends on
+// the shapes only.
 int64_t gemm_row_block(int64_t M);
-
-// One block: C:[M,N] = alpha op(A) op(B) + beta C (+ bias broadcast over
-// rows, then beta = 1), op(A) = A^T if trans_a, op(B) = B^T if trans_b.
-struct GemmBlock {
-  bool trans_a, trans_b;
-  int64_t M, N, K;
-  float alpha;
-  const float* A;
-  int64_t lda;
-  const float* B;
-  int64_t ldb;
-  float beta;
-  const float* bias;  // [N] or null
-  float* C;
-  int64_t ldc;
-};
 
 class GemmBatch {
  public:
@@ -49,17 +39,17 @@ class GemmBatch {
   // Adds C = A op(B) + bias (bias:[N] or null) in row blocks.
   void add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
            int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
-  // Runs every block on mha::num_threads() threads, after setting OpenBLAS's
-  // process-wide thread count to one (and leaving it there).
+  // Packs each distinct right-hand matrix once, then runs every block on
+  // mha::num_threads() threads.
   void run() const;
 
  private:
-  std::vector<GemmBlock> blocks() const;  // the products cut into row blocks
   std::vector<GemmBlock> products_;
 };
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm
-// (blas.h) is the general one, run the same way.
+// (blas.h) is the general one, run the same way (on the calling thread alone
+// when called from inside one of mha's parallel regions).
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
 

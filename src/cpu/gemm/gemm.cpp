@@ -1,0 +1,99 @@
+// mha's product: the run-time choice of instruction set, PackedB, and the
+// plain reference loop.
+#include "cpu/gemm/gemm.h"
+
+#include <cstdlib>
+#include <new>
+
+#include "cpu/gemm/gemm_isa.h"
+#include "mha/error.h"
+
+namespace mha::cpu {
+
+namespace {
+
+GemmIsa detect_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma"))
+    return GemmIsa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GemmIsa::Avx2;
+#endif
+  return GemmIsa::Scalar;
+}
+
+GemmIsa g_isa = detect_isa();
+
+const gemm_kernels::IsaGemm& kernels_for(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Avx512: return gemm_kernels::kAvx512Gemm;
+    case GemmIsa::Avx2: return gemm_kernels::kAvx2Gemm;
+    case GemmIsa::Scalar: break;
+  }
+  return gemm_kernels::kScalarGemm;
+}
+
+}  // namespace
+
+GemmIsa gemm_isa() { return g_isa; }
+GemmIsa gemm_best_isa() { return detect_isa(); }
+bool set_gemm_isa(GemmIsa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(detect_isa())) return false;
+  g_isa = isa;
+  return true;
+}
+const char* gemm_isa_name(GemmIsa isa) { return kernels_for(isa).name; }
+
+void PackedB::Free::operator()(float* p) const { std::free(p); }
+
+PackedB::PackedB(int64_t K, int64_t N) : K_(K), N_(N), isa_(g_isa) {
+  const int64_t floats = kernels_for(isa_).packed_b_floats(K, N);
+  // 64-byte aligned: the micro-kernels load B panels with aligned loads.
+  const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+  data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (!data_) throw std::bad_alloc();
+}
+
+PackedB::PackedB(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) : PackedB(K, N) {
+  pack(trans_b, B, ldb, 0, panels());
+}
+
+int64_t PackedB::panels() const {
+  const int64_t nr = kernels_for(isa_).NR;
+  return (N_ + nr - 1) / nr;
+}
+
+void PackedB::pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1) {
+  if (K_ > 0 && N_ > 0) kernels_for(isa_).pack_b(trans_b, K_, N_, B, ldb, data_.get(), panel0, panel1);
+}
+
+void gemm_packed(const GemmBlock& g, const PackedB& b) {
+  if (b.K() != g.K || b.N() != g.N || b.isa() != g_isa)
+    fail("gemm", "packed B is ", b.K(), "x", b.N(), " for ", gemm_isa_name(b.isa()), ", the product needs ",
+         g.K, "x", g.N, " for ", gemm_isa_name(g_isa));
+  kernels_for(g_isa).run(g, b.data());
+}
+
+void gemm(const GemmBlock& g) {
+  if (g.M <= 0 || g.N <= 0) return;
+  const PackedB b(g.trans_b, g.K, g.N, g.B, g.ldb);
+  gemm_packed(g, b);
+}
+
+void gemm_reference(const GemmBlock& g) {
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < g.K; ++k) {
+        const float a = g.trans_a ? g.A[k * g.lda + i] : g.A[i * g.lda + k];
+        const float b = g.trans_b ? g.B[j * g.ldb + k] : g.B[k * g.ldb + j];
+        sum += a * b;
+      }
+      float* c = g.C + i * g.ldc + j;
+      const float prior = g.bias ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c;
+      *c = g.alpha * sum + prior;
+    }
+}
+
+}  // namespace mha::cpu

@@ -1,0 +1,91 @@
+// src/cpu/gemm/gemm.h: mha's own single-precision matrix product.
+//
+// Why not the BLAS: Debian 12's OpenBLAS (0.3.21) does not recognise recent
+// Xeons (family 6 model 207 among them) and falls back to its generic
+// "Prescott" SSE kernels unless the user sets OPENBLAS_CORETYPE; measured on
+// such a machine, 2 threads, B8 L512 D768: mha's projections ran at ~24% of
+// the sgemm rate those CPUs reach. Nobody sets that variable, so mha carries
+// its own packed, register-blocked product, chosen at run time by the CPU's
+// instruction set (AVX-512, AVX2+FMA, portable), as the fused attention
+// kernel does. OpenBLAS stays as the reference the tests hold this one to.
+// (Measured alternatives, and why they lost, are in gemm_traits.h.)
+//
+// The product is the BLAS's: C:[M,N] = alpha op(A) op(B) + beta C, row-major,
+// op(X) = X^T when trans_x. beta = 0 never reads C (it may hold NaN).
+//
+// Layout (BLIS's): op(B) is packed once per product into column panels of
+// NR columns and KC rows (PackedB), op(A) into row panels of MR rows per
+// (MC x KC) block, and a micro-kernel keeps an MR x NR tile of C in registers
+// over KC steps. The blocking depends on the shapes only, never on threads,
+// and every C element sums its K products in the same order whichever block
+// or thread computes it: results are bitwise the same at any thread count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace mha::cpu {
+
+// One product: C:[M,N] = alpha op(A) op(B) + beta C (+ bias broadcast over
+// rows, then beta = 1); op(A):[M,K], op(B):[K,N]; lda/ldb/ldc are row strides
+// of A, B, C as stored.
+struct GemmBlock {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  float alpha;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float beta;
+  const float* bias;  // [N] or null
+  float* C;
+  int64_t ldc;
+};
+
+// Instruction sets of the product's micro-kernels, in order of preference.
+enum class GemmIsa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+GemmIsa gemm_isa();        // the one in use (the best the CPU has, unless set)
+GemmIsa gemm_best_isa();   // the best the CPU has
+// Uses `isa` from now on (for tests); false, and no change, when the CPU
+// lacks it. Not thread-safe against running products.
+bool set_gemm_isa(GemmIsa isa);
+const char* gemm_isa_name(GemmIsa isa);
+
+// op(B):[K,N] packed for the current ISA's micro-kernel; read-only once made,
+// so one packing serves every row block of a product on every thread.
+class PackedB {
+ public:
+  // Packs op(B) = B^T (trans_b) or B, B's rows ldb apart.
+  PackedB(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb);
+  // Room for op(B):[K,N], packed by pack() panel by panel (so that threads
+  // can share the packing).
+  PackedB(int64_t K, int64_t N);
+  // Column panels of the micro-kernel's width; pack() takes them in ranges.
+  int64_t panels() const;
+  void pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1);
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  GemmIsa isa() const { return isa_; }
+  const float* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  int64_t K_, N_;
+  GemmIsa isa_;
+  std::unique_ptr<float[], Free> data_;
+};
+
+// C = alpha op(A) B + beta C (+ bias) on the calling thread, with B packed
+// (g.B, g.ldb and g.trans_b are not read). b.K() == g.K, b.N() == g.N.
+void gemm_packed(const GemmBlock& g, const PackedB& b);
+
+// The whole product on the calling thread, packing op(B) itself.
+void gemm(const GemmBlock& g);
+
+// The plain triple loop, for tests: the same product, no blocking, no SIMD.
+void gemm_reference(const GemmBlock& g);
+
+}  // namespace mha::cpu

@@ -1,0 +1,80 @@
+// mha's product for AVX2 with FMA: a 6 x 16 micro-tile (12 ymm accumulators,
+// two B operands, one broadcast). gemm.cpp calls it only on CPUs that have it.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/gemm/gemm_traits.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#include "cpu/gemm/gemm_impl.h"
+
+namespace mha::cpu::gemm_kernels {
+namespace {
+
+struct Avx2Micro {
+  using Tiles = Avx2Tiles;
+  static constexpr const char* kName = "avx2";
+  static constexpr int MR = Tiles::MR;
+  static_assert(Tiles::NR == 16, "two ymm per row");
+
+  static inline void accumulate(int64_t kc, const float* a, const float* b, __m256 (&lo)[MR],
+                                __m256 (&hi)[MR]) {
+    for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; ++k) {
+      const __m256 b0 = _mm256_load_ps(b);
+      const __m256 b1 = _mm256_load_ps(b + 8);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 ai = _mm256_broadcast_ss(a + i);
+        lo[i] = _mm256_fmadd_ps(ai, b0, lo[i]);
+        hi[i] = _mm256_fmadd_ps(ai, b1, hi[i]);
+      }
+      a += MR;
+      b += 16;
+    }
+  }
+
+  static inline __m256 update(__m256 acc, float alpha, float beta, const float* c) {
+    const __m256 r = alpha == 1.0f ? acc : _mm256_mul_ps(_mm256_set1_ps(alpha), acc);
+    if (beta == 0.0f) return r;
+    if (beta == 1.0f) return _mm256_add_ps(_mm256_loadu_ps(c), r);
+    return _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(c), r);
+  }
+
+  static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha,
+                   float beta) {
+    __m256 lo[MR], hi[MR];
+    accumulate(kc, a, b, lo, hi);
+    for (int i = 0; i < MR; ++i) {
+      float* row = c + i * ldc;
+      _mm256_storeu_ps(row, update(lo[i], alpha, beta, row));
+      _mm256_storeu_ps(row + 8, update(hi[i], alpha, beta, row + 8));
+    }
+  }
+
+  static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {
+    __m256 lo[MR], hi[MR];
+    accumulate(kc, a, b, lo, hi);
+    for (int i = 0; i < MR; ++i) {
+      _mm256_store_ps(acc + i * 16, lo[i]);
+      _mm256_store_ps(acc + i * 16 + 8, hi[i]);
+    }
+  }
+};
+
+}  // namespace
+
+const IsaGemm kAvx2Gemm = Driver<Avx2Micro>::table();
+
+}  // namespace mha::cpu::gemm_kernels
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,157 @@
+// src/cpu/gemm/gemm_impl.h: the blocked driver and the packing of mha's
+// product, written once over a micro-kernel type M (gemm_<isa>.cpp):
+//
+//   struct M {
+//     using Tiles = ...;           // gemm_traits.h
+//     static constexpr const char* kName;
+//     // acc:[MR,NR] = sum over kc steps of a[k*MR + i] * b[k*NR + j]
+//     static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+//                      float alpha, float beta);           // full MR x NR tile
+//     static void tile_to(int64_t kc, const float* a, const float* b, float* acc);  // acc:[MR*NR]
+//   };
+//
+// Included by gemm_<isa>.cpp inside its target region, so that the code is
+// compiled for that instruction set.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/gemm/gemm_isa.h"
+
+namespace mha::cpu::gemm_kernels {
+
+// C = alpha acc + beta C for one element, the same operations as a full
+// vector tile performs (so an element's value does not depend on whether its
+// tile is whole): alpha * acc is exact for alpha = 1; beta = 0 never reads C.
+inline float update(float acc, float alpha, float beta, const float* c) {
+  const float r = alpha == 1.0f ? acc : alpha * acc;
+  if (beta == 0.0f) return r;
+  if (beta == 1.0f) return *c + r;
+  return std::fma(beta, *c, r);
+}
+
+template <class M>
+struct Driver {
+  using T = typename M::Tiles;
+  static constexpr int MR = T::MR, NR = T::NR, KC = T::KC, MC = T::MC;
+
+  static int64_t padded_n(int64_t N) { return (N + NR - 1) / NR * NR; }
+  static int64_t packed_b_floats(int64_t K, int64_t N) { return std::max<int64_t>(K, 1) * padded_n(N); }
+
+  // op(B):[K,N] -> for each KC-chunk starting at p0 (rows p0..p0+kc), at
+  // offset p0 * padded_n(N): its NR-column panels, each kc x NR, k-major,
+  // columns past N zero. Packs the panels [panel0, panel1) of every chunk.
+  static void pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out,
+                     int64_t panel0, int64_t panel1) {
+    const int64_t Np = padded_n(N);
+    for (int64_t p0 = 0; p0 < K; p0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K - p0);
+      for (int64_t j0 = panel0 * NR; j0 < std::min(N, panel1 * NR); j0 += NR) {
+        float* panel = out + p0 * Np + j0 * kc;
+        const int64_t nr = std::min<int64_t>(NR, N - j0);
+        if (!trans_b) {  // op(B)(k, j) = B[k*ldb + j]: rows copy
+          for (int64_t k = 0; k < kc; ++k) {
+            const float* src = B + (p0 + k) * ldb + j0;
+            float* dst = panel + k * NR;
+            std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(nr));
+            for (int64_t j = nr; j < NR; ++j) dst[j] = 0.0f;
+          }
+        } else {  // op(B)(k, j) = B[j*ldb + k]: read along k, write strided
+          for (int64_t j = 0; j < NR; ++j) {
+            if (j < nr) {
+              const float* src = B + (j0 + j) * ldb + p0;
+              for (int64_t k = 0; k < kc; ++k) panel[k * NR + j] = src[k];
+            } else {
+              for (int64_t k = 0; k < kc; ++k) panel[k * NR + j] = 0.0f;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // op(A) rows i0..i0+mc, columns p0..p0+kc -> row panels of MR, each
+  // kc x MR, k-major; rows past mc zero.
+  static void pack_a(const GemmBlock& g, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* out) {
+    for (int64_t r0 = 0; r0 < mc; r0 += MR) {
+      float* panel = out + r0 * kc;
+      const int64_t mr = std::min<int64_t>(MR, mc - r0);
+      if (!g.trans_a) {  // op(A)(i, k) = A[i*lda + k]
+        for (int64_t i = 0; i < MR; ++i) {
+          if (i < mr) {
+            const float* src = g.A + (i0 + r0 + i) * g.lda + p0;
+            for (int64_t k = 0; k < kc; ++k) panel[k * MR + i] = src[k];
+          } else {
+            for (int64_t k = 0; k < kc; ++k) panel[k * MR + i] = 0.0f;
+          }
+        }
+      } else {  // op(A)(i, k) = A[k*lda + i]: contiguous along i
+        for (int64_t k = 0; k < kc; ++k) {
+          const float* src = g.A + (p0 + k) * g.lda + i0 + r0;
+          float* dst = panel + k * MR;
+          for (int64_t i = 0; i < mr; ++i) dst[i] = src[i];
+          for (int64_t i = mr; i < MR; ++i) dst[i] = 0.0f;
+        }
+      }
+    }
+  }
+
+  // C = bias, or beta C, when the sum is empty (K = 0).
+  static void empty_sum(const GemmBlock& g) {
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.N; ++j) {
+        float* c = g.C + i * g.ldc + j;
+        *c = g.bias ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c;
+      }
+  }
+
+  static void run(const GemmBlock& g, const float* packed_b) {
+    if (g.M <= 0 || g.N <= 0) return;
+    if (g.K <= 0) return empty_sum(g);
+    // A bias is C's starting value: written first, then added to (beta 1).
+    float beta = g.beta;
+    if (g.bias) {
+      for (int64_t i = 0; i < g.M; ++i) std::memcpy(g.C + i * g.ldc, g.bias, sizeof(float) * g.N);
+      beta = 1.0f;
+    }
+    // One A block per thread, reused by every call on it.
+    alignas(64) static thread_local float a_pack[MC * KC];
+    const int64_t Np = padded_n(g.N);
+    for (int64_t i0 = 0; i0 < g.M; i0 += MC) {
+      const int64_t mc = std::min<int64_t>(MC, g.M - i0);
+      for (int64_t p0 = 0; p0 < g.K; p0 += KC) {
+        const int64_t kc = std::min<int64_t>(KC, g.K - p0);
+        pack_a(g, i0, mc, p0, kc, a_pack);
+        // The first chunk scales C by beta; later ones add to it.
+        const float beta_here = p0 == 0 ? beta : 1.0f;
+        const float* b_chunk = packed_b + p0 * Np;
+        for (int64_t j0 = 0; j0 < g.N; j0 += NR) {
+          const int64_t nr = std::min<int64_t>(NR, g.N - j0);
+          const float* b_panel = b_chunk + j0 * kc;
+          for (int64_t r0 = 0; r0 < mc; r0 += MR) {
+            const int64_t mr = std::min<int64_t>(MR, mc - r0);
+            const float* a_panel = a_pack + r0 * kc;
+            float* c = g.C + (i0 + r0) * g.ldc + j0;
+            if (mr == MR && nr == NR) {
+              M::tile(kc, a_panel, b_panel, c, g.ldc, g.alpha, beta_here);
+            } else {  // an edge tile: whole in registers, then element-wise
+              alignas(64) float acc[MR * NR];
+              M::tile_to(kc, a_panel, b_panel, acc);
+              for (int64_t i = 0; i < mr; ++i)
+                for (int64_t j = 0; j < nr; ++j) {
+                  float* ce = c + i * g.ldc + j;
+                  *ce = update(acc[i * NR + j], g.alpha, beta_here, ce);
+                }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  static constexpr IsaGemm table() {
+    return {M::kName, NR, KC, &packed_b_floats, &pack_b, &run};
+  }
+};
+
+}  // namespace mha::cpu::gemm_kernels

@@ -1,0 +1,28 @@
+// src/cpu/gemm/gemm_isa.h: the entry points one instruction set's product
+// exports (gemm_<isa>.cpp), chosen at run time by gemm.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/gemm/gemm.h"
+
+namespace mha::cpu::gemm_kernels {
+
+struct IsaGemm {
+  const char* name;
+  int NR, KC;
+  // Floats PackedB needs for op(B):[K,N]: K x N rounded up to whole panels.
+  int64_t (*packed_b_floats)(int64_t K, int64_t N);
+  // Packs column panels [panel0, panel1) (NR columns each) of op(B) into
+  // `out` (packed_b_floats(K, N) floats, 64-byte aligned).
+  void (*pack_b)(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out,
+                 int64_t panel0, int64_t panel1);
+  // C = alpha op(A) Bp + beta C (+ bias), Bp packed by pack_b, on this thread.
+  void (*run)(const GemmBlock& g, const float* packed_b);
+};
+
+extern const IsaGemm kAvx512Gemm;
+extern const IsaGemm kAvx2Gemm;
+extern const IsaGemm kScalarGemm;
+
+}  // namespace mha::cpu::gemm_kernels

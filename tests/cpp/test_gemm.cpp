@@ -1,0 +1,200 @@
+// tests/cpp/test_gemm.cpp: mha's own product (src/cpu/gemm) against a
+// double-precision product, OpenBLAS and its plain reference loop, on every
+// instruction set the CPU has; bitwise the same at any thread count and any
+// row blocking.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/blas.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/parallel_gemm.h"
+#include "mha/random.h"
+#include "mha/threads.h"
+
+namespace mha {
+namespace {
+
+using cpu::GemmBlock;
+using cpu::GemmIsa;
+
+struct Operands {
+  bool trans_a, trans_b;
+  int64_t M, N, K, lda, ldb, ldc;
+  float alpha, beta;
+  bool bias;
+  std::vector<float> A, B, C, b;
+
+  Operands(Generator& gen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad,
+           float alpha_, float beta_, bool with_bias)
+      : trans_a(ta), trans_b(tb), M(m), N(n), K(k), alpha(alpha_), beta(beta_), bias(with_bias) {
+    // Stored shapes: A is [M,K] or [K,M], B is [K,N] or [N,K]; rows `pad` longer.
+    lda = (ta ? M : K) + pad;
+    ldb = (tb ? K : N) + pad;
+    ldc = N + pad;
+    A.resize(static_cast<size_t>((ta ? K : M) * lda));
+    B.resize(static_cast<size_t>((tb ? N : K) * ldb));
+    C.resize(static_cast<size_t>(M * ldc));
+    b.resize(static_cast<size_t>(N));
+    for (float& x : A) x = gen.uniform(-1.0f, 1.0f);
+    for (float& x : B) x = gen.uniform(-1.0f, 1.0f);
+    for (float& x : C) x = gen.uniform(-1.0f, 1.0f);
+    for (float& x : b) x = gen.uniform(-1.0f, 1.0f);
+  }
+  float a(int64_t i, int64_t k) const { return trans_a ? A[k * lda + i] : A[i * lda + k]; }
+  float bb(int64_t k, int64_t j) const { return trans_b ? B[j * ldb + k] : B[k * ldb + j]; }
+  GemmBlock block(std::vector<float>& out) const {
+    return {trans_a, trans_b, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+            bias ? b.data() : nullptr, out.data(), ldc};
+  }
+};
+
+// |got - exact| <= 2 K eps sum_k |a||b| (+ the rounding of alpha and beta C):
+// the classical bound for a float sum of K products, per element.
+::testing::AssertionResult within_float_bound(const Operands& o, const std::vector<float>& got) {
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t j = 0; j < o.N; ++j) {
+      double exact = 0, magnitude = 0;
+      for (int64_t k = 0; k < o.K; ++k) {
+        exact += static_cast<double>(o.a(i, k)) * o.bb(k, j);
+        magnitude += std::fabs(static_cast<double>(o.a(i, k)) * o.bb(k, j));
+      }
+      const double c0 = o.C[static_cast<size_t>(i * o.ldc + j)];
+      const double prior = o.bias ? o.b[static_cast<size_t>(j)] : o.beta == 0.0f ? 0.0 : o.beta * c0;
+      const double want = o.alpha * exact + prior;
+      const double bound = (2.0 * o.K + 4.0) * eps * (std::fabs(o.alpha) * magnitude + std::fabs(prior)) + 1e-30;
+      const double g = got[static_cast<size_t>(i * o.ldc + j)];
+      if (!(std::fabs(g - want) <= bound))
+        return ::testing::AssertionFailure() << "C[" << i << "," << j << "] = " << g << ", exact " << want
+                                             << ", bound " << bound;
+    }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<GemmIsa> supported_isas() {
+  std::vector<GemmIsa> isas;
+  for (GemmIsa isa : {GemmIsa::Scalar, GemmIsa::Avx2, GemmIsa::Avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu::gemm_best_isa())) isas.push_back(isa);
+  return isas;
+}
+
+class GemmIsaTest : public ::testing::TestWithParam<GemmIsa> {
+ protected:
+  void SetUp() override { ASSERT_TRUE(cpu::set_gemm_isa(GetParam())); }
+  void TearDown() override { cpu::set_gemm_isa(cpu::gemm_best_isa()); }
+};
+
+// Sizes around every ISA's micro-tile and block edges (MR 4/6/12, NR 8/16/32,
+// KC 256, MC 64/96/192), 1, and primes.
+const int64_t kSizes[] = {1, 2, 5, 7, 11, 12, 13, 16, 17, 31, 33, 64, 97, 191, 193, 255, 257, 300};
+
+TEST_P(GemmIsaTest, MatchesTheExactProductWithinTheFloatBound) {
+  Generator gen(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    auto pick = [&] { return kSizes[gen.below(sizeof(kSizes) / sizeof(kSizes[0]))]; };
+    const bool ta = gen.below(2), tb = gen.below(2);
+    const int64_t M = pick(), N = pick(), K = pick(), pad = gen.below(3);
+    const float alphas[] = {1.0f, -0.5f, 2.0f};
+    const float betas[] = {0.0f, 1.0f, 0.25f};
+    const float alpha = alphas[gen.below(3)], beta = betas[gen.below(3)];
+    const bool bias = gen.below(4) == 0;
+    Operands o(gen, ta, tb, M, N, K, pad, alpha, beta, bias);
+    std::vector<float> out = o.C;
+    cpu::gemm(o.block(out));
+    ASSERT_TRUE(within_float_bound(o, out))
+        << "trans " << ta << tb << " M" << M << " N" << N << " K" << K << " pad " << pad << " alpha "
+        << alpha << " beta " << beta << " bias " << bias;
+    // Padding columns of C (past N) are never written.
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = N; j < o.ldc; ++j)
+        ASSERT_EQ(out[static_cast<size_t>(i * o.ldc + j)], o.C[static_cast<size_t>(i * o.ldc + j)]);
+  }
+}
+
+TEST_P(GemmIsaTest, AgreesWithOpenBlasAndTheReferenceLoop) {
+  Generator gen(11);
+  for (int64_t K : {1, 40, 256, 513}) {
+    Operands o(gen, false, true, 77, 70, K, 0, 1.0f, 0.0f, false);
+    std::vector<float> ours = o.C, blas = o.C, ref = o.C;
+    cpu::gemm(o.block(ours));
+    cpu::blas_sgemm(false, true, o.M, o.N, K, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb, 0.0f, blas.data(),
+                    o.ldc);
+    cpu::gemm_reference(o.block(ref));
+    ASSERT_TRUE(within_float_bound(o, blas));  // the bound holds for the peer too
+    ASSERT_TRUE(within_float_bound(o, ref));
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(ours[i] - blas[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(blas[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << "K " << K;
+  }
+}
+
+TEST_P(GemmIsaTest, BetaZeroNeverReadsC) {
+  Generator gen(3);
+  Operands o(gen, false, false, 29, 45, 300, 1, 1.0f, 0.0f, false);
+  std::vector<float> out(o.C.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu::gemm(o.block(out));
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t j = 0; j < o.N; ++j) ASSERT_TRUE(std::isfinite(out[static_cast<size_t>(i * o.ldc + j)]));
+  ASSERT_TRUE(within_float_bound(o, out));
+}
+
+TEST_P(GemmIsaTest, AnEmptySumGivesBetaCOrTheBias) {
+  Generator gen(5);
+  for (bool bias : {false, true}) {
+    Operands o(gen, false, true, 6, 9, 0, 0, 1.0f, 0.5f, bias);
+    std::vector<float> out = o.C;
+    cpu::gemm(o.block(out));
+    for (int64_t i = 0; i < o.M; ++i)
+      for (int64_t j = 0; j < o.N; ++j) {
+        const size_t at = static_cast<size_t>(i * o.ldc + j);
+        EXPECT_EQ(out[at], bias ? o.b[static_cast<size_t>(j)] : 0.5f * o.C[at]);
+      }
+  }
+}
+
+TEST_P(GemmIsaTest, BitwiseTheSameAtAnyThreadCountAndRowSplit) {
+  Generator gen(13);
+  // A product big enough for many row blocks, and padded batches of pieces.
+  Operands o(gen, false, true, 2000, 200, 300, 0, 1.0f, 0.0f, true);
+  const int saved = num_threads();
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::vector<float> out(o.C.size());
+    cpu::parallel_sgemm(o.M, o.N, o.K, o.A.data(), o.lda, o.B.data(), o.ldb, true, o.b.data(), out.data(),
+                        o.ldc);
+    results.push_back(out);
+  }
+  set_num_threads(saved);
+  // The same rows as pieces of other sizes, in one batch: each row's sum
+  // does not depend on which block it falls in.
+  std::vector<float> pieces(o.C.size());
+  cpu::GemmBatch batch;
+  for (int64_t r0 = 0, step = 1; r0 < o.M; r0 += step, step = step * 3 % 401 + 1) {
+    const int64_t rows = std::min(step, o.M - r0);
+    batch.add(rows, o.N, o.K, o.A.data() + r0 * o.lda, o.lda, o.B.data(), o.ldb, true, o.b.data(),
+              pieces.data() + r0 * o.ldc, o.ldc);
+  }
+  batch.run();
+  results.push_back(pieces);
+  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "run " << r;
+}
+
+TEST(Gemm, PackedBForAnotherShapeIsRefused) {
+  std::vector<float> B(12, 1.0f), C(12);
+  cpu::PackedB packed(false, 3, 4, B.data(), 4);
+  GemmBlock g{false, false, 1, 4, 2, 1.0f, B.data(), 2, nullptr, 0, 0.0f, nullptr, C.data(), 4};
+  EXPECT_THROW(cpu::gemm_packed(g, packed), std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmIsaTest, ::testing::ValuesIn(supported_isas()),
+                         [](const auto& info) { return std::string(cpu::gemm_isa_name(info.param)); });
+
+}  // namespace
+}  // namespace mha
