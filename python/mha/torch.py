@@ -106,10 +106,12 @@ class _Link:
         self.seen = {}  # packed name -> (data_ptr, version) last copied
 
     def share(self, name, param, view):
-        t = torch.from_numpy(view)
-        with torch.no_grad():
+        # Outside inference mode: a parameter must stay a normal tensor
+        # (autograd refuses to save inference tensors).
+        with torch.inference_mode(False), torch.no_grad():
+            t = torch.from_numpy(view)
             t.copy_(param.detach())
-        param.data = t
+            param.data = t
         self.shared[name] = (param, view)
 
     def pack(self, name, param, views):
@@ -325,7 +327,8 @@ class MultiHeadAttention(nn.Module):
     def _ensure_link(self, queries, keys, values):
         if self._link is not None:
             return
-        self._materialise(queries, keys, values)
+        with torch.inference_mode(False):  # parameters stay normal tensors
+            self._materialise(queries, keys, values)
         W = dict(self._layers())
         self._impl.initialize(W["W_q"].weight.shape[1], W["W_k"].weight.shape[1], W["W_v"].weight.shape[1])
         link = _Link(self._impl)
