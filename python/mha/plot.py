@@ -8,9 +8,10 @@
                             titles=[f"head {h}" for h in range(5)], path="heads.png")
     img.shape                                           # (H, W, 4) uint8 RGBA
 
-Colours follow one colour map (mha.colormap_table(); dark purple = low,
-yellow = high) over one scale shared by all panels and shown by the colour
-bar; masked cells (NaN weights, or True in `mask`) are mha.MASK_COLOR grey.
+Colours follow one colour map (show_heatmaps' cmap: d2l's "Reds" by default,
+or "viridis", mha's own, mha.colormap_table(): dark purple = low, yellow =
+high) over one scale shared by all panels and shown by the colour bar;
+masked cells (NaN weights, or True in `mask`) are mha.MASK_COLOR grey.
 """
 import numpy as np
 

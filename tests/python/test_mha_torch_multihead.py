@@ -230,3 +230,60 @@ def test_errors_and_no_grad():
     assert w is None
     with pytest.raises(TypeError, match="float32"):
         mt.MultiheadAttention(8, 2, dtype=torch.float64)
+
+
+def test_non_contiguous_inputs_and_deepcopy():
+    torch.manual_seed(6)
+    ours, theirs = module_pair(dict(E=12, H=3, bias=True, add_bias_kv=True, add_zero_attn=False,
+                                    kdim=None, vdim=None, batch_first=True), 6)
+    base = torch.randn(7, 2, 12)
+    xs = []
+    for m in (ours, theirs):
+        x = base.clone().requires_grad_()
+        q = x.transpose(0, 1)  # (2, 7, 12), not contiguous
+        assert not q.is_contiguous()
+        out, _ = m(q, q[:, ::2], q[:, ::2])
+        out.square().sum().backward()
+        xs.append((out.detach(), x.grad))
+    torch.testing.assert_close(xs[0][0], xs[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xs[0][1], xs[1][1], rtol=1e-4, atol=1e-5)
+    import copy
+    c = copy.deepcopy(ours)
+    x = torch.randn(2, 4, 12)
+    torch.testing.assert_close(c(x, x, x)[0], ours(x, x, x)[0])
+    with torch.no_grad():
+        c.in_proj_weight.mul_(0.5)  # an in-place change of the packed weight reaches mha
+        theirs.load_state_dict(c.state_dict())
+    torch.testing.assert_close(c(x, x, x)[0], theirs(x, x, x)[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(c(x, x, x)[0], ours(x, x, x)[0])
+
+
+def test_called_twice_before_backward_with_dropout():
+    """Two calls, one loss: the first call's backward redoes its forward with its own mask."""
+    rng = np.random.default_rng(8)
+    torch.manual_seed(1)
+    ours = mt.MultiheadAttention(8, 2, dropout=0.5, bias=True, batch_first=True)
+    a = [torch.tensor(rng.standard_normal((2, 5, 8)), dtype=torch.float32, requires_grad=True)
+         for _ in range(2)]
+    kpm = torch.tensor([[False] * 5, [False, False, True, True, True]])
+    o1, _ = ours(a[0], a[0], a[0], key_padding_mask=kpm, need_weights=False)
+    m1 = torch.from_numpy(ours._impl.last_dropout_mask.copy())
+    o2, _ = ours(o1, a[1], a[1], need_weights=False)
+    m2 = torch.from_numpy(ours._impl.last_dropout_mask.copy())
+    assert not torch.equal(m1, m2)
+    (o1.sum() + o2.square().sum()).backward()
+    got = {"a0": a[0].grad.numpy(), "a1": a[1].grad.numpy()}
+    got.update({n: p.grad.numpy() for n, p in ours.named_parameters()})
+
+    def peer(dtype):
+        state = {n: p.detach().to(dtype).requires_grad_() for n, p in ours.named_parameters()}
+        x = [y.detach().to(dtype).requires_grad_() for y in a]
+        keep = (~kpm)[:, None, None, :]
+        p1, _ = reference_mha(state, 2, x[0], x[0], x[0], keep=keep, dropout_mask=m1.to(dtype))
+        p2, _ = reference_mha(state, 2, p1, x[1], x[1], dropout_mask=m2.to(dtype))
+        (p1.sum() + p2.square().sum()).backward()
+        d = {"a0": x[0].grad.numpy(), "a1": x[1].grad.numpy()}
+        d.update({n: p.grad.numpy() for n, p in state.items()})
+        return d
+
+    assert_within_bound(got, peer(torch.float32), peer(torch.float64), "two calls")
