@@ -37,7 +37,13 @@ How they relate to torch:
   one more copy). float64, float16 and bfloat16 inputs raise TypeError (mha
   computes in float32: convert with .float()); CUDA tensors raise ValueError.
 - Under torch.no_grad() / inference_mode(), or when nothing requires grad, no
-  graph is built; in eval mode mha then keeps nothing for backward.
+  graph is built; in eval mode mha then keeps nothing for backward (in
+  training mode with dropout it keeps its last call, as it always does).
+- Threads: torch's and mha's pools are separate (torch.set_num_threads,
+  mha.set_num_threads); with more than one thread, run with
+  OMP_WAIT_POLICY=PASSIVE so that neither spins while the other computes.
+- attention_weights are those of mha's last forward: the last call, unless a
+  backward redid an earlier call's forward since.
 """
 import math
 
