@@ -56,13 +56,18 @@ from . import _core
 __all__ = ["MultiHeadAttention", "MultiheadAttention"]
 
 
+def _not_on_cpu(op, name, device):
+    """The error for a tensor on another device (docs/errors.md, torch.device)."""
+    return ValueError(f"[{op}] {name}: a tensor on {device}; mha.torch computes on the CPU "
+                      "only (the CUDA path does not exist yet): pass x.cpu()")
+
+
 def _check_input(x, op, name, ndims):
     """A CPU float32 tensor of one of the ranks in ndims, or an error that says why not."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"[{op}] {name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.device.type != "cpu":
-        raise ValueError(f"[{op}] {name}: a tensor on {x.device}; mha.torch computes on the CPU "
-                         "only (the CUDA path does not exist yet): pass x.cpu()")
+        raise _not_on_cpu(op, name, x.device)
     if x.dtype != torch.float32:
         raise TypeError(f"[{op}] {name}: dtype {x.dtype}; mha computes in float32: pass x.float() "
                         "(float64, float16 and bfloat16 are not converted silently)")
@@ -84,13 +89,13 @@ def _inputs_numpy(q, k, v):
     return nq, nk, nv
 
 
-def _mask_numpy(m):
+def _mask_numpy(m, name):
     """A mask for mha: None, an mha.Mask, or a numpy array of a tensor's values."""
     if m is None or isinstance(m, _core.Mask):
         return m
     if isinstance(m, torch.Tensor):
         if m.device.type != "cpu":
-            raise ValueError(f"mask on {m.device}: mha.torch computes on the CPU only")
+            raise _not_on_cpu("mha.torch.MultiheadAttention", name, m.device)
         return m.detach().numpy()
     return m
 
@@ -359,7 +364,7 @@ class MultiHeadAttention(nn.Module):
         if valid_lens is not None:
             if isinstance(valid_lens, torch.Tensor):
                 if valid_lens.device.type != "cpu":
-                    raise ValueError(f"[{op}] valid_lens: on {valid_lens.device}; CPU only")
+                    raise _not_on_cpu(op, "valid_lens", valid_lens.device)
                 lens = valid_lens.detach().numpy()
             else:
                 lens = np.asarray(valid_lens)
@@ -429,8 +434,8 @@ class MultiheadAttention(nn.Module):
         if dtype is not None and dtype != torch.float32:
             raise TypeError(f"[mha.torch.MultiheadAttention] dtype {dtype}: mha computes in float32")
         if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"[mha.torch.MultiheadAttention] device {device}: CPU only "
-                             "(the CUDA path does not exist yet)")
+            raise ValueError(f"[mha.torch.MultiheadAttention] device: {device}; mha.torch computes "
+                             "on the CPU only (the CUDA path does not exist yet)")
         # torch's own module draws the initial parameters (same order, same
         # numbers after the same torch.manual_seed); this module takes them.
         ref = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, bias=bias,
@@ -533,8 +538,8 @@ class MultiheadAttention(nn.Module):
             _check_input(x, op, n, (2, 3))
         self._ensure_impl()
         a = _TorchCallArgs()
-        a.key_padding_mask = _mask_numpy(key_padding_mask)
-        a.attn_mask = _mask_numpy(attn_mask)
+        a.key_padding_mask = _mask_numpy(key_padding_mask, "key_padding_mask")
+        a.attn_mask = _mask_numpy(attn_mask, "attn_mask")
         a.need_weights = bool(need_weights)
         a.average_attn_weights = bool(average_attn_weights)
         a.is_causal = is_causal
