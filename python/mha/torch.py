@@ -45,7 +45,6 @@ How they relate to torch:
 - attention_weights are those of mha's last forward: the last call, unless a
   backward redid an earlier call's forward since.
 """
-import math
 
 import numpy as np
 import torch

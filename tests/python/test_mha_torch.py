@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-import mha
 import mha.torch as mt
 import seed_reference as seed
 from training_helpers import FixedDropout, random_case
