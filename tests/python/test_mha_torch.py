@@ -291,3 +291,19 @@ def test_deepcopy_gives_an_independent_module():
         c.W_o.weight.mul_(2)
     torch.testing.assert_close(m(x, x, x), y)
     torch.testing.assert_close(c(x, x, x), 2 * y)
+
+
+def test_an_optimiser_built_before_the_first_call_trains_the_same_parameters():
+    ours = mt.MultiHeadAttention(8, 2, 0.0)
+    ref = seed.MultiHeadAttention(8, 2, 0.0)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref)]  # lazy parameters
+    x = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        for m, o in zip((ours, ref), opts):
+            if step == 0:
+                torch.manual_seed(9)  # the same draws for both first calls
+            o.zero_grad()
+            m(x, x, x, None).square().sum().backward()
+            o.step()
+    for n, p in ref.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[n], p, rtol=1e-4, atol=1e-5)
