@@ -4,6 +4,7 @@
 
 #include "convert.h"
 #include "mha/mha.h"
+#include "mha/plot.h"
 
 namespace mha::python {
 
@@ -61,6 +62,75 @@ std::unique_ptr<Opt> make_adam(py::object module, double lr, std::pair<double, d
                                double eps, double weight_decay, bool amsgrad) {
   return std::make_unique<Opt>(params_of(module),
                                optim::AdamOptions{lr, betas.first, betas.second, eps, weight_decay, amsgrad});
+}
+
+// For mha.torch (python/mha/torch.py): writable numpy views of a module's
+// parameter buffers, so that torch.nn.Parameters can share their memory
+// (no copy of the weights per call), the dropout stream's seed (to redraw a
+// call's dropout mask), and the dropout probability (off while an eval-mode
+// call is kept for backward). The views keep the module alive; they stay
+// valid while nothing replaces the module's parameters (load_state_dict,
+// prune_heads), which mha.torch never calls after taking them.
+template <typename Module>
+py::dict parameter_views(py::object self) {
+  py::dict d;
+  for (const ParamRef& p : self.cast<Module&>().parameters()) {
+    const Shape& s = p.value->shape();
+    d[py::str(p.name)] = py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()),
+                                            p.value->data(), self);
+  }
+  return d;
+}
+
+void bind_torch_module_support(py::module_& m) {
+  auto mha_class = py::reinterpret_borrow<py::class_<MultiHeadAttention>>(m.attr("MultiHeadAttention"));
+  mha_class
+      .def("_parameter_views", &parameter_views<MultiHeadAttention>,
+           "Writable float32 views of the parameters' buffers by state-dict name (no copy).")
+      .def("_reseed", [](MultiHeadAttention& s, uint64_t seed) { s.seed(seed); }, py::arg("seed"),
+           "Restart the generator of dropout masks (one draw per training-mode call).")
+      .def("_set_dropout", &MultiHeadAttention::set_dropout, py::arg("p"));
+  auto tmha = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
+  tmha.def("_parameter_views", &parameter_views<TorchMultiheadAttention>,
+           "Writable float32 views of the parameters' buffers by parameters() name (no copy).")
+      .def("_reseed", [](TorchMultiheadAttention& s, uint64_t seed) { s.seed(seed); }, py::arg("seed"),
+           "Restart the generator of dropout masks (one draw per training-mode call).")
+      .def("_set_dropout", &TorchMultiheadAttention::set_dropout, py::arg("p"));
+
+  // Line charts for Python scripts (examples/torch_encoder): panels as dicts
+  // {"title", "xlabel", "ylabel", "log_y", "series": [(name, x, y), ...]}.
+  m.def(
+      "_render_line_chart",
+      [](const py::list& panels, const std::string& title, int plot_width, int plot_height) {
+        std::vector<plot::LinePanel> ps;
+        for (const py::handle& h : panels) {
+          const py::dict d = py::reinterpret_borrow<py::dict>(h);
+          plot::LinePanel p;
+          p.title = d.contains("title") ? py::cast<std::string>(d["title"]) : "";
+          p.xlabel = d.contains("xlabel") ? py::cast<std::string>(d["xlabel"]) : "";
+          p.ylabel = d.contains("ylabel") ? py::cast<std::string>(d["ylabel"]) : "";
+          p.log_y = d.contains("log_y") && py::cast<bool>(d["log_y"]);
+          for (const py::handle& sh : py::reinterpret_borrow<py::list>(d["series"])) {
+            const auto t = py::cast<std::tuple<std::string, std::vector<double>, std::vector<double>>>(sh);
+            plot::Series s;
+            s.name = std::get<0>(t);
+            s.x = std::get<1>(t);
+            s.y = std::get<2>(t);
+            p.series.push_back(std::move(s));
+          }
+          ps.push_back(std::move(p));
+        }
+        plot::LineChartOptions o;
+        o.title = title;
+        o.plot_width = plot_width;
+        o.plot_height = plot_height;
+        const plot::Image im = plot::render_line_chart(ps, o).image;
+        py::array_t<uint8_t> out({py::ssize_t{im.height}, py::ssize_t{im.width}, py::ssize_t{4}});
+        std::copy(im.rgba.begin(), im.rgba.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("panels"), py::arg("title") = "", py::arg("plot_width") = 460, py::arg("plot_height") = 300,
+      "Low-level: line chart panels -> (H, W, 4) uint8 RGBA (mha::plot::render_line_chart).");
 }
 
 }  // namespace
@@ -242,6 +312,7 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
       py::arg("module"), py::arg("max_norm"), py::arg("norm_type") = 2.0,
       "Scale the module's gradients so their global norm is at most max_norm (as\n"
       "torch.nn.utils.clip_grad_norm_); returns the norm before clipping.");
+  bind_torch_module_support(m);
 }
 
 }  // namespace mha::python

@@ -210,6 +210,9 @@ class TorchMultiheadAttention {
   bool has_bias_kv() const { return !bias_k_.empty(); }
   // The dropout probability on the attention weights (training mode).
   float dropout() const { return dropout_; }
+  // Sets the dropout probability (in [0, 1]) from the next call on; calls
+  // already saved for backward() keep theirs. Throws mha::Error otherwise.
+  void set_dropout(float p);
 
  private:
   TorchMultiheadAttention(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, bool bias,

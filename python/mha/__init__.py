@@ -53,3 +53,11 @@ from ._core import (  # noqa: F401,E402
 )
 # Reading the heads (issue 5): each head's dominant offset t - k.
 from ._core import HeadOffsets, head_offsets  # noqa: F401,E402
+
+
+def __getattr__(name):
+    # mha.torch (torch.nn.Modules) imports torch, so it loads on first use only.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'mha' has no attribute {name!r}")

@@ -62,6 +62,12 @@ TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_
       v_proj_(embed_dim / num_heads * num_kv_heads, bias),
       out_proj_(embed_dim, bias) {}
 
+void TorchMultiheadAttention::set_dropout(float p) {
+  if (!(p >= 0.0f && p <= 1.0f))
+    fail("TorchMultiheadAttention.set_dropout", "p: ", p, " is not a probability in [0, 1]");
+  dropout_ = p;
+}
+
 TorchMultiheadAttention TorchMultiheadAttention::from_state_dict(const StateDict& s,
                                                                  int64_t num_heads,
                                                                  const TorchMhaOptions& o) {

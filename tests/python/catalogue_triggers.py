@@ -295,6 +295,13 @@ PY = {
     "offsets.first_query": lambda t: mha.head_offsets(thirds(1, 1, 4, 4), first_query=4),
     "offsets.nonfinite": lambda t: mha.head_offsets(nan_weights()),
     "offsets.no_pair": lambda t: mha.head_offsets(thirds(1, 1, 3, 3), np.array([0])),
+    "py.heatmap_cmap": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), cmap="Redz"),
+    "py.heatmap_figsize": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), figsize=("big",)),
+    "py.heatmap_figsize_sign": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), figsize=(0, 1)),
+    "torch.device": lambda t: _torch_call("device"),
+    "torch.device_arg": lambda t: _torch_call("device_arg"),
+    "torch.rank": lambda t: _torch_call("rank"),
+    "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     PY[_id] = lambda t, k=_key, v=_value: mha.load_checkpoint(checkpoint_with(t, k, v))
@@ -351,3 +358,18 @@ CLI = {
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     CLI[_id] = lambda t, k=_key, v=_value: viz_checkpoint(t, checkpoint=checkpoint_with(t, k, v))
+
+
+def _torch_call(what):
+    """The mha.torch calls of the catalogue's torch.* rows."""
+    import torch
+    import mha.torch as mt
+    x = torch.ones(2, 3, 4)
+    if what == "device":
+        mt.MultiHeadAttention(8, 2, 0.0)(x, torch.empty(2, 3, 4, device="meta"), x)
+    elif what == "device_arg":
+        mt.MultiheadAttention(8, 2, device="cuda")
+    elif what == "rank":
+        mt.MultiHeadAttention(8, 2, 0.0)(x, x, x[0])
+    else:
+        mt.MultiheadAttention(4, 2, dropout=2.0, batch_first=True)(x, x, x)
