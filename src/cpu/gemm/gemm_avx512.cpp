@@ -63,6 +63,28 @@ struct Avx512Micro {
     }
   }
 
+  // An edge tile: rows [0, mr), columns [0, nr) of the micro-tile, through
+  // masked loads and stores (the same arithmetic as a whole tile).
+  static void edge(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr,
+                   float alpha, float beta) {
+    __m512 lo[MR], hi[MR];
+    accumulate(kc, a, b, lo, hi);
+    const __mmask16 m0 = nr >= 16 ? 0xffff : static_cast<__mmask16>((1u << nr) - 1);
+    const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
+    for (int i = 0; i < mr; ++i) {
+      float* row = c + i * ldc;
+      _mm512_mask_storeu_ps(row, m0, update_masked(lo[i], alpha, beta, row, m0));
+      if (m1) _mm512_mask_storeu_ps(row + 16, m1, update_masked(hi[i], alpha, beta, row + 16, m1));
+    }
+  }
+
+  static inline __m512 update_masked(__m512 acc, float alpha, float beta, const float* c, __mmask16 m) {
+    const __m512 r = alpha == 1.0f ? acc : _mm512_mul_ps(_mm512_set1_ps(alpha), acc);
+    if (beta == 0.0f) return r;
+    if (beta == 1.0f) return _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), r);
+    return _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), r);
+  }
+
   static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {
     __m512 lo[MR], hi[MR];
     accumulate(kc, a, b, lo, hi);

@@ -8,6 +8,9 @@
 //     static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
 //                      float alpha, float beta);           // full MR x NR tile
 //     static void tile_to(int64_t kc, const float* a, const float* b, float* acc);  // acc:[MR*NR]
+//     // optional: an edge tile (rows < mr, columns < nr) written directly
+//     static void edge(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+//                      int mr, int nr, float alpha, float beta);
 //   };
 //
 // Included by gemm_<isa>.cpp inside its target region, so that the code is
@@ -134,6 +137,9 @@ struct Driver {
             float* c = g.C + (i0 + r0) * g.ldc + j0;
             if (mr == MR && nr == NR) {
               M::tile(kc, a_panel, b_panel, c, g.ldc, g.alpha, beta_here);
+            } else if constexpr (requires { &M::edge; }) {
+              M::edge(kc, a_panel, b_panel, c, g.ldc, static_cast<int>(mr), static_cast<int>(nr), g.alpha,
+                      beta_here);
             } else {  // an edge tile: whole in registers, then element-wise
               alignas(64) float acc[MR * NR];
               M::tile_to(kc, a_panel, b_panel, acc);
