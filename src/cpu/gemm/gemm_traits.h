@@ -8,9 +8,17 @@
 // MC / MR row panels of A stream from L2 past it).
 //
 // AVX-512, measured on a Xeon (family 6 model 207, 48 KiB L1d, 2 MiB L2), one
-// thread, 4096 x 768 x 768, in % of OpenBLAS 0.3.21's SkylakeX sgemm:
-//   12 x 32 (24 zmm accumulators), KC 256, MC 192: see the numbers in
-//   docs/architecture.md's GEMM section (filled in from `mha bench --gemm`).
+// thread, B already packed, GFLOP/s for (M x N x K) = 1152 x 2304 x 768 /
+// 1152 x 512 x 512 / 2048 x 256 x 256 (the projections of the benchmark
+// shapes), best of 15 in thread CPU time on a loaded machine:
+//   MR 12, KC 256, MC 192: 143 / 146 / 150   <- chosen
+//   MR 12, KC 384, MC  96: 134 / 151 / 150
+//   MR 12, KC 128, MC 384:  96 / 108 / 118   (C re-read every 128 steps)
+//   MR 14, KC 256, MC 196: 120 / 131 /  89   (28 accumulators: spills)
+//   MR  8, KC 256, MC 192: 126 / 139 / 143   (fewer FMAs per B load)
+// OpenBLAS 0.3.21's SkylakeX kernel, same conditions, packing included:
+// 149 / 149 / 123; mha with its packing included: 109 / 120 / 111 (packing
+// B is a strided gather, ~0.6 ns per element).
 #pragma once
 
 namespace mha::cpu::gemm_kernels {
