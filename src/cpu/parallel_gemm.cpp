@@ -21,12 +21,26 @@ void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   products_.push_back({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
+  rows_.emplace_back();
 }
 
 void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
+  rows_.emplace_back();
+}
+
+void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
+                            const std::vector<std::pair<const float*, int64_t>>& weights,
+                            const float* bias, float* C, int64_t ldc) {
+  std::vector<const float*> rows;
+  for (const auto& [w, n] : weights)
+    for (int64_t j = 0; j < n; ++j) rows.push_back(w + j * K);
+  const int64_t N = static_cast<int64_t>(rows.size());
+  if (M <= 0 || N <= 0) return;
+  products_.push_back({false, true, M, N, K, 1.0f, A, lda, rows[0], K, 0.0f, bias, C, ldc});
+  rows_.push_back(std::move(rows));
 }
 
 namespace {
@@ -36,8 +50,10 @@ struct Job {
   const PackedB* b;
 };
 
-bool same_b(const GemmBlock& x, const GemmBlock& y) {
-  return x.B == y.B && x.ldb == y.ldb && x.trans_b == y.trans_b && x.K == y.K && x.N == y.N;
+bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const GemmBlock& y,
+            const std::vector<const float*>& y_rows) {
+  return x.B == y.B && x.ldb == y.ldb && x.trans_b == y.trans_b && x.K == y.K && x.N == y.N &&
+         x_rows == y_rows;
 }
 
 }  // namespace
@@ -58,7 +74,7 @@ void GemmBatch::run() const {
   std::vector<size_t> firsts;  // the product each packing is made from
   for (size_t i = 0; i < products_.size(); ++i) {
     size_t p = 0;
-    while (p < firsts.size() && !same_b(products_[firsts[p]], products_[i])) ++p;
+    while (p < firsts.size() && !same_b(products_[firsts[p]], rows_[firsts[p]], products_[i], rows_[i])) ++p;
     if (p == firsts.size()) firsts.push_back(i);
     pack_of[i] = p;
   }
@@ -81,8 +97,10 @@ void GemmBatch::run() const {
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1 && n_pack_jobs > 1)
   for (int64_t i = 0; i < n_pack_jobs; ++i) {
     const PackJob& j = pack_jobs[static_cast<size_t>(i)];
-    const GemmBlock& g = products_[firsts[j.pack]];
-    packs[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1);
+    const size_t first = firsts[j.pack];
+    const GemmBlock& g = products_[first];
+    packs[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1,
+                        rows_[first].empty() ? nullptr : rows_[first].data());
   }
 
   // One block size for the whole batch, from its total rows: a product that

@@ -39,12 +39,21 @@ class GemmBatch {
   // Adds C = A op(B) + bias (bias:[N] or null) in row blocks.
   void add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
            int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
+  // Adds C:[M,N] = A [W_0; W_1; ...]^T + bias: the right-hand matrix is
+  // several weights W_i:[n_i,K] (rows K floats apart) stacked by rows, read
+  // in place (the projections of one input through several layers, without
+  // a stacked copy); N = sum n_i; bias:[N] or null.
+  void add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
+                   const std::vector<std::pair<const float*, int64_t>>& weights, const float* bias,
+                   float* C, int64_t ldc);
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
 
  private:
   std::vector<GemmBlock> products_;
+  // Per product: where each row of B^T starts, for stacked weights (else empty).
+  std::vector<std::vector<const float*>> rows_;
 };
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm

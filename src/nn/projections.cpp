@@ -24,7 +24,7 @@ struct Group {
   std::vector<Output> outs;  // in the order q, v, k
 };
 
-// Adds g's products to `batch`; the stacked weights they read go to `keep`.
+// Adds g's products to `batch`; the stacked biases they read go to `keep`.
 void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
                    std::vector<Tensor>& keep, std::vector<Tensor>* reuse) {
   const Tensor& x = *g.x;
@@ -35,21 +35,16 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
   const bool has_bias = g.outs[0].layer->has_bias();
   Tensor buf = take_buffer({B, L, ldc}, reuse);
 
-  // Stack [W_q; W_v; W_k] (those this input feeds) so that one product reads
-  // each input row once. The stack is a copy of n*D*in floats per call, worth
-  // it when there are more rows than D (the product saves re-reading rows*in
-  // per extra layer); a short input (the seed's toy shape: 8 rows, D = 100)
-  // runs one product per layer instead, into the same column blocks.
-  const bool stack = n > 1 && B * L >= D;
-  Tensor w_stack, b_stack;
-  if (stack) {
-    w_stack = Tensor({n * D, in});
-    if (has_bias) b_stack = Tensor({n * D});
-    for (int64_t o = 0; o < n; ++o) {
-      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
-      std::memcpy(w_stack.data() + o * D * in, layer.weight().data(), sizeof(float) * D * in);
-      if (has_bias) std::memcpy(b_stack.data() + o * D, layer.bias().data(), sizeof(float) * D);
-    }
+  // [W_q; W_v; W_k] (those this input feeds) as one right-hand matrix, read
+  // in place (GemmBatch::add_stacked), so that one product reads each input
+  // row once; each output element's sum is the same as in a product of its
+  // own. Only the biases are stacked (n*D floats).
+  Tensor b_stack;
+  if (has_bias && n > 1) {
+    b_stack = Tensor({n * D});
+    for (int64_t o = 0; o < n; ++o)
+      std::memcpy(b_stack.data() + o * D, g.outs[static_cast<size_t>(o)].layer->bias().data(),
+                  sizeof(float) * D);
   }
   // Rows [row0, row0 + rows) through outputs [o0, o1), written at their
   // column blocks.
@@ -57,16 +52,15 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
     if (rows <= 0 || o1 <= o0) return;
     const float* X = x.data() + row0 * in;
     float* C = buf.data() + row0 * ldc + o0 * D;
-    if (stack) {
-      batch.add(rows, (o1 - o0) * D, in, X, in, w_stack.data() + o0 * D * in, in, true,
-                has_bias ? b_stack.data() + o0 * D : nullptr, C, ldc);
+    if (o1 - o0 == 1) {
+      const LazyLinear& layer = *g.outs[static_cast<size_t>(o0)].layer;
+      batch.add(rows, D, in, X, in, layer.weight().data(), in, true,
+                has_bias ? layer.bias().data() : nullptr, C, ldc);
       return;
     }
-    for (int64_t o = o0; o < o1; ++o) {
-      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
-      batch.add(rows, D, in, X, in, layer.weight().data(), in, true,
-                has_bias ? layer.bias().data() : nullptr, C + (o - o0) * D, ldc);
-    }
+    std::vector<std::pair<const float*, int64_t>> weights;
+    for (int64_t o = o0; o < o1; ++o) weights.push_back({g.outs[static_cast<size_t>(o)].layer->weight().data(), D});
+    batch.add_stacked(rows, in, X, in, weights, has_bias ? b_stack.data() + o0 * D : nullptr, C, ldc);
   };
 
   bool all_rows = true;
@@ -103,10 +97,7 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
     v.shape[2] = D; v.stride[2] = 1;
   }
   result.buffers.push_back(std::move(buf));  // the heap block, and so the views, stay put
-  if (stack) {
-    keep.push_back(std::move(w_stack));
-    keep.push_back(std::move(b_stack));
-  }
+  if (!b_stack.empty()) keep.push_back(std::move(b_stack));  // read by batch.run()
 }
 
 }  // namespace

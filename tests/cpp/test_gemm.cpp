@@ -186,6 +186,50 @@ TEST_P(GemmIsaTest, BitwiseTheSameAtAnyThreadCountAndRowSplit) {
   for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "run " << r;
 }
 
+TEST_P(GemmIsaTest, StackedWeightsReadInPlaceGiveEachLayersProductBitwise) {
+  // Three layers W_i:[n_i, K] stacked by rows without a copy: every output
+  // column is bitwise its layer's own product, and within the float bound.
+  Generator gen(17);
+  const int64_t M = 301, K = 77;
+  const int64_t widths[] = {40, 33, 100};  // not multiples of any NR
+  std::vector<std::vector<float>> W;
+  std::vector<std::pair<const float*, int64_t>> parts;
+  int64_t N = 0;
+  for (int64_t n : widths) {
+    W.emplace_back(static_cast<size_t>(n * K));
+    for (float& x : W.back()) x = gen.uniform(-1.0f, 1.0f);
+    N += n;
+  }
+  for (size_t i = 0; i < W.size(); ++i) parts.push_back({W[i].data(), widths[i]});
+  std::vector<float> A(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N));
+  for (float& x : A) x = gen.uniform(-1.0f, 1.0f);
+  for (float& x : bias) x = gen.uniform(-1.0f, 1.0f);
+  std::vector<float> stacked(static_cast<size_t>(M * N)), separate(stacked.size());
+  cpu::GemmBatch one;
+  one.add_stacked(M, K, A.data(), K, parts, bias.data(), stacked.data(), N);
+  one.run();
+  cpu::GemmBatch each;
+  int64_t col = 0;
+  for (size_t i = 0; i < W.size(); ++i) {
+    each.add(M, widths[i], K, A.data(), K, W[i].data(), K, true, bias.data() + col, separate.data() + col, N);
+    col += widths[i];
+  }
+  each.run();
+  EXPECT_EQ(stacked, separate);
+  // And the exact product of the stacked matrix, row by row of B^T.
+  std::vector<float> whole(static_cast<size_t>(N * K));
+  col = 0;
+  for (size_t i = 0; i < W.size(); ++i) {
+    std::copy(W[i].begin(), W[i].end(), whole.begin() + col * K);
+    col += widths[i];
+  }
+  Operands o(gen, false, true, M, N, K, 0, 1.0f, 0.0f, true);
+  o.A = A;
+  o.B = whole;
+  o.b = bias;
+  EXPECT_TRUE(within_float_bound(o, stacked));
+}
+
 TEST(Gemm, PackedBForAnotherShapeIsRefused) {
   std::vector<float> B(12, 1.0f), C(12);
   cpu::PackedB packed(false, 3, 4, B.data(), 4);

@@ -64,8 +64,10 @@ int64_t PackedB::panels() const {
   return (N_ + nr - 1) / nr;
 }
 
-void PackedB::pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1) {
-  if (K_ > 0 && N_ > 0) kernels_for(isa_).pack_b(trans_b, K_, N_, B, ldb, data_.get(), panel0, panel1);
+void PackedB::pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1,
+                   const float* const* rows) {
+  if (K_ > 0 && N_ > 0)
+    kernels_for(isa_).pack_b(trans_b, K_, N_, B, ldb, rows, data_.get(), panel0, panel1);
 }
 
 void gemm_packed(const GemmBlock& g, const PackedB& b) {

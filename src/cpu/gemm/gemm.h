@@ -63,7 +63,10 @@ class PackedB {
   PackedB(int64_t K, int64_t N);
   // Column panels of the micro-kernel's width; pack() takes them in ranges.
   int64_t panels() const;
-  void pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1);
+  // With trans_b, `rows` (N pointers, or null) gives where each row of B
+  // starts, in place of B + j * ldb: rows of several matrices packed as one.
+  void pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1,
+            const float* const* rows = nullptr);
   int64_t K() const { return K_; }
   int64_t N() const { return N_; }
   GemmIsa isa() const { return isa_; }

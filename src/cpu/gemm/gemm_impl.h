@@ -44,8 +44,8 @@ struct Driver {
   // op(B):[K,N] -> for each KC-chunk starting at p0 (rows p0..p0+kc), at
   // offset p0 * padded_n(N): its NR-column panels, each kc x NR, k-major,
   // columns past N zero. Packs the panels [panel0, panel1) of every chunk.
-  static void pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out,
-                     int64_t panel0, int64_t panel1) {
+  static void pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb,
+                     const float* const* rows, float* out, int64_t panel0, int64_t panel1) {
     const int64_t Np = padded_n(N);
     for (int64_t p0 = 0; p0 < K; p0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - p0);
@@ -63,7 +63,10 @@ struct Driver {
           // each panel row written whole (measured 1.1 ns per element from
           // memory, against 1.7 reading one source row at a time).
           const float* src[NR];
-          for (int64_t j = 0; j < NR; ++j) src[j] = B + (j0 + std::min<int64_t>(j, nr - 1)) * ldb + p0;
+          for (int64_t j = 0; j < NR; ++j) {
+            const int64_t row = j0 + std::min<int64_t>(j, nr - 1);
+            src[j] = (rows ? rows[row] : B + row * ldb) + p0;
+          }
           for (int64_t k = 0; k < kc; ++k) {
             float* dst = panel + k * NR;
             for (int64_t j = 0; j < NR; ++j) dst[j] = j < nr ? src[j][k] : 0.0f;

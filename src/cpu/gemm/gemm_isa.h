@@ -14,9 +14,11 @@ struct IsaGemm {
   // Floats PackedB needs for op(B):[K,N]: K x N rounded up to whole panels.
   int64_t (*packed_b_floats)(int64_t K, int64_t N);
   // Packs column panels [panel0, panel1) (NR columns each) of op(B) into
-  // `out` (packed_b_floats(K, N) floats, 64-byte aligned).
-  void (*pack_b)(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out,
-                 int64_t panel0, int64_t panel1);
+  // `out` (packed_b_floats(K, N) floats, 64-byte aligned). With trans_b,
+  // `rows` (N pointers, or null) gives where each row of B starts, in place
+  // of B + j * ldb.
+  void (*pack_b)(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb,
+                 const float* const* rows, float* out, int64_t panel0, int64_t panel1);
   // C = alpha op(A) Bp + beta C (+ bias), Bp packed by pack_b, on this thread.
   void (*run)(const GemmBlock& g, const float* packed_b);
 };
