@@ -8,6 +8,7 @@ and a 4096x4096 sgemm as the machine's roofline, at 1 and 2 threads.
 
     /usr/bin/python3 bench/bench.py            # everything (~5 min on 2 cores)
     /usr/bin/python3 bench/bench.py --quick    # fewer repeats, no L16384 peers
+    /usr/bin/python3 bench/bench.py --decode   # only the decode cases (bench/bench_decode.py)
 
 What is measured
 - ms: median wall time of one forward call (after a warm-up call), inputs
@@ -273,6 +274,8 @@ def main():
     ap.add_argument("--cases", nargs="+", default=list(CASES), help="case names (default: all)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where it is installed")
+    ap.add_argument("--decode", action="store_true",
+                    help="only the decode cases: few queries over a KV cache (bench/bench_decode.py)")
     ap.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -296,6 +299,9 @@ def main():
     ort_missing = "not asked for (--no-ort)" if args.no_ort else ort_peer.why_missing()
     print(f"ONNX Runtime peer: {'skipped: ' + ort_missing if ort_missing else 'onnxruntime-node'}")
     ort_notes = {}
+    if args.decode:
+        import bench_decode
+        return bench_decode.main(args.threads, args.quick, budget, time_call, ort_missing, np)
 
     jobs = []
     for t in args.threads:

@@ -94,9 +94,10 @@ def forward_graph(path, sd, Dq, Dk, Dv, D, h, self_attention, masked):
     save(model, str(path))
 
 
-def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50):
+def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50, keep=None):
     """Runs `model` in node with `feeds` ({name: numpy array}); returns
-    (sorted run times in s, {output name: numpy array} of the first run)."""
+    (sorted run times in s, {output name: numpy array} of the first run, only
+    those named in `keep` when it is given)."""
     import numpy as np
     types = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
     with tempfile.TemporaryDirectory(prefix="mha-ort-") as tmp:
@@ -108,7 +109,7 @@ def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50):
             specs.append({"name": name, "dims": list(a.shape), "type": types[a.dtype],
                           "file": str(tmp / f"in_{name}.bin")})
         job = {"model": str(model), "threads": threads, "budget_s": budget_s, "min_runs": min_runs,
-               "max_runs": max_runs, "inputs": specs, "outputs_dir": str(tmp)}
+               "max_runs": max_runs, "inputs": specs, "outputs_dir": str(tmp), "keep": keep}
         (tmp / "job.json").write_text(json.dumps(job))
         r = subprocess.run(["node", str(RUNNER), str(tmp / "job.json")], capture_output=True, text=True)
         if r.returncode != 0:
@@ -116,7 +117,7 @@ def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50):
             raise RuntimeError("onnxruntime-node: " + (lines[0] if lines else f"exit {r.returncode}"))
         res = json.loads(r.stdout.strip().splitlines()[-1])
         outs = {n: np.fromfile(tmp / f"{n}.bin", np.float32).reshape(dims)
-                for n, dims in res["outputs"].items()}
+                for n, dims in res["outputs"].items() if keep is None or n in keep}
     return sorted(res["times_s"]), outs
 
 
@@ -153,4 +154,51 @@ def time_forward(case, dims, inputs, threads, budget_s):
         forward_graph(model, sd, Dq, Dk, Dv, D, h, self_attention, lens is not None)
         times, outs = run(model, feeds, threads, budget_s)
     err = check_close(case, outs["Y"], want)
+    return times[len(times) // 2], err
+
+
+# ---------------------------------------------------------------- decoding
+
+def decode_graph(path, H, d):
+    """One com.microsoft.MultiHeadAttention node with a cache:
+    query, key, value:[B,Qn,H*d] (the new block, already projected),
+    past_key, past_value:[B,H,P,d] -> out:[B,Qn,H*d], present_key/value:[B,H,P+Qn,d].
+    unidirectional = 1: query i sees the past and new keys 0..i (checked
+    against mha's causal decode, whose query i keeps keys j < P + i + 1)."""
+    from onnx import TensorProto, helper, save
+    f32 = TensorProto.FLOAT
+    D = H * d
+    inputs = [helper.make_tensor_value_info(n, f32, ["B", "Qn", D]) for n in ("query", "key", "value")]
+    inputs += [helper.make_tensor_value_info(n, f32, ["B", H, "P", d]) for n in ("past_key", "past_value")]
+    node = helper.make_node("MultiHeadAttention",
+                            ["query", "key", "value", "", "", "", "past_key", "past_value"],
+                            ["out", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=H, unidirectional=1)
+    outputs = [helper.make_tensor_value_info("out", f32, ["B", "Qn", D]),
+               helper.make_tensor_value_info("present_key", f32, ["B", H, "T", d]),
+               helper.make_tensor_value_info("present_value", f32, ["B", H, "T", d])]
+    model = helper.make_model(helper.make_graph([node], "mha_decode", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    save(model, str(path))
+
+
+def time_decode(name, q, k_cache, v_cache, want, threads, budget_s):
+    """ONNX Runtime's decode step on the same data as mha's, checked, then timed.
+    q:[B,H,Qn,d]; k_cache, v_cache:[B,H,K,d] float32 holding the past keys and,
+    as the last Qn, the new block's; want: mha's output [B,H,Qn,d].
+    ORT gets the past (K - Qn keys) and the new keys as separate inputs and
+    builds present = past + new itself, a copy of the cache each step: that is
+    how the op keeps a cache on the CPU. Returns (median s, relative error)."""
+    import numpy as np
+    B, H, Qn, d = q.shape
+    K = k_cache.shape[2]
+    flat = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(B, Qn, H * d)  # noqa: E731
+    feeds = {"query": flat(q), "key": flat(k_cache[:, :, K - Qn:]), "value": flat(v_cache[:, :, K - Qn:]),
+             "past_key": k_cache[:, :, :K - Qn], "past_value": v_cache[:, :, :K - Qn]}
+    with tempfile.TemporaryDirectory(prefix="mha-ort-model-") as tmp:
+        model = pathlib.Path(tmp) / "decode.onnx"
+        decode_graph(model, H, d)
+        times, outs = run(model, feeds, threads, budget_s, max_runs=20, keep=["out"])
+    err = check_close(name, outs["out"], flat(want))
     return times[len(times) // 2], err

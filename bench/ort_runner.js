@@ -5,7 +5,7 @@
 //
 // job.json: {"model": path, "threads": n, "budget_s": s, "min_runs": n,
 //            "max_runs": n, "inputs": [{"name", "dims", "type": "float32" | "int32" |
-//            "int64", "file"}], "outputs_dir": path (or null)}
+//            "int64", "file"}], "outputs_dir": path (or null), "keep": [names] (or null: all)}
 // Input files hold the raw little-endian elements, row-major. The first run
 // (a warm-up: session set-up, first allocations) writes each output to
 // <outputs_dir>/<name>.bin for the equality check; then the graph runs
@@ -59,7 +59,7 @@ async function main() {
   const outputs = {};
   for (const [name, t] of Object.entries(first)) {
     outputs[name] = t.dims;
-    if (job.outputs_dir) {
+    if (job.outputs_dir && (!job.keep || job.keep.includes(name))) {
       const d = t.data;
       fs.writeFileSync(path.join(job.outputs_dir, name + ".bin"), Buffer.from(d.buffer, d.byteOffset, d.byteLength));
     }
