@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="short timing budget; skip peers at L16384")
     ap.add_argument("--cases", nargs="+", default=list(CASES), help="case names (default: all)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
+                    help="implementations to run (default: all; mha always runs): " + ", ".join(IMPLS))
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where it is installed")
     ap.add_argument("--decode", action="store_true",
                     help="only the decode cases: few queries over a KV cache (bench/bench_decode.py)")
@@ -307,6 +309,8 @@ def main():
     for t in args.threads:
         for case in args.cases:
             for impl in IMPLS:
+                if impl != "mha" and impl not in args.impls:
+                    continue
                 if args.quick and "L16384" in case and impl != "mha":
                     continue
                 if impl == ORT and (ort_missing or case not in ORT_CASES):

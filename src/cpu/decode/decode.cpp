@@ -14,6 +14,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cmath>
 #include <vector>
 
@@ -130,16 +132,29 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
   const auto n_tasks = static_cast<int64_t>(tasks.size());
   const int threads = work >= kMinParallelWork && n_tasks > 1 ? num_threads() : 1;
   const int64_t n_groups = p.B * p.Hkv;
+  // Rows without keys are merged (zeroed) here; every other (b, g) is merged
+  // by whichever thread finishes its last chunk, in chunk order all the
+  // same, so no barrier separates the chunks from the merge (under load, a
+  // thread waiting at one cost a scheduler tick).
+  auto merge_group = [&](int64_t bg) {
+    const int64_t t0 = first[static_cast<size_t>(bg)], t1 = first[static_cast<size_t>(bg + 1)];
+    merge(job, {bg / p.Hkv, bg % p.Hkv, 0}, t1 - t0, partials.data() + t0 * R * S);
+  };
+  std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[static_cast<size_t>(n_groups)]);
+  for (int64_t bg = 0; bg < n_groups; ++bg) {
+    left[static_cast<size_t>(bg)].store(first[static_cast<size_t>(bg + 1)] - first[static_cast<size_t>(bg)]);
+    if (first[static_cast<size_t>(bg + 1)] == first[static_cast<size_t>(bg)]) merge_group(bg);
+  }
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     std::vector<float> scratch(scratch_floats);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tasks; ++t)
-      kern.chunk(job, tasks[static_cast<size_t>(t)], partials.data() + t * R * S, scratch.data());
-#pragma omp for schedule(static)
-    for (int64_t bg = 0; bg < n_groups; ++bg) {
-      const int64_t t0 = first[static_cast<size_t>(bg)], t1 = first[static_cast<size_t>(bg + 1)];
-      merge(job, {bg / p.Hkv, bg % p.Hkv, 0}, t1 - t0, partials.data() + t0 * R * S);
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
+      // acq_rel: the last finisher sees every other chunk's partials.
+      const int64_t bg = task.b * p.Hkv + task.g;
+      if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
     }
   }
 }
