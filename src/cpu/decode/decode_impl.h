@@ -121,6 +121,20 @@ struct DecodeKernel {
       }
   }
 
+  // Asks for the next tile's rows (keys j .. min(j + T, end)) while this
+  // one is computed. bfloat16 only: measured at one thread (B1, 32 heads of
+  // 128, 32768 keys, CPU time) it took a bfloat16 step from 62 to 51 ms,
+  // but a float32 one from 90 to 105 ms (the hardware prefetcher alone
+  // keeps up with float32 rows, twice as many bytes per key computed).
+  template <class E>
+  static void prefetch_tile(const E* base, int64_t stride, int64_t w, int64_t j, int64_t end) {
+    const int64_t stop = std::min(j + T, end);
+    for (; j < stop; ++j) {
+      const char* row = reinterpret_cast<const char*>(base + j * stride);
+      for (int64_t b = 0; b < w * static_cast<int64_t>(sizeof(E)); b += 64) __builtin_prefetch(row + b);
+    }
+  }
+
   template <class F>
   static void by_block(int64_t R, const F& f) {  // f(std::integral_constant<int, NB>, first row)
     int64_t r = 0;
@@ -160,6 +174,10 @@ struct DecodeKernel {
     const float fill2 = kMaskFill2;
     for (int64_t t0 = j0; t0 < j1; t0 += T) {
       const int64_t n = std::min(T, j1 - t0);
+      if constexpr (std::is_same_v<E, uint16_t>) {
+        prefetch_tile(kb, p.k_stride_j, d, t0 + T, j1);
+        prefetch_tile(vb, p.v_stride_j, dv, t0 + T, j1);
+      }
       by_block(R, [&](auto nb, int64_t r0) {
         scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T);
       });
