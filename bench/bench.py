@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """mha against its peers, in one run: PyTorch 1.13's nn.MultiheadAttention
 (eval, zeroed biases, its fast path where it applies), the seed's PyTorch code
-(tests/python/seed_reference.py), and a 4096x4096 sgemm as the machine's
-roofline, at 1 and 2 threads.
+(tests/python/seed_reference.py), ONNX Runtime's com.microsoft.MultiHeadAttention
+graph with mha's weights (bench/ort_peer.py; optional: skipped with a message
+when node or onnxruntime-node is missing, see that file for how to get it),
+and a 4096x4096 sgemm as the machine's roofline, at 1 and 2 threads.
 
     /usr/bin/python3 bench/bench.py            # everything (~5 min on 2 cores)
     /usr/bin/python3 bench/bench.py --quick    # fewer repeats, no L16384 peers
+    /usr/bin/python3 bench/bench.py --decode   # only the decode cases (bench/bench_decode.py)
 
 What is measured
 - ms: median wall time of one forward call (after a warm-up call), inputs
@@ -79,7 +82,10 @@ CASES = {
     "cross B4 Q128 K1024": (4, 128, 1024, 512, 256, 384, 512, 8, "cross"),
     "train B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "train"),
 }
-IMPLS = ["mha", "torch.nn.MultiheadAttention", "seed (d2l PyTorch)"]
+IMPLS = ["mha", "torch.nn.MultiheadAttention", "seed (d2l PyTorch)", "onnxruntime (node)"]
+ORT = "onnxruntime (node)"
+# The forward cases ONNX Runtime runs (its graph: bench/ort_peer.py).
+ORT_CASES = ("B8 L512 D768 h12", "B8 L512 D768 h12 pad40%", "B1 L4096 D512 h8", "B1 L16384 D256 h4")
 
 
 def flops(B, Q, K, Dq, Dk, Dv, D, h, kind=None):
@@ -267,6 +273,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="short timing budget; skip peers at L16384")
     ap.add_argument("--cases", nargs="+", default=list(CASES), help="case names (default: all)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    ap.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS, metavar="IMPL",
+                    help="implementations to run (default: all; mha always runs): " + ", ".join(IMPLS))
+    ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where it is installed")
+    ap.add_argument("--decode", action="store_true",
+                    help="only the decode cases: few queries over a KV cache (bench/bench_decode.py)")
     ap.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -286,12 +297,23 @@ def main():
           f"OpenBLAS core {lib.openblas_get_corename().decode()}"
           + (f" (set by OPENBLAS_CORETYPE; {note} by itself)" if note else ""))
     budget = 0.5 if args.quick else 2.0
+    import ort_peer
+    ort_missing = "not asked for (--no-ort)" if args.no_ort else ort_peer.why_missing()
+    print(f"ONNX Runtime peer: {'skipped: ' + ort_missing if ort_missing else 'onnxruntime-node'}")
+    ort_notes = {}
+    if args.decode:
+        import bench_decode
+        return bench_decode.main(args.threads, args.quick, budget, time_call, ort_missing, np)
 
     jobs = []
     for t in args.threads:
         for case in args.cases:
             for impl in IMPLS:
+                if impl != "mha" and impl not in args.impls:
+                    continue
                 if args.quick and "L16384" in case and impl != "mha":
+                    continue
+                if impl == ORT and (ort_missing or case not in ORT_CASES):
                     continue
                 jobs.append((t, case, impl))
     results = {}
@@ -318,7 +340,17 @@ def main():
             before = sgemm_rate(0.1)
             for impl in impls:
                 progress(f"threads={t} {case}: {impl}")
-                if impl != "mha" and "L16384" in case and peer_memory_estimate_mb(case) > 0.8 * available_mb():
+                if impl == ORT:
+                    # Checked against mha's output on the same inputs and
+                    # weights first (ort_peer.time_forward raises if they differ).
+                    try:
+                        ms, err = ort_peer.time_forward(case, CASES[case], make_inputs(case, np), t, budget)
+                        results[(t, case, impl)] = ms
+                        ort_notes[(t, case)] = f"output max |diff| / max |mha| = {err:.1e}"
+                    except RuntimeError as e:
+                        results[(t, case, impl)] = None
+                        ort_notes[(t, case)] = str(e)
+                elif impl != "mha" and "L16384" in case and peer_memory_estimate_mb(case) > 0.8 * available_mb():
                     results[(t, case, impl)] = None
                 else:
                     inputs = make_inputs(case, np)
@@ -343,7 +375,8 @@ def main():
 
     memory = {}
     if not args.no_memory:
-        cases_impls = sorted({(c, i) for (_, c, i) in jobs})
+        # ONNX Runtime runs in node: its memory is not comparable (n/a).
+        cases_impls = sorted({(c, i) for (_, c, i) in jobs if i != ORT})
         for n, (case, impl) in enumerate(cases_impls):
             sys.stderr.write(f"\r\033[K[memory {n + 1}/{len(cases_impls)}] {case}: {impl}")
             sys.stderr.flush()
@@ -370,14 +403,23 @@ def main():
                 mem, why = memory.get((case, impl), (None, None))
                 mem_s = f"{mem:9.1f}" if mem is not None else f"{'n/a':>9}"
                 if ms is None:
-                    print(f"{case:26} {t:>3} {impl:28} {'skipped (memory)':>10} {'':>8} {'':>8} {'':>8} {mem_s}")
+                    why = "failed" if impl == ORT else "skipped (memory)"
+                    print(f"{case:26} {t:>3} {impl:28} {why:>10} {'':>8} {'':>8} {'':>8} {mem_s}")
                     continue
                 rate = fl / ms / 1e9
                 speed = "" if impl == "mha" or ours is None else f"{ms / ours:7.2f}x"
                 print(f"{case:26} {t:>3} {impl:28} {ms * 1e3:>10.3f} {rate:>8.1f} "
                       f"{100 * rate / roof[(t, case)]:>7.1f}% {speed:>8} {mem_s}")
 
-    # The issue's targets, as measured above.
+    if ort_notes:
+        print("\nONNX Runtime (com.microsoft.MultiHeadAttention; mha's time / ORT's time, same run; "
+              "outputs checked first, tolerance 1e-4 x max |output|):")
+        for (t, case), note in ort_notes.items():
+            a, b = results.get((t, case, "mha")), results.get((t, case, ORT))
+            ratio = f"{a / b:.2f}" if a and b else "n/a"
+            print(f"  {case:26} threads={t}: mha/ORT = {ratio}; {note}")
+
+    # The targets, as measured above.
     print("\nTargets (2 threads where measured, else the largest thread count):")
     t = max(args.threads)
 

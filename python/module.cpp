@@ -98,6 +98,7 @@ namespace mha::python {
 void bind_training(py::module_& m);  // train_bindings.cpp
 void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
+void bind_decode(py::module_& m);    // decode_bindings.cpp
 }  // namespace mha::python
 
 PYBIND11_MODULE(_core, m) {
@@ -267,4 +268,5 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_training(m);
   mha::python::bind_pruning(m);
   mha::python::bind_inspect(m);
+  mha::python::bind_decode(m);
 }

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_decode.h"
 #include "bench_masks.h"
 #include "commands.h"
 #include "cpu/gemm/gemm.h"
@@ -201,13 +202,14 @@ double measure_memory(int index) {
 
 struct BenchOptions {
   std::vector<int> threads{1, 2};
-  bool quick = false, no_memory = false, masks = false;
+  bool quick = false, no_memory = false, masks = false, decode = false;
   int memory_child = -1;
 };
 
 void run_bench(const BenchOptions& opt) {
   if (opt.memory_child >= 0) return memory_child(opt.memory_child);
   if (opt.masks) return run_mask_bench(opt.threads, opt.quick ? 0.5 : 2.0);
+  if (opt.decode) return run_decode_bench(opt.threads, opt.quick, opt.quick ? 0.3 : 1.0);
   const std::string core = openblas_get_corename();
   std::printf("mha %s, its product on %s; OpenBLAS core %s%s\n", kVersion,
               cpu::gemm_isa_name(cpu::gemm_isa()), core.c_str(),
@@ -324,6 +326,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-memory", opt->no_memory, "Skip the peak-memory child processes");
   cmd->add_flag("--masks", opt->masks,
                 "Only the mask rows: causal and key padding masks against none, fused kernel and modules");
+  cmd->add_flag("--decode", opt->decode,
+                "Only the decode kernel: few queries over a KV cache, against the time to read the cache once");
   cmd->add_option("--memory-child", opt->memory_child)->group("");  // hidden
   cmd->callback([opt] { run_bench(*opt); });
 }

@@ -1,0 +1,162 @@
+// The decode kernel's dispatcher: validates, splits each (batch row, cache
+// head)'s keys into chunks, runs the chunks on OpenMP threads, then merges
+// each row's chunk partials in chunk order.
+//
+// Determinism: the chunk size depends on the shapes and lengths only
+// (decode_chunk_keys), each chunk is computed by one thread from start to
+// end into its own slot, and the merge visits the slots in a fixed order, so
+// the output is bitwise the same at any thread count.
+//
+// Memory: besides the cache, the partials (at most about kDecodeMaxChunks +
+// B*Hkv chunks, each group*Qn rows of dv + 2 floats) and one scratch per
+// thread (group*Qn rows of d + kDecodeTile + dv + 2 floats); nothing grows
+// with the cache length once it passes kDecodeMaxChunks * kDecodeMinChunk keys.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <cmath>
+#include <vector>
+
+#include "cpu/decode/decode_job.h"
+#include "kernels/decode_params.h"
+#include "mha/error.h"
+#include "mha/threads.h"
+
+namespace mha::kernels {
+
+namespace {
+
+using decode::DecodeIsaKernels;
+using decode::DecodeJob;
+using decode::Task;
+
+const DecodeIsaKernels& kernels_for(FusedIsa isa) {
+  switch (isa) {
+    case FusedIsa::Avx512: return decode::kAvx512Decode;
+    case FusedIsa::Avx2: return decode::kAvx2Decode;
+    case FusedIsa::Scalar: break;
+  }
+  return decode::kScalarDecode;
+}
+
+// Below this many multiply-adds a call runs on the calling thread (waking
+// the team costs microseconds), as the fused kernel does.
+constexpr double kMinParallelWork = 2e5;
+
+// out[r, :] for the R rows of (b, g) from its chunks' partials, in chunk order.
+void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const float* partials) {
+  const DecodeParams& p = *job.p;
+  const int64_t G = p.group(), R = job.rows(), S = job.partial_stride(), dv = p.dv;
+  for (int64_t r = 0; r < R; ++r) {
+    float* out = p.out + first.b * p.out_stride_b + (first.g * G + r / p.Qn) * p.out_stride_h +
+                 (r % p.Qn) * p.out_stride_i;
+    if (n_chunks == 0) {  // no keys: the output is 0 (kernels/decode_params.h)
+      std::fill(out, out + dv, 0.0f);
+      continue;
+    }
+    float M = -INFINITY;
+    for (int64_t c = 0; c < n_chunks; ++c) M = std::max(M, partials[(c * R + r) * S]);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const float* part = partials + (c * R + r) * S;
+      sum += part[1] * std::exp2(part[0] - M);
+    }
+    for (int64_t x = 0; x < dv; ++x) out[x] = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const float* part = partials + (c * R + r) * S;
+      const float f = std::exp2(part[0] - M) / sum;
+      for (int64_t x = 0; x < dv; ++x) out[x] += part[2 + x] * f;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t decode_chunk_keys(const DecodeParams& p) {
+  double key_rows = 0;  // keys summed over batch rows and cache heads
+  for (int64_t b = 0; b < p.B; ++b) key_rows += static_cast<double>(p.lengths[b]) * p.Hkv;
+  const auto wanted = static_cast<int64_t>(std::ceil(key_rows / kDecodeMaxChunks));
+  const int64_t c = std::max(kDecodeMinChunk, wanted);
+  return (c + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+}
+
+namespace {
+
+std::vector<Task> make_tasks(const DecodeParams& p, int64_t chunk_keys, std::vector<int64_t>* first) {
+  std::vector<Task> tasks;
+  first->assign(static_cast<size_t>(p.B * p.Hkv + 1), 0);
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t g = 0; g < p.Hkv; ++g) {
+      (*first)[static_cast<size_t>(b * p.Hkv + g)] = static_cast<int64_t>(tasks.size());
+      for (int64_t c = 0; c * chunk_keys < p.lengths[b]; ++c) tasks.push_back({b, g, c});
+    }
+  first->back() = static_cast<int64_t>(tasks.size());
+  return tasks;
+}
+
+}  // namespace
+
+int64_t decode_working_bytes(const DecodeParams& p, int threads) {
+  std::vector<int64_t> first;
+  const std::vector<Task> tasks = make_tasks(p, decode_chunk_keys(p), &first);
+  const int64_t R = p.group() * p.Qn;
+  const int64_t partials = static_cast<int64_t>(tasks.size()) * R * (p.dv + 2);
+  const int64_t scratch = static_cast<int64_t>(kernels_for(FusedIsa::Scalar).scratch_floats(p));
+  return 4 * (partials + scratch * threads);
+}
+
+void decode_attention(const DecodeParams& p) { decode_attention(p, fused_isa()); }
+
+void decode_attention(const DecodeParams& p, FusedIsa isa) {
+  check_decode_params(p, "decode_attention");
+  if (static_cast<int>(isa) > static_cast<int>(fused_best_isa()))
+    fail("decode_attention", "isa: ", fused_isa_name(isa), " is not supported by this CPU; wanted at most ",
+         fused_isa_name(fused_best_isa()));
+  const DecodeIsaKernels& kern = kernels_for(isa);
+  DecodeJob job;
+  job.p = &p;
+  job.chunk_keys = decode_chunk_keys(p);
+  job.c2 = kLog2e / p.scale_divisor;
+  std::vector<int64_t> first;
+  const std::vector<Task> tasks = make_tasks(p, job.chunk_keys, &first);
+  const int64_t R = job.rows(), S = job.partial_stride();
+  std::vector<float> partials(static_cast<size_t>(tasks.size() * R * S));
+  job.partials = partials.data();
+  const size_t scratch_floats = kern.scratch_floats(p);
+
+  double work = 0;
+  for (int64_t b = 0; b < p.B; ++b) work += static_cast<double>(p.lengths[b]);
+  work *= static_cast<double>(p.Hq * p.Qn * (p.d + p.dv));
+  const auto n_tasks = static_cast<int64_t>(tasks.size());
+  const int threads = work >= kMinParallelWork && n_tasks > 1 ? num_threads() : 1;
+  const int64_t n_groups = p.B * p.Hkv;
+  // Rows without keys are merged (zeroed) here; every other (b, g) is merged
+  // by whichever thread finishes its last chunk, in chunk order all the
+  // same, so no barrier separates the chunks from the merge (under load, a
+  // thread waiting at one cost a scheduler tick).
+  auto merge_group = [&](int64_t bg) {
+    const int64_t t0 = first[static_cast<size_t>(bg)], t1 = first[static_cast<size_t>(bg + 1)];
+    merge(job, {bg / p.Hkv, bg % p.Hkv, 0}, t1 - t0, partials.data() + t0 * R * S);
+  };
+  std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[static_cast<size_t>(n_groups)]);
+  for (int64_t bg = 0; bg < n_groups; ++bg) {
+    left[static_cast<size_t>(bg)].store(first[static_cast<size_t>(bg + 1)] - first[static_cast<size_t>(bg)]);
+    if (first[static_cast<size_t>(bg + 1)] == first[static_cast<size_t>(bg)]) merge_group(bg);
+  }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> scratch(scratch_floats);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
+      // acq_rel: the last finisher sees every other chunk's partials.
+      const int64_t bg = task.b * p.Hkv + task.g;
+      if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
+    }
+  }
+}
+
+}  // namespace mha::kernels

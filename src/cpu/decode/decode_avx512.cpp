@@ -1,0 +1,43 @@
+// The decode kernel for AVX-512F (with AVX2 and FMA, which every AVX-512 CPU
+// has). bfloat16 cache rows become float32 by a 16-bit shift (exact: a
+// bfloat16 is the upper half of a float32), 16 elements per load.
+// decode.cpp calls it only on CPUs that support it.
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/decode/decode_job.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+// GCC 12 reports its own _mm512_undefined_ps() as uninitialized (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include "cpu/fused/simd_avx512.h"
+#include "cpu/decode/decode_impl.h"
+
+namespace mha::kernels::decode {
+
+struct Avx512Decode : fused::Avx512 {
+  static float reduce_add(Reg x) { return _mm512_reduce_add_ps(x); }
+  static float reduce_max(Reg x) { return _mm512_reduce_max_ps(x); }
+  static Reg load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+};
+
+const DecodeIsaKernels kAvx512Decode = decode_kernels<Avx512Decode>();
+
+}  // namespace mha::kernels::decode
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif

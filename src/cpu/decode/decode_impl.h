@@ -1,0 +1,231 @@
+// src/cpu/decode/decode_impl.h: one chunk of the decode kernel, for the
+// vector type V (a fused-kernel Simd type plus reduce_add and load_bf16).
+//
+// Include only from decode_<isa>.cpp, inside its target region.
+//
+// A chunk is C keys of one (batch row, cache head) and the R = group x Qn
+// query rows that read it. Keys go in tiles of kDecodeTile:
+//   s[r, j]  = (q_r * log2(e) / sqrt(d)) . k_j      (vectorised over d)
+//   masked j (j >= the row's valid length): s = -1e6 * log2(e), the chapter's fill
+//   online softmax per row over the tile (running max m_r, sum l_r, base 2)
+//   acc[r, :] = acc[r, :] * 2^(m_old - m_new) + sum_j 2^(s[r, j] - m_new) v_j
+// Each k and v element loaded (and converted from bfloat16) feeds up to
+// kRowBlock rows held in registers, so the cache streams through once.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cpu/decode/decode_job.h"
+
+namespace mha::kernels::decode {
+
+template <class V>
+struct DecodeKernel {
+  using Reg = typename V::Reg;
+  static constexpr int64_t L = V::kLanes;
+  static constexpr int64_t T = kDecodeTile;
+  // Rows per register block: 8 accumulators + one operand + one q load fit
+  // both 16 (AVX2) and 32 (AVX-512) registers.
+  static constexpr int kRowBlock = 8;
+  static_assert(T % 16 == 0, "a tile must be whole vectors on every instruction set");
+
+  static size_t scratch_floats(const DecodeParams& p) {
+    const int64_t R = p.group() * p.Qn;
+    return static_cast<size_t>(R * (p.d + T + p.dv + 2) + 64);
+  }
+
+  template <class E>
+  static Reg load(const E* x) {
+    if constexpr (std::is_same_v<E, float>) return V::load(x);
+    else return V::load_bf16(x);
+  }
+  template <class E>
+  static float scalar(E x) {
+    if constexpr (std::is_same_v<E, float>) return x;
+    else return from_bf16(x);
+  }
+
+  // Independent accumulators per register block: NB rows x (8 / NB) keys in
+  // the scores, NB rows x (8 / NB) vectors of a value row in the weighted
+  // sum. Eight chains in flight hide the FMA latency (4 cycles, 2 ports);
+  // one chain per row was 4-5x slower at NB = 1 (the common decode case).
+  template <int NB>
+  static constexpr int kSpread = NB >= 8 ? 1 : 8 / NB;
+
+  // s[r * T + jj] = qs_r . k_jj for the NB rows starting at qs, keys jj0 <= jj < jj0 + KB.
+  template <int NB, int KB, class E>
+  static void score_block(const float* qs, int64_t d, const E* k, int64_t ks, int64_t jj0, float* s) {
+    Reg a[NB][KB];
+    for (int r = 0; r < NB; ++r)
+      for (int kb = 0; kb < KB; ++kb) a[r][kb] = V::zero();
+    int64_t c = 0;
+    for (; c + L <= d; c += L) {
+      Reg qv[NB];
+      for (int r = 0; r < NB; ++r) qv[r] = V::load(qs + r * d + c);
+      for (int kb = 0; kb < KB; ++kb) {
+        const Reg kv = load(k + (jj0 + kb) * ks + c);
+        for (int r = 0; r < NB; ++r) a[r][kb] = V::fmadd(qv[r], kv, a[r][kb]);
+      }
+    }
+    for (int r = 0; r < NB; ++r)
+      for (int kb = 0; kb < KB; ++kb) {
+        float sum = V::reduce_add(a[r][kb]);
+        const E* kr = k + (jj0 + kb) * ks;
+        for (int64_t cc = c; cc < d; ++cc) sum += qs[r * d + cc] * scalar(kr[cc]);
+        s[r * T + jj0 + kb] = sum;
+      }
+  }
+
+  // s[r * T + jj] = qs_r . k_jj for NB rows starting at qs, jj < n (k: key 0 of the tile).
+  template <int NB, class E>
+  static void scores(const float* qs, int64_t d, const E* k, int64_t ks, int64_t n, float* s) {
+    constexpr int KB = kSpread<NB>;
+    int64_t jj = 0;
+    for (; jj + KB <= n; jj += KB) score_block<NB, KB>(qs, d, k, ks, jj, s);
+    for (; jj < n; ++jj) score_block<NB, 1>(qs, d, k, ks, jj, s);
+  }
+
+  // acc[r, c .. c + CB*L) += sum_jj p[r * T + jj] v_jj[c ..] for NB rows, jj < n.
+  template <int NB, int CB, class E>
+  static void value_block(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, int64_t c, float* acc) {
+    Reg a[NB][CB];
+    for (int r = 0; r < NB; ++r)
+      for (int cb = 0; cb < CB; ++cb) a[r][cb] = V::load(acc + r * dv + c + cb * L);
+    for (int64_t jj = 0; jj < n; ++jj) {
+      Reg vv[CB];
+      for (int cb = 0; cb < CB; ++cb) vv[cb] = load(v + jj * vs + c + cb * L);
+      for (int r = 0; r < NB; ++r) {
+        const Reg pr = V::set1(p[r * T + jj]);
+        for (int cb = 0; cb < CB; ++cb) a[r][cb] = V::fmadd(pr, vv[cb], a[r][cb]);
+      }
+    }
+    for (int r = 0; r < NB; ++r)
+      for (int cb = 0; cb < CB; ++cb) V::store(acc + r * dv + c + cb * L, a[r][cb]);
+  }
+
+  // acc[r, :] += sum_jj p[r * T + jj] v_jj for NB rows, jj < n (v: key 0 of the tile).
+  template <int NB, class E>
+  static void weighted_values(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, float* acc) {
+    constexpr int CB = kSpread<NB>;
+    int64_t c = 0;
+    for (; c + CB * L <= dv; c += CB * L) value_block<NB, CB>(p, v, vs, n, dv, c, acc);
+    for (; c + L <= dv; c += L) value_block<NB, 1>(p, v, vs, n, dv, c, acc);
+    for (; c < dv; ++c)
+      for (int r = 0; r < NB; ++r) {
+        float x = acc[r * dv + c];
+        for (int64_t jj = 0; jj < n; ++jj) x += p[r * T + jj] * scalar(v[jj * vs + c]);
+        acc[r * dv + c] = x;
+      }
+  }
+
+  // Asks for the next tile's rows (keys j .. min(j + T, end)) while this
+  // one is computed. bfloat16 only: measured at one thread (B1, 32 heads of
+  // 128, 32768 keys, CPU time) it took a bfloat16 step from 62 to 51 ms,
+  // but a float32 one from 90 to 105 ms (the hardware prefetcher alone
+  // keeps up with float32 rows, twice as many bytes per key computed).
+  template <class E>
+  static void prefetch_tile(const E* base, int64_t stride, int64_t w, int64_t j, int64_t end) {
+    const int64_t stop = std::min(j + T, end);
+    for (; j < stop; ++j) {
+      const char* row = reinterpret_cast<const char*>(base + j * stride);
+      for (int64_t b = 0; b < w * static_cast<int64_t>(sizeof(E)); b += 64) __builtin_prefetch(row + b);
+    }
+  }
+
+  template <class F>
+  static void by_block(int64_t R, const F& f) {  // f(std::integral_constant<int, NB>, first row)
+    int64_t r = 0;
+    for (; r + kRowBlock <= R; r += kRowBlock) f(std::integral_constant<int, kRowBlock>{}, r);
+    switch (R - r) {
+      case 7: f(std::integral_constant<int, 7>{}, r); break;
+      case 6: f(std::integral_constant<int, 6>{}, r); break;
+      case 5: f(std::integral_constant<int, 5>{}, r); break;
+      case 4: f(std::integral_constant<int, 4>{}, r); break;
+      case 3: f(std::integral_constant<int, 3>{}, r); break;
+      case 2: f(std::integral_constant<int, 2>{}, r); break;
+      case 1: f(std::integral_constant<int, 1>{}, r); break;
+      default: break;
+    }
+  }
+
+  template <class E>
+  static void run(const DecodeJob& job, const Task& t, float* partial, float* scratch) {
+    const DecodeParams& p = *job.p;
+    const int64_t d = p.d, dv = p.dv, Qn = p.Qn, G = p.group(), R = G * Qn;
+    const int64_t K = p.lengths[t.b];
+    const int64_t j0 = t.chunk * job.chunk_keys, j1 = std::min(K, j0 + job.chunk_keys);
+    const E* kb = static_cast<const E*>(p.k) + t.b * p.k_stride_b + t.g * p.k_stride_h;
+    const E* vb = static_cast<const E*>(p.v) + t.b * p.v_stride_b + t.g * p.v_stride_h;
+    float* qs = scratch;     // [R, d], scaled to base 2
+    float* s = qs + R * d;   // [R, T]: scores, then weights
+    float* acc = s + R * T;  // [R, dv]
+    float* m = acc + R * dv; // [R]
+    float* l = m + R;        // [R]
+    for (int64_t r = 0; r < R; ++r) {
+      const float* q = p.q + t.b * p.q_stride_b + (t.g * G + r / Qn) * p.q_stride_h + (r % Qn) * p.q_stride_i;
+      for (int64_t c = 0; c < d; ++c) qs[r * d + c] = q[c] * job.c2;
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+    }
+    std::fill(acc, acc + R * dv, 0.0f);
+    const float fill2 = kMaskFill2;
+    for (int64_t t0 = j0; t0 < j1; t0 += T) {
+      const int64_t n = std::min(T, j1 - t0);
+      if constexpr (std::is_same_v<E, uint16_t>) {
+        prefetch_tile(kb, p.k_stride_j, d, t0 + T, j1);
+        prefetch_tile(vb, p.v_stride_j, dv, t0 + T, j1);
+      }
+      by_block(R, [&](auto nb, int64_t r0) {
+        scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T);
+      });
+      for (int64_t r = 0; r < R; ++r) {
+        float* sr = s + r * T;
+        const int64_t valid = p.valid_len(K, r % Qn);
+        for (int64_t jj = 0; jj < n; ++jj)
+          if (t0 + jj >= valid) sr[jj] = fill2;
+        for (int64_t jj = n; jj < T; ++jj) sr[jj] = -INFINITY;  // past the chunk: weight 0
+        Reg mx = V::load(sr);
+        for (int64_t jj = L; jj < T; jj += L) mx = V::max(mx, V::load(sr + jj));
+        const float m_new = std::max(m[r], V::reduce_max(mx));
+        const Reg mn = V::set1(m_new);
+        Reg sum = V::zero();
+        for (int64_t jj = 0; jj < T; jj += L) {
+          const Reg e = V::exp2(V::sub(V::load(sr + jj), mn));
+          V::store(sr + jj, e);
+          sum = V::add(sum, e);
+        }
+        // m[r] = -inf before the first tile: the factor is 0 (acc and l are 0).
+        const float alpha = m[r] == -INFINITY ? 0.0f : std::exp2(m[r] - m_new);
+        l[r] = l[r] * alpha + V::reduce_add(sum);
+        m[r] = m_new;
+        if (alpha != 1.0f)
+          for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
+      }
+      by_block(R, [&](auto nb, int64_t r0) {
+        weighted_values<decltype(nb)::value>(s + r0 * T, vb + t0 * p.v_stride_j, p.v_stride_j, n, dv,
+                                             acc + r0 * dv);
+      });
+    }
+    const int64_t S = job.partial_stride();
+    for (int64_t r = 0; r < R; ++r) {
+      partial[r * S] = m[r];
+      partial[r * S + 1] = l[r];
+      std::copy(acc + r * dv, acc + (r + 1) * dv, partial + r * S + 2);
+    }
+  }
+
+  static void chunk(const DecodeJob& job, const Task& t, float* partial, float* scratch) {
+    if (job.p->dtype == CacheDtype::BF16) run<uint16_t>(job, t, partial, scratch);
+    else run<float>(job, t, partial, scratch);
+  }
+};
+
+template <class V>
+constexpr DecodeIsaKernels decode_kernels() {
+  return {V::kName, &DecodeKernel<V>::scratch_floats, &DecodeKernel<V>::chunk};
+}
+
+}  // namespace mha::kernels::decode

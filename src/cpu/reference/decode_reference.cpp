@@ -1,0 +1,61 @@
+// The decode kernel's reference: the d2l chapter's attention of the Qn new
+// queries over the K = lengths[b] cached keys, one query row at a time, in
+// double, with the chapter's -1e6 for keys past a query's valid length
+// (kernels/decode_params.h says what the lengths mean).
+//   q:[B,Hq,Qn,d] k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv] -> out:[B,Hq,Qn,dv]
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/decode_params.h"
+
+namespace mha::kernels {
+
+namespace {
+
+// Element c of cache row j of (b, head): float32 or bfloat16 storage.
+double cache_at(const void* base, CacheDtype dtype, int64_t offset) {
+  if (dtype == CacheDtype::BF16) return from_bf16(static_cast<const uint16_t*>(base)[offset]);
+  return static_cast<const float*>(base)[offset];
+}
+
+}  // namespace
+
+void decode_attention_reference(const DecodeParams& p) {
+  check_decode_params(p, "decode_attention_reference");
+  std::vector<double> w;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t K = p.lengths[b];
+    w.assign(static_cast<size_t>(K), 0.0);
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      const int64_t hk = h / p.group();
+      for (int64_t i = 0; i < p.Qn; ++i) {
+        const float* q = p.q + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_i;
+        float* out = p.out + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_i;
+        if (K == 0) {  // no keys: nothing to attend to
+          std::fill(out, out + p.dv, 0.0f);
+          continue;
+        }
+        const int64_t valid = p.valid_len(K, i);
+        double row_max = -INFINITY;
+        for (int64_t j = 0; j < K; ++j) {
+          double dot = 0.0;
+          for (int64_t c = 0; c < p.d; ++c)
+            dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + j * p.k_stride_j + c);
+          w[j] = j < valid ? dot / p.scale_divisor : static_cast<double>(kMaskFill);
+          row_max = std::max(row_max, w[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < K; ++j) sum += (w[j] = std::exp(w[j] - row_max));
+        for (int64_t c = 0; c < p.dv; ++c) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < K; ++j)
+            acc += w[j] * cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + j * p.v_stride_j + c);
+          out[c] = static_cast<float>(acc / sum);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mha::kernels

@@ -1,0 +1,274 @@
+// The decode kernel (few queries over many cached keys) against its
+// reference, against the full attention kernels on the same data, in
+// bfloat16 storage, at one and two threads (bitwise), on every instruction
+// set this CPU supports, and its input checks.
+//
+// Tolerances (float32 cache): |fast - reference| <= 1e-5 (|reference| + max|v|):
+// the reference accumulates in double; the kernel's own rounding (base-2
+// exponential, online rescaling, chunk merge) is relative to the values'
+// scale, not to an output that may cancel to near 0.
+// bfloat16 cache: see BfloatBound below.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_fused.h"
+#include "kernels/attention_params.h"
+#include "kernels/decode_params.h"
+#include "mha/error.h"
+#include "mha/random.h"
+#include "mha/threads.h"
+#include "test_util.h"
+
+namespace mha::kernels {
+namespace {
+
+struct Case {
+  int64_t Hq, Hkv, Qn, d, dv;
+  std::vector<int64_t> lengths;  // one per batch row
+  bool causal = true;
+  std::string name() const {
+    std::string s = "Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Qn" + std::to_string(Qn) +
+                    " d" + std::to_string(d) + " dv" + std::to_string(dv) + (causal ? " causal" : "") + " lengths";
+    for (int64_t n : lengths) s += " " + std::to_string(n);
+    return s;
+  }
+};
+
+// q is laid out as (B, Qn, Hq*d) (as a projection makes it) and seen through
+// strides; the caches are [B, Hkv, capacity, d] with capacity past the
+// longest length, and every unwritten slot holds NaN: a kernel reading past
+// a length makes NaN outputs.
+struct Problem {
+  Case c;
+  int64_t B, capacity;
+  std::vector<float> q, k, v, out;
+  std::vector<uint16_t> k16, v16;
+
+  Problem(const Case& cs, uint64_t seed) : c(cs) {
+    B = static_cast<int64_t>(c.lengths.size());
+    capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
+    Generator gen(seed);
+    q.resize(static_cast<size_t>(B * c.Qn * c.Hq * c.d));
+    for (float& x : q) x = gen.uniform(-1.5f, 1.5f);
+    k.assign(static_cast<size_t>(B * c.Hkv * capacity * c.d), NAN);
+    v.assign(static_cast<size_t>(B * c.Hkv * capacity * c.dv), NAN);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < c.Hkv; ++g)
+        for (int64_t j = 0; j < c.lengths[static_cast<size_t>(b)]; ++j) {
+          for (int64_t x = 0; x < c.d; ++x) k[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.d + x)] = gen.uniform(-1.5f, 1.5f);
+          for (int64_t x = 0; x < c.dv; ++x) v[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.dv + x)] = gen.uniform(-1.0f, 1.0f);
+        }
+    for (float x : k) k16.push_back(to_bf16(x));
+    for (float x : v) v16.push_back(to_bf16(x));
+  }
+
+  DecodeParams params(std::vector<float>& o, CacheDtype dtype = CacheDtype::F32) {
+    DecodeParams p;
+    p.B = B, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Qn = c.Qn, p.capacity = capacity, p.d = c.d, p.dv = c.dv;
+    p.set_contiguous_strides();
+    p.q = q.data();
+    p.q_stride_b = c.Qn * c.Hq * c.d, p.q_stride_i = c.Hq * c.d, p.q_stride_h = c.d;  // (B, Qn, Hq*d)
+    p.dtype = dtype;
+    p.k = dtype == CacheDtype::F32 ? static_cast<const void*>(k.data()) : k16.data();
+    p.v = dtype == CacheDtype::F32 ? static_cast<const void*>(v.data()) : v16.data();
+    o.assign(static_cast<size_t>(B * c.Hq * c.Qn * c.dv), -7.0f);
+    p.out = o.data();
+    p.lengths = c.lengths.data();
+    p.causal = c.causal;
+    p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+    return p;
+  }
+};
+
+// |got - want| <= rtol (|want| + scale), naming the first offenders.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double scale,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    const double tol = rtol * (std::fabs(want[i]) + scale);
+    if (!(std::fabs(got[i] - want[i]) <= tol)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", wanted " << want[i] << " (tolerance "
+                    << tol << ")";
+      ++bad;
+    }
+  }
+}
+
+std::vector<Case> awkward_cases() {
+  const int64_t C = kDecodeMinChunk;  // the chunk size of calls this small
+  return {
+      {1, 1, 1, 1, 1, {1}},                           // one key, width 1
+      {2, 2, 1, 7, 7, {0, 1, 2}},                     // lengths 0 and 1, d odd
+      {4, 4, 4, 33, 33, {4, 5, 0, 31}},              // Qn 4, d odd, lengths at Qn
+      {6, 2, 4, 17, 9, {C - 1, C, C + 1}},           // grouped heads, dv != d, off by one from a chunk
+      {8, 2, 16, 128, 128, {16, 2 * C + 1, 33}},     // Qn 16 x group 4: 64 rows in blocks of 8
+      {3, 1, 16, 65, 65, {16, 17}},                  // multi-query, d one past a vector
+      {2, 2, 3, 20, 20, {1, 2, 3, 700}, false},      // not causal: any length >= 1
+      {32, 8, 1, 128, 128, {3 * C + 31}},            // the benchmark's head layout
+  };
+}
+
+std::vector<FusedIsa> supported_isas() {
+  std::vector<FusedIsa> isas;
+  for (FusedIsa isa : {FusedIsa::Scalar, FusedIsa::Avx2, FusedIsa::Avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(fused_best_isa())) isas.push_back(isa);
+  return isas;
+}
+
+TEST(Decode, EveryIsaMatchesTheReference) {
+  uint64_t seed = 1;
+  for (const Case& c : awkward_cases()) {
+    Problem pb(c, seed++);
+    std::vector<float> want, got;
+    decode_attention_reference(pb.params(want));
+    for (FusedIsa isa : supported_isas()) {
+      decode_attention(pb.params(got), isa);
+      expect_close(got, want, 1e-5, 1.0, c.name() + " isa " + fused_isa_name(isa));
+    }
+  }
+}
+
+// The decode kernel is the full attention of the Qn queries over the K
+// cached keys of each row, with the chapter's per-query valid lengths
+// (K - Qn + i + 1 when causal): the fused and reference attention kernels,
+// given those, must agree with it.
+TEST(Decode, AgreesWithTheFullAttentionKernels) {
+  uint64_t seed = 100;
+  for (const Case& c : awkward_cases()) {
+    Problem pb(c, seed++);
+    std::vector<float> got;
+    const DecodeParams dp = pb.params(got);
+    decode_attention(dp);
+    for (int64_t b = 0; b < pb.B; ++b) {
+      const int64_t K = c.lengths[static_cast<size_t>(b)];
+      if (K == 0) continue;  // no keys: a case the full kernels do not have
+      std::vector<float> lens(static_cast<size_t>(c.Qn)), ref(static_cast<size_t>(c.Hq * c.Qn * c.dv)), fused = ref;
+      for (int64_t i = 0; i < c.Qn; ++i) lens[static_cast<size_t>(i)] = static_cast<float>(dp.valid_len(K, i));
+      auto view = [](float* data, int64_t h, int64_t n, int64_t w, int64_t sh, int64_t sn) {
+        TensorView t;
+        t.data = data, t.rank = 4;
+        t.shape[0] = 1, t.shape[1] = h, t.shape[2] = n, t.shape[3] = w;
+        t.stride[0] = 0, t.stride[1] = sh, t.stride[2] = sn, t.stride[3] = 1;
+        return t;
+      };
+      const int64_t cap = pb.capacity;
+      for (int which = 0; which < 2; ++which) {
+        std::vector<float>& out = which == 0 ? ref : fused;
+        AttentionForward p;
+        p.q = view(pb.q.data() + b * c.Qn * c.Hq * c.d, c.Hq, c.Qn, c.d, c.d, c.Hq * c.d);
+        p.k = view(pb.k.data() + b * c.Hkv * cap * c.d, c.Hkv, K, c.d, cap * c.d, c.d);
+        p.v = view(pb.v.data() + b * c.Hkv * cap * c.dv, c.Hkv, K, c.dv, cap * c.dv, c.dv);
+        p.out = view(out.data(), c.Hq, c.Qn, c.dv, c.Qn * c.dv, c.dv);
+        p.length_kind = LengthKind::PerQuery;
+        p.lens = lens.data();
+        p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+        if (which == 0) attention_forward_reference(p);
+        else attention_forward_fused(p);
+      }
+      const std::vector<float> mine(got.begin() + b * c.Hq * c.Qn * c.dv, got.begin() + (b + 1) * c.Hq * c.Qn * c.dv);
+      expect_close(mine, ref, 1e-5, 1.0, c.name() + " vs attention_forward_reference, row " + std::to_string(b));
+      expect_close(mine, fused, 1e-5, 1.0, c.name() + " vs attention_forward_fused, row " + std::to_string(b));
+    }
+  }
+}
+
+// bfloat16 cache. Two checks:
+// - against the reference reading the same bfloat16 cache: the widening is
+//   exact, so the float32 tolerance holds;
+// - against the float32 reference on the unrounded cache, within the error
+//   rounding to bfloat16 (relative u = 2^-9 per element) can make: each
+//   value moves by at most u max|v|, each score by at most
+//   e = u max_j sum_c |q_c k_jc| / sqrt(d), so each weight by a factor within
+//   exp(+-2e), and the output by at most (u + exp(2e) - 1) max|v|.
+TEST(Decode, BfloatBound) {
+  uint64_t seed = 200;
+  for (const Case& c : awkward_cases()) {
+    Problem pb(c, seed++);
+    std::vector<float> want16, want32, got;
+    decode_attention_reference(pb.params(want16, CacheDtype::BF16));
+    decode_attention_reference(pb.params(want32));
+    double e = 0;
+    for (int64_t b = 0; b < pb.B; ++b)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < c.Qn; ++i)
+          for (int64_t j = 0; j < c.lengths[static_cast<size_t>(b)]; ++j) {
+            double s = 0;
+            for (int64_t x = 0; x < c.d; ++x)
+              s += std::fabs(pb.q[static_cast<size_t>((b * c.Qn + i) * c.Hq * c.d + h * c.d + x)]) *
+                   std::fabs(pb.k[static_cast<size_t>(((b * c.Hkv + h / (c.Hq / c.Hkv)) * pb.capacity + j) * c.d + x)]);
+            e = std::max(e, s);
+          }
+    const double u = std::ldexp(1.0, -9);
+    e *= u / std::sqrt(static_cast<double>(c.d));
+    const double bound = (u + std::expm1(2 * e)) * 1.0 /* max|v| */ + 1e-5;
+    for (FusedIsa isa : supported_isas()) {
+      decode_attention(pb.params(got, CacheDtype::BF16), isa);
+      const std::string what = c.name() + " bf16 isa " + fused_isa_name(isa);
+      expect_close(got, want16, 1e-5, 1.0, what + " vs the bf16 reference");
+      for (size_t x = 0; x < got.size(); ++x)
+        ASSERT_LE(std::fabs(got[x] - want32[x]), bound) << what << " vs the float32 reference, element " << x;
+    }
+  }
+}
+
+TEST(Decode, BitwiseTheSameAtOneAndTwoThreads) {
+  // 2 rows x 2 cache heads x 5000 keys: many chunks, merged in order.
+  Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, 300);
+  ASSERT_GT(pb.c.lengths[0], 4 * decode_chunk_keys(pb.params(pb.out)));
+  const int saved = num_threads();
+  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
+    std::vector<float> one, two;
+    set_num_threads(1);
+    decode_attention(pb.params(one, dtype));
+    set_num_threads(2);
+    decode_attention(pb.params(two, dtype));
+    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
+        << "the output depends on the thread count";
+  }
+  set_num_threads(saved);
+}
+
+TEST(Decode, ChunksDependOnShapesOnly) {
+  // Shapes only: no data is read by these two.
+  DecodeParams p;
+  p.B = 1, p.Hq = 4, p.Hkv = 4, p.Qn = 1, p.d = 16, p.dv = 16;
+  int64_t n = 40000;
+  p.lengths = &n;
+  const int64_t C = decode_chunk_keys(p);
+  EXPECT_EQ(C % kDecodeTile, 0);
+  EXPECT_GE(C, kDecodeMinChunk);
+  EXPECT_LE((n + C - 1) / C * 4, kDecodeMaxChunks + 4);  // chunks bounded: so are the partials
+  const int64_t bytes = decode_working_bytes(p, 2);
+  n = 400000;  // ten times the cache: the working memory stays within 2x
+  EXPECT_GT(decode_chunk_keys(p), C);
+  EXPECT_LE(decode_working_bytes(p, 2), 2 * bytes);
+}
+
+TEST(Decode, BadInputsSayWhatIsWrong) {
+  Problem pb({4, 2, 4, 8, 8, {6, 9}}, 500);
+  std::vector<float> o;
+  auto run = [&](auto edit) {
+    DecodeParams p = pb.params(o);
+    edit(p);
+    decode_attention(p);
+  };
+  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.Hkv = 3; }); }, "[decode_attention] heads: q has 4 heads and the cache 3"));
+  std::vector<int64_t> too_long = {6, 100};
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_long.data(); }); },
+                                "lengths[1]: 100; wanted 0 <= length <= the cache capacity"));
+  std::vector<int64_t> too_short = {3, 9};
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_short.data(); }); },
+                                "lengths[0]: 3 keys cannot hold the 4 new ones"));
+  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.k_stride_j = 4; }); }, "strides"));
+  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.v = nullptr; }); }, "null pointer"));
+  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.Qn = 0; }); }, "wanted B >= 0, Qn >= 1"));
+}
+
+}  // namespace
+}  // namespace mha::kernels

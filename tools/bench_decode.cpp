@@ -1,0 +1,174 @@
+// `mha bench --decode`: one decode step (kernels::decode_attention: Qn new
+// queries over a KV cache of K keys per row) against the time the machine
+// needs to read that cache once.
+//
+// Cases: Qn = 1, 4, 16 queries over K = 4096 and 32768 cached keys, 32
+// query heads of 128 with 32 or 8 cache heads, float32 and bfloat16 cache,
+// batch 1 and 8 (--quick: batch 1, Qn = 1). Cases whose cache would take
+// more than 40% of the available memory are skipped, and say so.
+//
+// ms: median wall time of a step after a warm-up step. GB/s: cache bytes
+// (k and v rows below the lengths) over that time. stream GB/s: a parallel
+// copy of 2 x 256 MiB buffers on the same threads, counting bytes read plus
+// bytes written (STREAM's convention), measured before and after each case
+// (the larger counts), so load from other processes drifts out of the
+// ratio. x read: the step's time over cache bytes / stream GB/s (1.0: the
+// step runs at memory speed).
+#include "bench_decode.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/decode_params.h"
+#include "mha/threads.h"
+
+namespace mha::tools {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median_time(const std::function<void()>& f, double budget, size_t max_runs = 30) {
+  f();
+  std::vector<double> t;
+  const double end = now() + budget;
+  while (t.size() < 3 || (now() < end && t.size() < max_runs)) {
+    const double t0 = now();
+    f();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Bytes per second of a parallel copy (read + written), over buffers far
+// larger than the caches.
+double stream_bandwidth(int threads) {
+  static std::vector<char> src(size_t{256} << 20, 1), dst(size_t{256} << 20, 0);
+  const int64_t n = static_cast<int64_t>(src.size()), blocks = 256, block = n / blocks;
+  const double t = median_time(
+      [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < blocks; ++i) std::memcpy(dst.data() + i * block, src.data() + i * block, block);
+      },
+      0.3, 10);
+  return 2.0 * static_cast<double>(n) / t;
+}
+
+double available_bytes() {
+  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+struct DecodeCase {
+  int64_t B, Hq, Hkv, Qn, K, d;
+  kernels::CacheDtype dtype;
+  std::string name() const {
+    char s[96];
+    std::snprintf(s, sizeof s, "B%ld Qn%-2ld K%-5ld %ld/%ld heads %s", static_cast<long>(B), static_cast<long>(Qn),
+                  static_cast<long>(K), static_cast<long>(Hq), static_cast<long>(Hkv),
+                  dtype == kernels::CacheDtype::F32 ? "f32 " : "bf16");
+    return s;
+  }
+  double cache_bytes() const {
+    return 2.0 * B * Hkv * K * d * (dtype == kernels::CacheDtype::F32 ? 4 : 2);
+  }
+};
+
+std::vector<DecodeCase> cases(bool quick) {
+  std::vector<DecodeCase> out;
+  for (int64_t B : {1, 8})
+    for (int64_t K : {4096, 32768})
+      for (int64_t Hkv : {32, 8})
+        for (auto dtype : {kernels::CacheDtype::F32, kernels::CacheDtype::BF16})
+          for (int64_t Qn : {1, 4, 16}) {
+            if (quick && (B != 1 || Qn != 1)) continue;
+            out.push_back({B, 32, Hkv, Qn, K, 128, dtype});
+          }
+  return out;
+}
+
+// Cache, queries and output of one case; the cache filled by a cheap hash
+// (random enough for timing; values in [-1, 1)).
+struct DecodeData {
+  std::vector<float> q, out, k32, v32;
+  std::vector<uint16_t> k16, v16;
+  std::vector<int64_t> lengths;
+  kernels::DecodeParams p;
+
+  explicit DecodeData(const DecodeCase& c) {
+    const int64_t n = c.B * c.Hkv * c.K * c.d;
+    auto fill = [](auto& v, int64_t count, uint64_t salt, auto convert) {
+      v.resize(static_cast<size_t>(count));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        uint64_t x = (static_cast<uint64_t>(i) + salt) * 0x9E3779B97F4A7C15ull;
+        x ^= x >> 29;
+        v[static_cast<size_t>(i)] = convert(static_cast<float>(x >> 40) * 0x1.0p-23f - 1.0f);
+      }
+    };
+    auto same = [](float x) { return x; };
+    auto bf16 = [](float x) { return kernels::to_bf16(x); };
+    if (c.dtype == kernels::CacheDtype::F32) fill(k32, n, 1, same), fill(v32, n, 2, same);
+    else fill(k16, n, 1, bf16), fill(v16, n, 2, bf16);
+    fill(q, c.B * c.Hq * c.Qn * c.d, 3, same);
+    out.resize(q.size());
+    lengths.assign(static_cast<size_t>(c.B), c.K);
+    p.B = c.B, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Qn = c.Qn, p.capacity = c.K, p.d = c.d, p.dv = c.d;
+    p.set_contiguous_strides();
+    p.q = q.data(), p.out = out.data(), p.lengths = lengths.data(), p.dtype = c.dtype;
+    p.k = c.dtype == kernels::CacheDtype::F32 ? static_cast<const void*>(k32.data()) : k16.data();
+    p.v = c.dtype == kernels::CacheDtype::F32 ? static_cast<const void*>(v32.data()) : v16.data();
+    p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+  }
+};
+
+}  // namespace
+
+void run_decode_bench(const std::vector<int>& threads, bool quick, double budget) {
+  std::printf("decode step: Qn queries over K cached keys per batch row, 32 query heads of 128 over 32 or 8 "
+              "cache heads\n(x read: step time over the time to read the cache once at the stream-copy "
+              "bandwidth measured around the case)\n\n");
+  std::printf("%-36s %3s %10s %8s %10s %10s %7s\n", "case", "thr", "ms", "GB/s", "stream GB/s", "read ms",
+              "x read");
+  struct Target {
+    double ratio;
+    std::string name;
+  };
+  std::vector<Target> targets;
+  for (int t : threads) {
+    set_num_threads(t);
+    for (const DecodeCase& c : cases(quick)) {
+      if (c.cache_bytes() > 0.4 * available_bytes()) {
+        std::printf("%-36s %3d %10s (cache %.1f GB, over 40%% of the available memory)\n", c.name().c_str(), t,
+                    "skipped", c.cache_bytes() / 1e9);
+        continue;
+      }
+      DecodeData data(c);
+      const double before = stream_bandwidth(t);
+      const double s = median_time([&] { kernels::decode_attention(data.p); }, budget);
+      const double bw = std::max(before, stream_bandwidth(t));
+      const double read = c.cache_bytes() / bw;
+      std::printf("%-36s %3d %10.3f %8.1f %10.1f %10.3f %7.2f\n", c.name().c_str(), t, s * 1e3,
+                  c.cache_bytes() / s / 1e9, bw / 1e9, read * 1e3, s / read);
+      std::fflush(stdout);
+      if (t == threads.back() && c.B == 1 && c.Qn == 1 && c.K == 32768 && c.Hkv == 32)
+        targets.push_back({s / read, c.name()});
+    }
+  }
+  std::printf("\nTarget: a step <= 1.25x the cache-read time (batch 1, 32768 keys, %d threads):\n",
+              threads.back());
+  for (const Target& x : targets)
+    std::printf("  %s: %.2fx: %s\n", x.name.c_str(), x.ratio, x.ratio <= 1.25 ? "met" : "MISSED");
+}
+
+}  // namespace mha::tools
