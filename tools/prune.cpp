@@ -14,8 +14,9 @@
 //    mha/prune_experiment.h).
 // 3. Prints the scores and the curves, writes them as CSV (--csv) and a PNG
 //    (--plot: accuracy against heads removed, one line per order; latency
-//    against heads kept), and names the measure whose order kept accuracy
-//    highest over the first half of the heads.
+//    against heads removed, as the accuracy; measures that agree are drawn
+//    side by side, not on top of each other), and names the measure whose
+//    order kept accuracy highest over the first half of the heads.
 // Without --checkpoint it first trains --layers x --heads on the task (the
 // experiment needs more heads than the task needs: 2 per layer do the work).
 #include <algorithm>
@@ -153,28 +154,43 @@ void write_plot(const std::string& path, const std::vector<PruneCurve>& measured
   plot::LinePanel acc = panel("Held-out accuracy as heads are removed", "heads removed", "accuracy");
   acc.ymin = 0.0;
   acc.ymax = 1.0;
-  auto steps = [](const PruneCurve& c) {
+  // x: heads removed. Measures often agree (gradient and ablation give one
+  // order), and identical curves would hide each other: each measure's line
+  // is shifted by a small fraction of a step (dodged) so every one shows.
+  const double dodge = 0.08;
+  auto steps = [](const PruneCurve& c, double offset) {
     std::vector<double> x(c.accuracy.size());
-    std::iota(x.begin(), x.end(), 0.0);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i) + offset;
     return x;
   };
+  auto offset = [&](size_t i) { return (static_cast<double>(i) - (measured.size() - 1) / 2.0) * dodge; };
   // Random orders first (faint, their mean bold), so the measures draw on top.
   if (!random.empty()) {
     std::vector<double> mean(random.front().accuracy.size(), 0.0);
-    for (const PruneCurve& c : random) {
-      acc.series.push_back(series("", steps(c), c.accuracy, false, plot::Rgb{205, 205, 205}));
+    for (size_t r = 0; r < random.size(); ++r) {
+      const PruneCurve& c = random[r];
+      // One legend entry for all the faint lines.
+      acc.series.push_back(series(r == 0 ? "random orders (each)" : "", steps(c, 0.0), c.accuracy, false,
+                                  plot::Rgb{205, 205, 205}));
       for (size_t i = 0; i < mean.size(); ++i) mean[i] += c.accuracy[i] / static_cast<double>(random.size());
     }
-    acc.series.push_back(series("random (mean of " + std::to_string(random.size()) + ")", steps(random.front()), mean,
-                                true, plot::kPalette[7]));
+    acc.series.push_back(series("random (mean of " + std::to_string(random.size()) + ")", steps(random.front(), 0.0),
+                                mean, true, plot::kPalette[7]));
   }
   for (size_t i = 0; i < reversed.size(); ++i)
-    acc.series.push_back(series(reversed[i].name, steps(reversed[i]), reversed[i].accuracy, false, kReverseColors[i % 4]));
+    acc.series.push_back(
+        series(reversed[i].name, steps(reversed[i], offset(i)), reversed[i].accuracy, false, kReverseColors[i % 4]));
   for (size_t i = 0; i < measured.size(); ++i)
-    acc.series.push_back(series(measured[i].name, steps(measured[i]), measured[i].accuracy, true, plot::kPalette[i]));
-  plot::LinePanel lat = panel("Forward latency", "heads kept", "ms (median)");
+    acc.series.push_back(
+        series(measured[i].name, steps(measured[i], offset(i)), measured[i].accuracy, true, plot::kPalette[i]));
+  // The same x axis as the accuracy panel (heads removed, left to right), so
+  // both read in one direction; the title says how many heads are kept.
+  plot::LinePanel lat = panel("Forward latency (" + std::to_string(kept.front()) + " heads kept at 0 removed)",
+                              "heads removed", "ms (median)");
   lat.ymin = 0.0;
-  lat.series.push_back(series("forward", std::vector<double>(kept.begin(), kept.end()), latency, true, plot::kPalette[0]));
+  std::vector<double> removed(kept.size());
+  std::iota(removed.begin(), removed.end(), 0.0);
+  lat.series.push_back(series("forward", removed, latency, true, plot::kPalette[0]));
   plot::LineChartOptions options;
   options.title = title;
   plot::write_png(path, plot::render_line_chart({acc, lat}, options).image);
