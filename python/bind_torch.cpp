@@ -127,7 +127,7 @@ void bind_torch(py::module_& m) {
       .value("BOTTOM_RIGHT", mha::Causal::BottomRight, "query i sees keys j <= i + K - Q");
   py::enum_<mha::FullyMaskedRows>(m, "FullyMaskedRows",
                                   "What a row whose every key is masked gets (never NaN).")
-      .value("UNIFORM", mha::FullyMaskedRows::Uniform, "weights 1/K: the seed's -1e6 fill")
+      .value("UNIFORM", mha::FullyMaskedRows::Uniform, "weights 1/K: d2l's -1e6 fill")
       .value("ZEROS", mha::FullyMaskedRows::Zeros, "weights and output 0, as scaled_dot_product_attention");
 
   py::class_<mha::Mask> mask(m, "Mask", R"doc(

@@ -50,7 +50,7 @@ pairs (Q+K-1,) int: (batch row, query, key) triples averaged at each offset
       "head_offsets(weights (B,H,Q,K), valid_lens=None | (B,) | (B,Q), first_query=0) -> HeadOffsets\n\n"
       "Each head's mean attention weight at every offset t - k over the real (query, key)\n"
       "pairs of a self-attention batch, and the offset where it is largest. Key k of query t\n"
-      "counts iff k < valid_len(b, t) (the seed's rule) and query t iff t < valid_len(b, t)\n"
+      "counts iff k < valid_len(b, t) (d2l's rule) and query t iff t < valid_len(b, t)\n"
       "(it is not padding) and t >= first_query.");
 }
 

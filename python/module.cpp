@@ -72,7 +72,7 @@ void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 }  // namespace mha::python
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
+  m.doc() = "mha: multi-head attention from Dive into Deep Learning (d2l.ai, chapter 11.5) in C++";
   m.attr("__version__") = mha::kVersion;
 
   py::enum_<mha::AttentionKernel>(m, "Kernel", "Which implementation computes attention.")
@@ -94,10 +94,10 @@ PYBIND11_MODULE(_core, m) {
       py::arg("X"), py::arg("valid_lens") = py::none(),
       "masked_softmax(X, valid_lens=None) -> (N, Q, K)\n\n"
       "X: (N, Q, K) scores; valid_lens: None, (N,) or (N, Q). Keys k with k >= length\n"
-      "are replaced by -1e6 before the softmax over the last axis (the seed's rule).");
+      "are replaced by -1e6 before the softmax over the last axis (d2l's rule).");
 
   py::class_<mha::DotProductAttention>(m, "DotProductAttention",
-                                       "The seed's scaled dot-product attention with dropout.")
+                                       "d2l's scaled dot-product attention with dropout.")
       .def(py::init([](mha::python::Real dropout, uint64_t seed) { return mha::DotProductAttention(dropout, seed); }),
            py::arg("dropout") = 0.0f, py::arg("seed") = 0)
       .def(
@@ -132,7 +132,7 @@ PYBIND11_MODULE(_core, m) {
                              "(N, Q, K) weights of the last call, before dropout");
 
   py::class_<mha::MultiHeadAttention>(m, "MultiHeadAttention", R"doc(
-The seed's multi-head attention.
+Multi-head attention as Dive into Deep Learning (d2l, chapter 11.5) defines it.
 
 MultiHeadAttention(num_hiddens, num_heads, dropout=0.0, bias=False, seed=0)
 
@@ -212,13 +212,13 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           "The last call's weights for those batch rows and heads only (None: all), in\n"
           "the order given, computed without forming the others.")
       .def("state_dict", [](const mha::MultiHeadAttention& s) { return to_dict(s.state_dict()); },
-           "Parameters by the seed's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
+           "Parameters by d2l's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
       .def("load_state_dict",
            [](mha::MultiHeadAttention& s, const py::object& d) {
              s.load_state_dict(mha::python::to_tensors(d, "MultiHeadAttention.load_state_dict"));
            },
            py::arg("state_dict"),
-           "Load parameters by the seed's names; every name must be present, shapes must fit.")
+           "Load parameters by d2l's names; every name must be present, shapes must fit.")
       .def_property("kernel", &mha::MultiHeadAttention::kernel, &mha::MultiHeadAttention::set_kernel,
                     "The attention implementation (mha.Kernel)")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)

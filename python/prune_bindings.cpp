@@ -106,7 +106,7 @@ void bind_pruning(py::module_& m) {
   m.def("save_attention", &save_attention, py::arg("path"), py::arg("module"),
         "Write a module's parameters and head layout (pruned heads) to a safetensors file.");
   m.def("load_attention", &load_attention, py::arg("path"), py::arg("num_heads") = 0,
-        "A module from a safetensors file (save_attention's, or the seed's names), in eval mode;\n"
+        "A module from a safetensors file (save_attention's, or d2l's names), in eval mode;\n"
         "num_heads (as built) from the file's metadata when 0.");
   m.def(
       "prune_model_heads",

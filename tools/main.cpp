@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   // Line-buffered even into a pipe or a file, so that progress shows as it
   // happens (`mha prune | tee log`), not in blocks of 4 KiB.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  CLI::App app{"mha: multi-head attention, exact to the seed's PyTorch code"};
+  CLI::App app{"mha: multi-head attention, exact to the d2l chapter's PyTorch code"};
   app.set_version_flag("--version", std::string("mha ") + mha::kVersion);
   app.require_subcommand(1);
   // Before any command runs: the most bytes one library call may allocate.
