@@ -87,7 +87,8 @@ void run_demo(const DemoOptions& opt) {
 void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand("demo", "Run the d2l chapter's check and show each head's weights");
-  cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--heatmap", opt->heatmap, "PNG file for the heatmap of every head's weights")
       ->capture_default_str();
   cmd->add_flag("--no-heatmap", opt->no_heatmap, "Do not write the heatmap");

@@ -402,14 +402,17 @@ void add_prune_command(CLI::App& app) {
   cmd->add_option("--layers", t.model.num_layers, "Without --checkpoint: layers")->capture_default_str();
   cmd->add_option("--hiddens", t.model.num_hiddens, "Without --checkpoint: model width D")->capture_default_str();
   cmd->add_option("--steps", t.steps, "Without --checkpoint: training steps")->capture_default_str();
-  cmd->add_option("--seed", t.seed, "Without --checkpoint: training seed")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--seed", t.seed, "Without --checkpoint: training seed")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--train-out", opt->train_out, "Without --checkpoint: also save the trained checkpoint here");
   cmd->add_option("--importance-size", opt->importance_size, "Sequences the importance measures average over")
       ->capture_default_str();
-  cmd->add_option("--importance-seed", opt->importance_seed, "Seed of the importance set (not the held-out seed)")->check(unsigned_integer())
+  cmd->add_option("--importance-seed", opt->importance_seed, "Seed of the importance set (not the held-out seed)")
+      ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--random-orders", opt->random_orders, "Random pruning orders (baseline)")->capture_default_str();
-  cmd->add_option("--random-seed", opt->random_seed, "Seed of the first random order")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--random-seed", opt->random_seed, "Seed of the first random order")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--latency-batch", opt->latency_batch, "Sequences in the latency probe's batch")->capture_default_str();
   cmd->add_option("--latency-repeats", opt->latency_repeats, "Timed forwards per step (median; round-robin over steps)")
       ->capture_default_str();

@@ -245,7 +245,8 @@ void add_train_command(CLI::App& app) {
   TrainConfig& c = opt->config;
   CLI::App* cmd = app.add_subcommand(
       "train", "Train attention on the offset-pair task: target[t] = (token[t-near], token[t-far])");
-  cmd->add_option("--seed", c.seed, "Seed of the initialisation, batches and dropout")->check(unsigned_integer())->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of the initialisation, batches and dropout")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--steps", c.steps, "Training steps (total, when resuming)")->capture_default_str();
   cmd->add_option("--batch", c.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--layers", c.model.num_layers, "Attention layers (residual when more than one)")->capture_default_str();

@@ -335,7 +335,8 @@ void add_viz_command(CLI::App& app) {
                   "A checkpoint of `mha train`, instead of --weights/--inputs/--heads: draws its model's "
                   "attention on sequences sampled from its task")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--sample-seed", opt->sample_seed, "With --checkpoint: seed of the sampled sequences")->check(unsigned_integer())
+  cmd->add_option("--sample-seed", opt->sample_seed, "With --checkpoint: seed of the sampled sequences")
+      ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--sample-batch", opt->sample_batch,
                   "With --checkpoint: sequences sampled (the offsets in the titles are over all of their scored queries)")
