@@ -120,6 +120,9 @@ double Trainer::evaluate() { return evaluate_accuracy(*model_, held_out_); }
 
 std::vector<TokenBatch> held_out_set(const OffsetPairTask& task, int64_t size, uint64_t seed) {
   if (size <= 0) fail("held_out_set", "size: ", size, " is not positive");
+  core::MemoryPlan("held_out_set")
+      .add("sequences (size x max_len tokens and targets, and lengths)", {size, task.config().max_len + 1}, 8)
+      .check();
   Generator gen(seed);
   std::vector<TokenBatch> out;
   for (int64_t done = 0; done < size; done += kEvalChunk)

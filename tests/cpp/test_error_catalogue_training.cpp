@@ -69,6 +69,15 @@ Triggers training_triggers() {
          Params p;
          optim::Adam(p.list(), {.lr = INFINITY});
        }},
+      {"task.memory_limit", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         Generator gen(0);
+         OffsetPairTask({}).sample(1000000000000, gen);
+       }},
+      {"task.held_out_memory", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         held_out_set(OffsetPairTask({}), 1000000000000, 0);
+       }},
       {"trainer.memory_limit", [] {
          LimitGuard g(uint64_t{1} << 30);
          TrainConfig c = train_config();

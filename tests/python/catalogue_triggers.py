@@ -407,6 +407,8 @@ PY.update({
     "write.not_regular": lambda t: mha.save_safetensors(symlink_out(t), {}),
     "model.memory_limit": lambda t: with_limit(lambda: small_model(num_layers=10**7)),
     "optim.lr_finite": lambda t: mha.optim.Adam(called_mha(), lr=math.inf),
+    "task.memory_limit": lambda t: with_limit(lambda: mha.OffsetPairTask().sample(10**12, 0)),
+    "task.held_out_memory": lambda t: with_limit(lambda: mha.held_out_set(mha.OffsetPairTask(), 10**12, 0)),
     "py.image_dtype": lambda t: mha.write_png(str(t / "o.png"), np.zeros((2, 2, 3))),
     "py.real_number": lambda t: mha._core._render_heatmaps(ones(1, 1, 2, 2), "", "", [], [], "", "", "", "a", None,
                                                           10, 0),
