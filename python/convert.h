@@ -48,7 +48,7 @@ struct type_caster<mha::python::Real> {
     if (!src || src.is_none() || PyUnicode_Check(src.ptr()) || PyBytes_Check(src.ptr()) ||
         PyComplex_Check(src.ptr()) || !PyNumber_Check(src.ptr()))
       return false;
-    if (hasattr(src, "dtype")) {  // numpy scalars and arrays
+    if (hasattr(src, "dtype") && hasattr(src.attr("dtype"), "kind")) {  // numpy scalars and arrays
       const std::string kind = src.attr("dtype").attr("kind").cast<std::string>();
       if (kind != "b" && kind != "i" && kind != "u" && kind != "f") return false;
       if (hasattr(src, "ndim") && src.attr("ndim").cast<int>() != 0) return false;

@@ -248,3 +248,14 @@ def test_paths_with_a_nul_byte_are_refused(tmp_path):
     with pytest.raises(ValueError, match="contains a NUL byte"):
         mha.save_safetensors(str(tmp_path / "a\0b.safetensors"), {"x": np.ones(1)})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_real_number_arguments_take_numpy_and_torch_scalars_only():
+    torch = pytest.importorskip("torch")
+    assert mha.MultiHeadAttention(8, 2, dropout=np.float32(0.25)).dropout == 0.25
+    assert mha.MultiHeadAttention(8, 2, dropout=torch.tensor(0.5)).dropout == 0.5
+    for bad in (np.array(["0.5"]), np.array([0.5, 0.5]), 0.5 + 0j, "0.5"):
+        with pytest.raises(TypeError):
+            mha.MultiHeadAttention(8, 2, dropout=bad)
+    with pytest.raises(TypeError):
+        mha.MultiHeadAttention(8, 2, bias=np.array([1.0]))  # booleans are True or False
