@@ -100,3 +100,16 @@ def test_user_facing_text_uses_no_internal_words(mha_tool):
         texts[f"mha {c} --help"] = r.stdout
     bad = {k: INTERNAL.findall(v) for k, v in texts.items() if INTERNAL.search(v)}
     assert not bad, bad
+
+
+def test_default_outputs_of_the_tool_are_ignored_by_git():
+    ignored = (ROOT / ".gitignore").read_text().split()
+    for name in ("model.safetensors", "curves.csv", "curves.png", "prune.csv", "prune.png", "mha-demo-heatmap.png"):
+        assert f"/{name}" in ignored, name
+
+
+def test_make_demo_builds_only_what_it_runs():
+    make = (ROOT / "Makefile").read_text()
+    demo = make[make.index("\ndemo:"):]
+    demo = demo[:demo.index("\n\n")]
+    assert "--target mha_tool" in demo and "demo: build" not in make
