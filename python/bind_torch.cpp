@@ -345,4 +345,7 @@ Rows with every key masked get fully_masked_rows, never NaN.
                                  {"query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                                   "average_attn_weights", "is_causal"});
   mha::python::add_argument_help(cls, "backward", "TorchMultiheadAttention.backward", {"grad_output"});
+  mha::python::add_static_argument_help(cls, "from_state_dict", "TorchMultiheadAttention.from_state_dict",
+                                        {"state_dict", "num_heads", "batch_first", "kdim", "vdim", "add_zero_attn",
+                                         "num_kv_heads", "dropout", "fully_masked_rows", "seed"});
 }

@@ -234,6 +234,11 @@ inline py::dict to_dict(const std::map<std::string, Tensor>& s) {
                            .format(op, py::str(", ").attr("join")(given), wanted).cast<std::string>());
 }
 
+template <typename Class>
+void add_static_argument_help(Class& cls, const char* name, std::string op, std::vector<std::string> names) {
+  cls.def_static(name, [op, names](const py::args& args, const py::kwargs& kwargs) { argument_error(op, names, args, kwargs); });
+}
+
 template <typename Target>
 void add_argument_help(Target& target, const char* name, std::string op, std::vector<std::string> names) {
   if constexpr (std::is_same_v<Target, py::module_>)

@@ -267,6 +267,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
     auto mh = py::reinterpret_borrow<py::class_<mha::MultiHeadAttention>>(m.attr("MultiHeadAttention"));
     add_argument_help(mh, "__call__", "MultiHeadAttention.forward", {"queries", "keys", "values", "valid_lens"});
     add_argument_help(mh, "load_state_dict", "MultiHeadAttention.load_state_dict", {"state_dict"});
+    add_argument_help(m, "save_safetensors", "save_safetensors", {"path", "tensors", "metadata"});
   }
   bind_torch(m);
   mha::python::bind_training(m);

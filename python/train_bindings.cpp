@@ -220,9 +220,11 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
       "the model in evaluation mode.");
 
   add_argument_help(mha_class, "backward", "MultiHeadAttention.backward", {"grad_output"});
+  add_argument_help(mha_class, "set_grads", "MultiHeadAttention.set_grads", {"grads"});
   auto model_class = py::reinterpret_borrow<py::class_<AttentionModel>>(m.attr("AttentionModel"));
   add_argument_help(model_class, "__call__", "AttentionModel.forward", {"tokens", "valid_lens"});
   add_argument_help(model_class, "backward", "AttentionModel.backward", {"grad_logits"});
+  add_argument_help(model_class, "load_state_dict", "AttentionModel.load_state_dict", {"state_dict"});
   add_argument_help(m, "cross_entropy", "cross_entropy", {"logits", "targets"});
 
   py::module_ optim = m.def_submodule("optim", "Optimisers with PyTorch's update rules.");

@@ -259,3 +259,17 @@ def test_real_number_arguments_take_numpy_and_torch_scalars_only():
             mha.MultiHeadAttention(8, 2, dropout=bad)
     with pytest.raises(TypeError):
         mha.MultiHeadAttention(8, 2, bias=np.array([1.0]))  # booleans are True or False
+
+
+def test_mistyped_keywords_of_calls_that_take_arrays_are_named_briefly(tmp_path):
+    big = {"in_proj_weight": np.ones((300, 100), np.float32), "out_proj.weight": np.ones((100, 100), np.float32)}
+    calls = [
+        lambda: mha.TorchMultiheadAttention.from_state_dict(big, num_heads=2, batch_frist=True),
+        lambda: mha.save_safetensors(str(tmp_path / "x.safetensors"), big, metdata={}),
+        lambda: mha.AttentionModel(5, 3, 8, num_hiddens=4, num_heads=2).load_state_dict(state=big),
+        lambda: mha.MultiHeadAttention(8, 2).set_grads(grad=big),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError) as err:
+            call()
+        assert "unexpected keyword argument" in str(err.value) and len(str(err.value)) < 400, str(err.value)
