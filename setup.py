@@ -56,7 +56,7 @@ class CMakeBuild(build_ext):
 setup(
     name="mha",
     version=project_version(),
-    description="Multi-head attention (Dive into Deep Learning 11.5) in C++, exact to the seed's PyTorch code",
+    description="Multi-head attention (Dive into Deep Learning 11.5) in C++, exact to the d2l chapter's PyTorch code",
     packages=find_packages("python"),
     package_dir={"": "python"},
     ext_modules=[Extension("mha._core", sources=[])],

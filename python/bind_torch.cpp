@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "convert.h"
 #include "mha/error.h"
 #include "mha/masks.h"
 #include "mha/torch_mha.h"
@@ -19,33 +20,12 @@ namespace py = pybind11;
 
 namespace {
 
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
 
-// A torch tensor becomes its numpy array (detached, on the CPU); anything
-// else is returned as it is.
-py::object as_numpy(const py::object& obj) {
-  if (py::hasattr(obj, "detach") && py::hasattr(obj, "numpy"))
-    return obj.attr("detach")().attr("cpu")().attr("numpy")();
-  return obj;
-}
-
-mha::Shape shape_of(const py::array& a) { return mha::Shape(a.shape(), a.shape() + a.ndim()); }
-
-mha::Tensor to_tensor(const py::object& obj, const char* op, const char* arg) {
-  FloatArray a = FloatArray::ensure(as_numpy(obj));
-  if (!a) {
-    PyErr_Clear();
-    mha::fail(op, arg, ": cannot be read as a numeric array");
-  }
-  return mha::Tensor(shape_of(a), std::vector<float>(a.data(), a.data() + a.size()));
-}
-
-py::array_t<float> to_numpy(const mha::Tensor& t) {
-  py::array_t<float> out(std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()));
-  if (t.numel()) std::memcpy(out.mutable_data(), t.data(), static_cast<size_t>(t.numel()) * 4);
-  return out;
-}
+using mha::python::as_numpy;
+using mha::python::shape_of;
+using mha::python::to_numpy;
+using mha::python::to_tensor;
 
 std::vector<uint8_t> bits_of(const py::array& a) {
   BoolArray b = BoolArray::ensure(a);
@@ -82,26 +62,46 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
             " is neither bool nor floating (use .astype(bool) for a boolean mask)");
 }
 
+// kdim, vdim, num_kv_heads: None (0 inside: "not given") or a positive
+// integer; 0 given is refused rather than read as "not given".
+int64_t optional_positive(const py::object& v, const char* name) {
+  const char* op = "TorchMultiheadAttention.from_state_dict";
+  if (v.is_none()) return 0;
+  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()))
+    mha::fail(op, name, ": ", std::string(py::repr(v)), " is not an integer (None: as the state dict says)");
+  int64_t n = 0;
+  try {
+    n = v.cast<int64_t>();
+  } catch (const py::cast_error&) {
+    mha::fail(op, name, ": ", std::string(py::repr(v)), " is outside the 64-bit integers");
+  }
+  if (n <= 0) mha::fail(op, name, ": ", n, " is not positive (None: as the state dict says)");
+  return n;
+}
+
 mha::TorchMhaOptions make_options(bool batch_first, const py::object& kdim, const py::object& vdim,
-                                  bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+                                  bool add_zero_attn, const py::object& num_kv_heads, mha::python::Real dropout,
                                   mha::FullyMaskedRows rows, uint64_t seed) {
   mha::TorchMhaOptions o;
   o.batch_first = batch_first;
-  o.kdim = kdim.is_none() ? 0 : kdim.cast<int64_t>();
-  o.vdim = vdim.is_none() ? 0 : vdim.cast<int64_t>();
+  o.kdim = optional_positive(kdim, "kdim");
+  o.vdim = optional_positive(vdim, "vdim");
   o.add_zero_attn = add_zero_attn;
-  o.num_kv_heads = num_kv_heads.is_none() ? 0 : num_kv_heads.cast<int64_t>();
+  o.num_kv_heads = optional_positive(num_kv_heads, "num_kv_heads");
   o.dropout = dropout;
   o.fully_masked_rows = rows;
   o.seed = seed;
   return o;
 }
 
-mha::StateDict to_state_dict(const py::dict& d, const char* op) {
+mha::StateDict to_state_dict(const py::handle& d, const char* op) {
+  if (!py::isinstance<py::dict>(d))
+    mha::fail(op, "state_dict: ", std::string(py::str(py::type::of(d))), " is not a dict");
   mha::StateDict s;
-  for (auto [k, v] : d) {
+  for (auto [k, v] : py::reinterpret_borrow<py::dict>(d)) {
+    if (!py::isinstance<py::str>(k)) mha::fail(op, "state_dict: key ", std::string(py::repr(k)), " is not a string");
     const std::string name = py::cast<std::string>(k);
-    s[name] = to_tensor(py::reinterpret_borrow<py::object>(v), op, name.c_str());
+    s[name] = to_tensor(v, op, name);
   }
   return s;
 }
@@ -127,7 +127,7 @@ void bind_torch(py::module_& m) {
       .value("BOTTOM_RIGHT", mha::Causal::BottomRight, "query i sees keys j <= i + K - Q");
   py::enum_<mha::FullyMaskedRows>(m, "FullyMaskedRows",
                                   "What a row whose every key is masked gets (never NaN).")
-      .value("UNIFORM", mha::FullyMaskedRows::Uniform, "weights 1/K: the seed's -1e6 fill")
+      .value("UNIFORM", mha::FullyMaskedRows::Uniform, "weights 1/K: d2l's -1e6 fill")
       .value("ZEROS", mha::FullyMaskedRows::Zeros, "weights and output 0, as scaled_dot_product_attention");
 
   py::class_<mha::Mask> mask(m, "Mask", R"doc(
@@ -221,30 +221,30 @@ Rows with every key masked get fully_masked_rows, never NaN.
 )doc")
       .def_static(
           "from_state_dict",
-          [](const py::dict& state, int64_t num_heads, bool batch_first, const py::object& kdim,
-             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+          [](const py::object& state, int64_t num_heads, bool batch_first, const py::object& kdim,
+             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, mha::python::Real dropout,
              mha::FullyMaskedRows rows, uint64_t seed) {
             const char* op = "TorchMultiheadAttention.from_state_dict";
             return TMHA::from_state_dict(
                 to_state_dict(state, op), num_heads,
                 make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
           },
-          py::arg("state_dict"), py::arg("num_heads"), py::arg("batch_first") = true,
-          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn") = false,
+          py::arg("state_dict"), py::arg("num_heads"), py::arg("batch_first").noconvert() = true,
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn").noconvert() = false,
           py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
           py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,
           (std::string("From a dict of arrays (or tensors) by PyTorch's names.\n") + kOptionsDoc).c_str())
       .def_static(
           "from_safetensors",
           [](const std::string& path, int64_t num_heads, bool batch_first, const py::object& kdim,
-             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, float dropout,
+             const py::object& vdim, bool add_zero_attn, const py::object& num_kv_heads, mha::python::Real dropout,
              mha::FullyMaskedRows rows, uint64_t seed) {
             return TMHA::from_safetensors(
                 path, num_heads,
                 make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
           },
-          py::arg("path"), py::arg("num_heads"), py::arg("batch_first") = true,
-          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn") = false,
+          py::arg("path"), py::arg("num_heads"), py::arg("batch_first").noconvert() = true,
+          py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn").noconvert() = false,
           py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
           py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,
           (std::string("From a safetensors file of F32 tensors by PyTorch's names.\n") + kOptionsDoc).c_str())
@@ -273,8 +273,8 @@ Rows with every key masked get fully_masked_rows, never NaN.
             return py::make_tuple(to_numpy(r.output), w);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
-          py::arg("need_weights") = true, py::arg("attn_mask") = py::none(),
-          py::arg("average_attn_weights") = true, py::arg("is_causal") = false,
+          py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
+          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false,
           "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
           " average_attn_weights=True, is_causal=False) -> (output, weights or None)")
       .def("state_dict", [](const TMHA& s) {
@@ -282,7 +282,7 @@ Rows with every key masked get fully_masked_rows, never NaN.
              for (const auto& [k, v] : s.state_dict()) d[py::str(k)] = to_numpy(v);
              return d;
            }, "Parameters by PyTorch's names, as float32 arrays.")
-      .def("train", [](TMHA& s, bool on) -> TMHA& { s.train(on); return s; }, py::arg("mode") = true,
+      .def("train", [](TMHA& s, bool on) -> TMHA& { s.train(on); return s; }, py::arg("mode").noconvert() = true,
            py::return_value_policy::reference, "Training mode (dropout on); returns self.")
       .def("eval", [](TMHA& s) -> TMHA& { s.eval(); return s; }, py::return_value_policy::reference,
            "Evaluation mode (dropout off); returns self.")
@@ -300,6 +300,15 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def_property_readonly("bias", &TMHA::has_bias)
       .def_property_readonly("bias_kv", &TMHA::has_bias_kv)
       .def_property_readonly("dropout", &TMHA::dropout)
+      .def("__repr__",
+           [](const TMHA& s) {
+             return py::str("mha.TorchMultiheadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, kdim={}, vdim={}, "
+                            "bias={}, add_bias_kv={}, add_zero_attn={}, dropout={:g}, batch_first={})")
+                 .format(s.embed_dim(), s.num_heads(), s.num_kv_heads(), s.kdim(), s.vdim(), s.has_bias() ? "True" : "False",
+                         s.has_bias_kv() ? "True" : "False", s.add_zero_attn() ? "True" : "False", s.dropout(),
+                         s.batch_first() ? "True" : "False")
+                 .cast<std::string>();
+           })
       .def(
           "backward",
           [](TMHA& self, const py::object& grad_output) {
@@ -331,4 +340,12 @@ Rows with every key masked get fully_masked_rows, never NaN.
           "last_dropout_mask", [](const TMHA& s) { return to_numpy(s.last_dropout_mask()); },
           "(B, num_heads, L, S') dropout multipliers of the last training-mode call:\n"
           "0 or 1/(1-p), all 1 without dropout (batch-major, whatever the layout)");
+  auto cls = py::reinterpret_borrow<py::class_<TMHA>>(m.attr("TorchMultiheadAttention"));
+  mha::python::add_argument_help(cls, "__call__", "TorchMultiheadAttention.forward",
+                                 {"query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                                  "average_attn_weights", "is_causal"});
+  mha::python::add_argument_help(cls, "backward", "TorchMultiheadAttention.backward", {"grad_output"});
+  mha::python::add_static_argument_help(cls, "from_state_dict", "TorchMultiheadAttention.from_state_dict",
+                                        {"state_dict", "num_heads", "batch_first", "kdim", "vdim", "add_zero_attn",
+                                         "num_kv_heads", "dropout", "fully_masked_rows", "seed"});
 }

@@ -41,16 +41,16 @@ pairs (Q+K-1,) int: (batch row, query, key) triples averaged at each offset
 
   m.def(
       "head_offsets",
-      [](const FloatArray& weights, const py::object& valid_lens, int64_t first_query) {
-        const ValidLens lens =
-            valid_lens.is_none() ? ValidLens{} : ValidLens::from_tensor(to_tensor(FloatArray::ensure(valid_lens)));
-        return head_offsets(to_tensor(weights), lens, first_query);
+      [](const py::object& weights, const py::object& valid_lens, int64_t first_query) {
+        const ValidLens lens = valid_lens.is_none() ? ValidLens{}
+                                                    : ValidLens::from_tensor(to_tensor(valid_lens, "head_offsets", "valid_lens"));
+        return head_offsets(to_tensor(weights, "head_offsets", "weights"), lens, first_query);
       },
       py::arg("weights"), py::arg("valid_lens") = py::none(), py::arg("first_query") = 0,
       "head_offsets(weights (B,H,Q,K), valid_lens=None | (B,) | (B,Q), first_query=0) -> HeadOffsets\n\n"
       "Each head's mean attention weight at every offset t - k over the real (query, key)\n"
       "pairs of a self-attention batch, and the offset where it is largest. Key k of query t\n"
-      "counts iff k < valid_len(b, t) (the seed's rule) and query t iff t < valid_len(b, t)\n"
+      "counts iff k < valid_len(b, t) (d2l's rule) and query t iff t < valid_len(b, t)\n"
       "(it is not padding) and t >= first_query.");
 }
 

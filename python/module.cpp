@@ -8,31 +8,24 @@
 
 #include <cstring>
 
+#include "convert.h"
 #include "mha/mha.h"
 
 namespace py = pybind11;
 void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
 void bind_torch(py::module_& m);  // python/bind_torch.cpp: the PyTorch drop-in
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 namespace {
 
-mha::Tensor to_tensor(const FloatArray& a) {
-  mha::Shape shape(a.shape(), a.shape() + a.ndim());
-  std::vector<float> values(a.data(), a.data() + a.size());
-  return mha::Tensor(std::move(shape), std::move(values));
-}
-
-py::array_t<float> to_numpy(const mha::Tensor& t) {
-  py::array_t<float> out(std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()));
-  if (t.numel()) std::memcpy(out.mutable_data(), t.data(), static_cast<size_t>(t.numel()) * 4);
-  return out;
-}
+using mha::python::FloatArray;
+using mha::python::to_dict;
+using mha::python::to_numpy;
+using mha::python::to_tensor;
 
 // Hands the tensor's buffer to numpy without a copy: the array keeps the
 // tensor alive. For outputs as large as the inputs this saves a full copy at
 // the peak of a call.
-py::array_t<float> to_numpy(mha::Tensor&& t) {
+py::array_t<float> hand_to_numpy(mha::Tensor&& t) {
   auto* owner = new mha::Tensor(std::move(t));
   py::capsule free_owner(owner, [](void* p) { delete static_cast<mha::Tensor*>(p); });
   std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
@@ -41,32 +34,10 @@ py::array_t<float> to_numpy(mha::Tensor&& t) {
 
 mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
   if (obj.is_none()) return {};
-  FloatArray a = FloatArray::ensure(obj);
-  if (!a) mha::fail(op, "valid_lens: cannot be read as a numeric array");
-  if (a.ndim() != 1 && a.ndim() != 2) {
-    mha::Shape s(a.shape(), a.shape() + a.ndim());
-    mha::fail(op, "valid_lens: shape ", mha::shape_str(s), " is neither (B,) nor (B, Q)");
-  }
+  FloatArray a = mha::python::float_array(obj, op, "valid_lens");
+  if (a.ndim() != 1 && a.ndim() != 2)
+    mha::fail(op, "valid_lens: shape ", mha::shape_str(mha::python::shape_of(a)), " is neither (B,) nor (B, Q)");
   return mha::ValidLens::from_tensor(to_tensor(a));
-}
-
-mha::StateDict to_state_dict(const py::dict& d, const char* op) {
-  mha::StateDict s;
-  for (auto [k, v] : d) {
-    const std::string name = py::cast<std::string>(k);
-    FloatArray a = FloatArray::ensure(v);
-    // ensure() gives a null array for what numpy cannot convert; using it
-    // would crash.
-    if (!a) mha::fail(op, "'", name, "': cannot be read as a numeric array");
-    s[name] = to_tensor(a);
-  }
-  return s;
-}
-
-py::dict to_dict(const std::map<std::string, mha::Tensor>& s) {
-  py::dict d;
-  for (const auto& [k, v] : s) d[py::str(k)] = to_numpy(v);
-  return d;
 }
 
 py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
@@ -102,7 +73,7 @@ void bind_decode(py::module_& m);    // decode_bindings.cpp
 }  // namespace mha::python
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "mha: the seed's multi-head attention in C++ (d2l.ai, chapter 11.5)";
+  m.doc() = "mha: multi-head attention from Dive into Deep Learning (d2l.ai, chapter 11.5) in C++";
   m.attr("__version__") = mha::kVersion;
 
   py::enum_<mha::AttentionKernel>(m, "Kernel", "Which implementation computes attention.")
@@ -117,22 +88,25 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "masked_softmax",
-      [](const FloatArray& X, const py::object& valid_lens) {
-        return to_numpy(mha::masked_softmax(to_tensor(X), to_valid_lens(valid_lens, "masked_softmax")));
+      [](const py::object& X, const py::object& valid_lens) {
+        return to_numpy(mha::masked_softmax(to_tensor(X, "masked_softmax", "X"),
+                                            to_valid_lens(valid_lens, "masked_softmax")));
       },
       py::arg("X"), py::arg("valid_lens") = py::none(),
       "masked_softmax(X, valid_lens=None) -> (N, Q, K)\n\n"
       "X: (N, Q, K) scores; valid_lens: None, (N,) or (N, Q). Keys k with k >= length\n"
-      "are replaced by -1e6 before the softmax over the last axis (the seed's rule).");
+      "are replaced by -1e6 before the softmax over the last axis (d2l's rule).");
 
   py::class_<mha::DotProductAttention>(m, "DotProductAttention",
-                                       "The seed's scaled dot-product attention with dropout.")
-      .def(py::init<float, uint64_t>(), py::arg("dropout") = 0.0f, py::arg("seed") = 0)
+                                       "d2l's scaled dot-product attention with dropout.")
+      .def(py::init([](mha::python::Real dropout, uint64_t seed) { return mha::DotProductAttention(dropout, seed); }),
+           py::arg("dropout") = 0.0f, py::arg("seed") = 0)
       .def(
           "__call__",
-          [](mha::DotProductAttention& self, const FloatArray& q, const FloatArray& k,
-             const FloatArray& v, const py::object& vl) {
-            mha::Tensor tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+          [](mha::DotProductAttention& self, const py::object& q, const py::object& k,
+             const py::object& v, const py::object& vl) {
+            const char* op = "DotProductAttention.forward";
+            mha::Tensor tq = to_tensor(q, op, "queries"), tk = to_tensor(k, op, "keys"), tv = to_tensor(v, op, "values");
             mha::ValidLens lens = to_valid_lens(vl, "DotProductAttention.forward");
             mha::Tensor out;
             {
@@ -144,16 +118,22 @@ PYBIND11_MODULE(_core, m) {
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
           "(queries (N,Q,d), keys (N,K,d), values (N,K,dv), valid_lens None|(N,)|(N,Q)) -> (N,Q,dv)")
       .def("train", [](mha::DotProductAttention& s, bool on) -> mha::DotProductAttention& { s.train(on); return s; },
-           py::arg("mode") = true, py::return_value_policy::reference)
+           py::arg("mode").noconvert() = true, py::return_value_policy::reference)
       .def("eval", [](mha::DotProductAttention& s) -> mha::DotProductAttention& { s.eval(); return s; },
            py::return_value_policy::reference)
       .def_property_readonly("training", &mha::DotProductAttention::training)
       .def_property_readonly("attention_weights",
-                             [](const mha::DotProductAttention& s) { return to_numpy(s.attention_weights()); },
+                             [](const mha::DotProductAttention& s) {
+                               mha::Tensor w = s.attention_weights();
+                               if (w.dim() == 0)
+                                 mha::fail("DotProductAttention.attention_weights",
+                                           "no forward call yet: there are no weights to show");
+                               return hand_to_numpy(std::move(w));
+                             },
                              "(N, Q, K) weights of the last call, before dropout");
 
   py::class_<mha::MultiHeadAttention>(m, "MultiHeadAttention", R"doc(
-The seed's multi-head attention.
+Multi-head attention as Dive into Deep Learning (d2l, chapter 11.5) defines it.
 
 MultiHeadAttention(num_hiddens, num_heads, dropout=0.0, bias=False, seed=0)
 
@@ -164,19 +144,22 @@ it returns the output (B, Q, num_hiddens) as float32. The input widths are
 fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
 )doc")
-      .def(py::init<int64_t, int64_t, float, bool, uint64_t>(), py::arg("num_hiddens"),
-           py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias") = false,
+      .def(py::init([](int64_t num_hiddens, int64_t num_heads, mha::python::Real dropout, bool bias, uint64_t seed) {
+             return std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
+           }),
+           py::arg("num_hiddens"), py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias").noconvert() = false,
            py::arg("seed") = 0)
       .def(
           "__call__",
-          [](mha::MultiHeadAttention& self, const FloatArray& q, const FloatArray& k,
-             const FloatArray& v, const py::object& vl) {
+          [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k,
+             const py::object& v, const py::object& vl) {
+            const char* op = "MultiHeadAttention.forward";
             // One array passed twice is one tensor here too, so that the
             // module projects it once (self-attention: one product for
             // W_q, W_k, W_v) and it is copied in once.
-            mha::Tensor tq = to_tensor(q);
-            mha::Tensor tk = k.ptr() == q.ptr() ? mha::Tensor() : to_tensor(k);
-            mha::Tensor tv = v.ptr() == q.ptr() || v.ptr() == k.ptr() ? mha::Tensor() : to_tensor(v);
+            mha::Tensor tq = to_tensor(q, op, "queries");
+            mha::Tensor tk = k.ptr() == q.ptr() ? mha::Tensor() : to_tensor(k, op, "keys");
+            mha::Tensor tv = v.ptr() == q.ptr() || v.ptr() == k.ptr() ? mha::Tensor() : to_tensor(v, op, "values");
             const mha::Tensor& rk = k.ptr() == q.ptr() ? tq : tk;
             const mha::Tensor& rv = v.ptr() == q.ptr() ? tq : v.ptr() == k.ptr() ? rk : tv;
             mha::ValidLens lens = to_valid_lens(vl, "MultiHeadAttention.forward");
@@ -185,64 +168,77 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
               py::gil_scoped_release release;
               out = self.forward(tq, rk, rv, lens);
             }
-            return to_numpy(std::move(out));
+            return hand_to_numpy(std::move(out));
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
           "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q)) -> (B,Q,num_hiddens)")
       .def("train", [](mha::MultiHeadAttention& s, bool on) -> mha::MultiHeadAttention& { s.train(on); return s; },
-           py::arg("mode") = true, py::return_value_policy::reference, "Training mode (dropout on); returns self.")
+           py::arg("mode").noconvert() = true, py::return_value_policy::reference, "Training mode (dropout on); returns self.")
       .def("eval", [](mha::MultiHeadAttention& s) -> mha::MultiHeadAttention& { s.eval(); return s; },
            py::return_value_policy::reference, "Evaluation mode (dropout off); returns self.")
       .def_property_readonly("training", &mha::MultiHeadAttention::training)
       .def_property_readonly(
           "attention_weights",
-          [](const mha::MultiHeadAttention& s) { return to_numpy(s.attention_weights()); },
+          [](const mha::MultiHeadAttention& s) {
+            mha::Tensor w = s.attention_weights();
+            // C++ gives an empty tensor before any call; Python says so.
+            if (w.dim() == 0) mha::fail("MultiHeadAttention.attention_weights", "no forward call yet: there are no weights to show");
+            return hand_to_numpy(std::move(w));
+          },
           "(B, num_heads, Q, K) softmax weights of the last call, before dropout.\n"
           "With the fused kernel they are computed on first access (about half the call's\n"
           "attention work) from what the call kept: projected q and k, 2 floats per query.")
       .def(
           "attention_weights_of",
           [](const mha::MultiHeadAttention& s, const py::object& rows, const py::object& heads) {
-            auto indices = [](const py::object& o, int64_t n) {
+            auto indices = [](const py::object& o, int64_t n, const char* what) {
               std::vector<int64_t> v;
               if (o.is_none())
                 for (int64_t i = 0; i < n; ++i) v.push_back(i);
               else
-                v = py::cast<std::vector<int64_t>>(o);
+                v = mha::python::int_list(o, "MultiHeadAttention.attention_weights", what);
               return v;
             };
-            const std::vector<int64_t> r = indices(rows, s.last_batch_size());
-            const std::vector<int64_t> h = indices(heads, s.num_heads());
+            const std::vector<int64_t> r = indices(rows, s.last_batch_size(), "batch_rows");
+            const std::vector<int64_t> h = indices(heads, s.num_heads(), "heads");
             mha::Tensor out;
             {
               py::gil_scoped_release release;
               out = s.attention_weights(r, h);
             }
-            return to_numpy(std::move(out));
+            return hand_to_numpy(std::move(out));
           },
           py::arg("batch_rows") = py::none(), py::arg("heads") = py::none(),
           "attention_weights_of(batch_rows=None, heads=None) -> (len(rows), len(heads), Q, K)\n\n"
           "The last call's weights for those batch rows and heads only (None: all), in\n"
           "the order given, computed without forming the others.")
       .def("state_dict", [](const mha::MultiHeadAttention& s) { return to_dict(s.state_dict()); },
-           "Parameters by the seed's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
+           "Parameters by d2l's names ('W_q.weight', ..., weights (out, in)) as float32 arrays.")
       .def("load_state_dict",
-           [](mha::MultiHeadAttention& s, const py::dict& d) {
-             s.load_state_dict(to_state_dict(d, "MultiHeadAttention.load_state_dict"));
+           [](mha::MultiHeadAttention& s, const py::object& d) {
+             s.load_state_dict(mha::python::to_tensors(d, "MultiHeadAttention.load_state_dict"));
            },
            py::arg("state_dict"),
-           "Load parameters by the seed's names; every name must be present, shapes must fit.")
+           "Load parameters by d2l's names; every name must be present, shapes must fit.")
       .def_property("kernel", &mha::MultiHeadAttention::kernel, &mha::MultiHeadAttention::set_kernel,
                     "The attention implementation (mha.Kernel)")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
       .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)
-      .def_property_readonly("bias", &mha::MultiHeadAttention::has_bias);
+      .def_property_readonly("bias", &mha::MultiHeadAttention::has_bias)
+      .def("__repr__", [](const mha::MultiHeadAttention& s) {
+        std::string r = py::str("mha.MultiHeadAttention(num_hiddens={}, num_heads={}, dropout={:g}, bias={})")
+                            .format(s.num_hiddens(), s.original_num_heads(), s.dropout(), s.has_bias() ? "True" : "False")
+                            .cast<std::string>();
+        if (s.num_heads() < s.original_num_heads())
+          r += py::str(" with heads {} kept").format(py::cast(s.kept_heads())).cast<std::string>();
+        return r;
+      });
 
   m.def(
       "save_safetensors",
-      [](const std::string& path, const py::dict& tensors, const std::map<std::string, std::string>& meta) {
-        mha::save_safetensors(path, to_state_dict(tensors, "save_safetensors"), meta);
+      [](const std::string& path, const py::object& tensors, const std::map<std::string, std::string>& meta) {
+        mha::save_safetensors(path, mha::python::to_tensors(tensors, "save_safetensors"), meta);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
       "Write a dict of arrays (stored as float32) to a safetensors file, atomically.");
@@ -264,6 +260,16 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
 
+  {
+    using mha::python::add_argument_help;
+    add_argument_help(m, "masked_softmax", "masked_softmax", {"X", "valid_lens"});
+    auto dpa = py::reinterpret_borrow<py::class_<mha::DotProductAttention>>(m.attr("DotProductAttention"));
+    add_argument_help(dpa, "__call__", "DotProductAttention.forward", {"queries", "keys", "values", "valid_lens"});
+    auto mh = py::reinterpret_borrow<py::class_<mha::MultiHeadAttention>>(m.attr("MultiHeadAttention"));
+    add_argument_help(mh, "__call__", "MultiHeadAttention.forward", {"queries", "keys", "values", "valid_lens"});
+    add_argument_help(mh, "load_state_dict", "MultiHeadAttention.load_state_dict", {"state_dict"});
+    add_argument_help(m, "save_safetensors", "save_safetensors", {"path", "tensors", "metadata"});
+  }
   bind_torch(m);
   mha::python::bind_training(m);
   mha::python::bind_pruning(m);

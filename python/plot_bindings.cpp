@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "convert.h"
 #include "mha/error.h"
 #include "mha/plot.h"
 
@@ -15,7 +16,7 @@ namespace py = pybind11;
 
 namespace {
 
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using mha::python::FloatArray;
 using ByteArray = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
 py::array_t<uint8_t> image_to_numpy(const mha::plot::Image& im) {
@@ -48,12 +49,11 @@ py::tuple box(const mha::plot::Box& b) { return py::make_tuple(b.x, b.y, b.w, b.
 void add_plot_bindings(py::module_& m) {
   m.def(
       "_render_heatmaps",
-      [](const FloatArray& w, const std::string& xlabel, const std::string& ylabel,
+      [](const py::object& weights, const std::string& xlabel, const std::string& ylabel,
          const std::vector<std::string>& titles, const std::vector<std::string>& row_labels,
          const std::string& title, const std::string& colorbar_label, const std::string& note,
          const py::object& vmin, const py::object& vmax, int max_cells, int panel_size) {
-        mha::Shape shape(w.shape(), w.shape() + w.ndim());
-        mha::Tensor t(shape, std::vector<float>(w.data(), w.data() + w.size()));
+        const mha::Tensor t = mha::python::to_tensor(weights, "plot.render_heatmaps", "weights");
         mha::plot::HeatmapOptions opt;
         opt.xlabel = xlabel;
         opt.ylabel = ylabel;
@@ -62,8 +62,8 @@ void add_plot_bindings(py::module_& m) {
         opt.title = title;
         opt.colorbar_label = colorbar_label;
         opt.note = note;
-        opt.vmin = vmin.is_none() ? mha::plot::kAuto : py::cast<double>(vmin);
-        opt.vmax = vmax.is_none() ? mha::plot::kAuto : py::cast<double>(vmax);
+        opt.vmin = vmin.is_none() ? mha::plot::kAuto : mha::python::real_number(vmin, "plot.render_heatmaps", "vmin");
+        opt.vmax = vmax.is_none() ? mha::plot::kAuto : mha::python::real_number(vmax, "plot.render_heatmaps", "vmax");
         opt.max_cells = max_cells;
         opt.panel_size = panel_size;
         mha::plot::Heatmaps h;
@@ -102,8 +102,11 @@ void add_plot_bindings(py::module_& m) {
       "read_png", [](const std::string& path) { return image_to_numpy(mha::plot::read_png(path)); },
       py::arg("path"), "read_png(path) -> (H, W, 4) uint8 RGBA, decoded by cairo.");
   m.def(
-      "write_png", [](const std::string& path, const ByteArray& image) {
-        mha::plot::write_png(path, image_from_numpy(image));
+      "write_png", [](const std::string& path, const py::object& image) {
+        const py::array a = mha::python::real_array(image, "write_png", "image");
+        if (!a.dtype().is(py::dtype::of<uint8_t>()))
+          mha::fail("write_png", "image: dtype ", std::string(py::str(a.dtype())), ", wanted uint8");
+        mha::plot::write_png(path, image_from_numpy(ByteArray::ensure(a)));
       },
       py::arg("path"), py::arg("image"),
       "write_png(path, image (H, W, 4 or 3) uint8): PNG through cairo, written atomically.");

@@ -9,28 +9,25 @@ namespace mha::python {
 
 namespace {
 
-using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-
 // A batch as task.sample() returns it: tokens (B,T), targets (B,T), valid_lens (B,).
 TokenBatch batch_from_dict(const py::dict& d, size_t index) {
   static const char* op = "importance";
   for (const char* key : {"tokens", "targets", "valid_lens"})
     if (!d.contains(key))
       fail(op, "batches: entry ", index, " has no '", key, "' (wanted a dict as OffsetPairTask.sample returns)");
-  const IntArray tokens = IntArray::ensure(d["tokens"]), targets = IntArray::ensure(d["targets"]);
-  const FloatArray lens = FloatArray::ensure(d["valid_lens"]);
-  if (!tokens || !targets || !lens) fail(op, "batches: entry ", index, " has a non-numeric array");
-  if (tokens.ndim() != 2 || targets.ndim() != 2 || lens.ndim() != 1 || targets.shape(0) != tokens.shape(0) ||
-      targets.shape(1) != tokens.shape(1) || lens.shape(0) != tokens.shape(0)) {
-    auto s = [](const py::array& a) { return shape_str(Shape(a.shape(), a.shape() + a.ndim())); };
-    fail(op, "batches: entry ", index, " has tokens ", s(tokens), ", targets ", s(targets), ", valid_lens ", s(lens),
-         "; wanted (B, T), (B, T) and (B,)");
-  }
+  const std::string entry = "batches: entry " + std::to_string(index);
+  IntValues tokens = int_values(d["tokens"], op, entry + " 'tokens'");
+  IntValues targets = int_values(d["targets"], op, entry + " 'targets'");
+  const FloatArray lens = float_array(d["valid_lens"], op, entry + " 'valid_lens'");
+  const Shape ls = shape_of(lens);
+  if (tokens.shape.size() != 2 || targets.shape != tokens.shape || ls.size() != 1 || ls[0] != tokens.shape[0])
+    fail(op, entry, " has tokens ", shape_str(tokens.shape), ", targets ", shape_str(targets.shape), ", valid_lens ",
+         shape_str(ls), "; wanted (B, T), (B, T) and (B,)");
   TokenBatch b;
-  b.batch = tokens.shape(0);
-  b.length = tokens.shape(1);
-  b.tokens.assign(tokens.data(), tokens.data() + tokens.size());
-  b.targets.assign(targets.data(), targets.data() + targets.size());
+  b.batch = tokens.shape[0];
+  b.length = tokens.shape[1];
+  b.tokens = std::move(tokens.values);
+  b.targets = std::move(targets.values);
   b.lengths.assign(lens.data(), lens.data() + lens.size());
   return b;
 }
@@ -78,7 +75,8 @@ void bind_pruning(py::module_& m) {
             const std::vector<float>& g = s.head_gates();
             return py::array_t<float>(static_cast<py::ssize_t>(g.size()), g.data());
           },
-          [](MultiHeadAttention& s, const FloatArray& g) {
+          [](MultiHeadAttention& s, const py::object& obj) {
+            const FloatArray g = float_array(obj, "MultiHeadAttention.set_head_gates", "gates");
             if (g.ndim() != 1)
               fail("MultiHeadAttention.set_head_gates", "gates: shape ",
                    shape_str(Shape(g.shape(), g.shape() + g.ndim())), " is not (", s.num_heads(), ",)");
@@ -91,7 +89,10 @@ void bind_pruning(py::module_& m) {
           "head_gate_grad", [](const MultiHeadAttention& s) { return to_numpy(s.head_gate_grad()); },
           "(num_heads,) dL/dgate accumulated by backward() (zeroed by zero_grad())")
       .def(
-          "prune_heads", [](MultiHeadAttention& s, const std::vector<int64_t>& heads) { s.prune_heads(heads); },
+          "prune_heads",
+          [](MultiHeadAttention& s, const py::object& heads) {
+            s.prune_heads(int_list(heads, "MultiHeadAttention.prune_heads", "heads"));
+          },
           py::arg("heads"),
           "Remove heads for good (numbered as the module was built): their rows of W_q, W_k, W_v\n"
           "and columns of W_o. The output stays num_hiddens wide; at least one head must remain.")
@@ -105,7 +106,7 @@ void bind_pruning(py::module_& m) {
   m.def("save_attention", &save_attention, py::arg("path"), py::arg("module"),
         "Write a module's parameters and head layout (pruned heads) to a safetensors file.");
   m.def("load_attention", &load_attention, py::arg("path"), py::arg("num_heads") = 0,
-        "A module from a safetensors file (save_attention's, or the seed's names), in eval mode;\n"
+        "A module from a safetensors file (save_attention's, or d2l's names), in eval mode;\n"
         "num_heads (as built) from the file's metadata when 0.");
   m.def(
       "prune_model_heads",

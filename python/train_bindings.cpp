@@ -22,17 +22,13 @@ ParamList params_of(py::object module) {
               std::string(py::str(py::type::of(module))));
 }
 
-using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-
-// tokens (B, T) of any integer dtype -> ids, B, T.
-std::vector<int32_t> to_ids(const IntArray& a, const char* op, const char* what, int64_t& B, int64_t& T) {
-  if (a.ndim() != 2) {
-    Shape s(a.shape(), a.shape() + a.ndim());
-    fail(op, what, ": shape ", shape_str(s), " is not (B, T)");
-  }
-  B = a.shape(0);
-  T = a.shape(1);
-  return std::vector<int32_t>(a.data(), a.data() + a.size());
+// tokens (B, T) of integers (any dtype; floats only with integral values) -> ids, B, T.
+std::vector<int32_t> to_ids(const py::object& obj, const char* op, const char* what, int64_t& B, int64_t& T) {
+  IntValues v = int_values(obj, op, what);
+  if (v.shape.size() != 2) fail(op, what, ": shape ", shape_str(v.shape), " is not (B, T)");
+  B = v.shape[0];
+  T = v.shape[1];
+  return std::move(v.values);
 }
 
 py::array_t<int32_t> ids_to_numpy(const std::vector<int32_t>& ids, int64_t B, int64_t T) {
@@ -41,9 +37,9 @@ py::array_t<int32_t> ids_to_numpy(const std::vector<int32_t>& ids, int64_t B, in
   return out;
 }
 
-ValidLens lens_of(const py::object& obj) {
+ValidLens lens_of(const py::object& obj, const char* op) {
   if (obj.is_none()) return {};
-  return ValidLens::from_tensor(to_tensor(FloatArray::ensure(obj)));
+  return ValidLens::from_tensor(to_tensor(obj, op, "valid_lens"));
 }
 
 py::dict task_config_dict(const OffsetPairTaskConfig& c) {
@@ -58,8 +54,8 @@ py::dict task_config_dict(const OffsetPairTaskConfig& c) {
 
 // Adam and AdamW share their arguments; AdamW's weight_decay defaults to 1e-2.
 template <typename Opt>
-std::unique_ptr<Opt> make_adam(py::object module, double lr, std::pair<double, double> betas,
-                               double eps, double weight_decay, bool amsgrad) {
+std::unique_ptr<Opt> make_adam(py::object module, Real lr, std::pair<Real, Real> betas, Real eps,
+                               Real weight_decay, bool amsgrad) {
   return std::make_unique<Opt>(params_of(module),
                                optim::AdamOptions{lr, betas.first, betas.second, eps, weight_decay, amsgrad});
 }
@@ -140,8 +136,8 @@ void bind_training(py::module_& m) {
   mha_class
       .def(
           "backward",
-          [](MultiHeadAttention& self, const FloatArray& grad_output) {
-            const Tensor g = to_tensor(grad_output);
+          [](MultiHeadAttention& self, const py::object& grad_output) {
+            const Tensor g = to_tensor(grad_output, "MultiHeadAttention.backward", "grad_output");
             MultiHeadAttention::InputGrads grads;
             {
               py::gil_scoped_release release;
@@ -159,7 +155,7 @@ void bind_training(py::module_& m) {
       .def("zero_grad", &MultiHeadAttention::zero_grad, "Set every accumulated gradient to zero.")
       .def("grads", [](MultiHeadAttention& s) { return to_dict(s.grads()); },
            "The accumulated parameter gradients by state-dict name.")
-      .def("set_grads", [](MultiHeadAttention& s, const py::dict& d) { s.set_grads(to_tensors(d)); },
+      .def("set_grads", [](MultiHeadAttention& s, const py::object& d) { s.set_grads(to_tensors(d, "MultiHeadAttention.set_grads")); },
            py::arg("grads"), "Replace accumulated gradients by name (shapes as the parameters').")
       .def("initialize", &MultiHeadAttention::initialize, py::arg("dq"), py::arg("dk"), py::arg("dv"),
            "Fix the lazy input widths as a first call with these widths would.")
@@ -181,20 +177,20 @@ AttentionModel(vocab_size, num_classes, max_len, num_hiddens=64, num_heads=4,
 Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,num_classes).
 )doc")
       .def(py::init([](int64_t vocab_size, int64_t num_classes, int64_t max_len, int64_t num_hiddens,
-                       int64_t num_heads, int64_t num_layers, float dropout, bool bias,
+                       int64_t num_heads, int64_t num_layers, Real dropout, bool bias,
                        PositionKind positions, uint64_t seed) {
              ModelConfig c{vocab_size, num_classes, max_len, num_hiddens, num_heads, num_layers, dropout, bias, positions};
              return std::make_unique<AttentionModel>(c, seed);
            }),
            py::arg("vocab_size"), py::arg("num_classes"), py::arg("max_len"), py::arg("num_hiddens") = 64,
            py::arg("num_heads") = 4, py::arg("num_layers") = 1, py::arg("dropout") = 0.0f,
-           py::arg("bias") = false, py::arg("positions") = PositionKind::Learned, py::arg("seed") = 0)
+           py::arg("bias").noconvert() = false, py::arg("positions") = PositionKind::Learned, py::arg("seed") = 0)
       .def(
           "__call__",
-          [](AttentionModel& self, const IntArray& tokens, const py::object& vl) {
+          [](AttentionModel& self, const py::object& tokens, const py::object& vl) {
             int64_t B = 0, T = 0;
             const std::vector<int32_t> ids = to_ids(tokens, "AttentionModel.forward", "tokens", B, T);
-            const ValidLens lens = lens_of(vl);
+            const ValidLens lens = lens_of(vl, "AttentionModel.forward");
             Tensor out;
             {
               py::gil_scoped_release release;
@@ -205,8 +201,8 @@ Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,nu
           py::arg("tokens"), py::arg("valid_lens") = py::none(), "(tokens (B,T), valid_lens) -> logits (B,T,C)")
       .def(
           "backward",
-          [](AttentionModel& self, const FloatArray& grad_logits) {
-            const Tensor g = to_tensor(grad_logits);
+          [](AttentionModel& self, const py::object& grad_logits) {
+            const Tensor g = to_tensor(grad_logits, "AttentionModel.backward", "grad_logits");
             {
               py::gil_scoped_release release;
               self.backward(g);
@@ -218,10 +214,12 @@ Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,nu
       .def("zero_grad", &AttentionModel::zero_grad)
       .def("grads", [](AttentionModel& s) { return to_dict(s.grads()); })
       .def("state_dict", [](const AttentionModel& s) { return to_dict(s.state_dict()); })
-      .def("load_state_dict", [](AttentionModel& s, const py::dict& d) { s.load_state_dict(to_tensors(d)); },
+      .def("load_state_dict", [](AttentionModel& s, const py::object& d) {
+             s.load_state_dict(to_tensors(d, "AttentionModel.load_state_dict"));
+           },
            py::arg("state_dict"))
       .def("train", [](AttentionModel& s, bool on) -> AttentionModel& { s.train(on); return s; },
-           py::arg("mode") = true, py::return_value_policy::reference)
+           py::arg("mode").noconvert() = true, py::return_value_policy::reference)
       .def("eval", [](AttentionModel& s) -> AttentionModel& { s.eval(); return s; },
            py::return_value_policy::reference)
       .def_property_readonly("training", &AttentionModel::training)
@@ -229,15 +227,26 @@ Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,nu
            py::return_value_policy::reference_internal,
            "The index-th MultiHeadAttention (its attention_weights are the last call's)")
       .def_property_readonly("num_layers", &AttentionModel::num_layers)
+      .def("__repr__",
+           [](const AttentionModel& s) {
+             const ModelConfig& c = s.config();
+             return py::str("mha.AttentionModel(vocab_size={}, num_classes={}, max_len={}, num_hiddens={}, "
+                            "num_heads={}, num_layers={}, dropout={:g}, bias={}, positions={})")
+                 .format(c.vocab_size, c.num_classes, c.max_len, c.num_hiddens, c.num_heads, c.num_layers, c.dropout,
+                         c.bias ? "True" : "False",
+                         c.positions == PositionKind::Learned ? "Positions.LEARNED" : "Positions.SINUSOIDAL")
+                 .cast<std::string>();
+           })
       .def_property_readonly("positions", [](const AttentionModel& s) { return to_numpy(s.positions()); },
                              "(max_len, D) position table (learned or sinusoidal)");
 
   m.def(
       "cross_entropy",
-      [](const FloatArray& logits, const IntArray& targets) {
-        std::vector<int32_t> t(targets.data(), targets.data() + targets.size());
-        const CrossEntropy ce = cross_entropy(to_tensor(logits), t);
-        return py::make_tuple(ce.loss, to_numpy(ce.grad.reshape(to_tensor(logits).shape())), ce.correct, ce.scored);
+      [](const py::object& logits, const py::object& targets) {
+        const Tensor l = to_tensor(logits, "cross_entropy", "logits");
+        const std::vector<int32_t> t = int_values(targets, "cross_entropy", "targets").values;
+        const CrossEntropy ce = cross_entropy(l, t);
+        return py::make_tuple(ce.loss, to_numpy(ce.grad.reshape(l.shape())), ce.correct, ce.scored);
       },
       py::arg("logits"), py::arg("targets"),
       "cross_entropy(logits (...,C), targets (...) ints, -100 ignored) -> (loss, grad_logits, correct, scored)\n\n"
@@ -280,33 +289,41 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
       "load_checkpoint(path) -> (model, task, metadata): a checkpoint written by `mha train`,\n"
       "the model in evaluation mode.");
 
+  add_argument_help(mha_class, "backward", "MultiHeadAttention.backward", {"grad_output"});
+  add_argument_help(mha_class, "set_grads", "MultiHeadAttention.set_grads", {"grads"});
+  auto model_class = py::reinterpret_borrow<py::class_<AttentionModel>>(m.attr("AttentionModel"));
+  add_argument_help(model_class, "__call__", "AttentionModel.forward", {"tokens", "valid_lens"});
+  add_argument_help(model_class, "backward", "AttentionModel.backward", {"grad_logits"});
+  add_argument_help(model_class, "load_state_dict", "AttentionModel.load_state_dict", {"state_dict"});
+  add_argument_help(m, "cross_entropy", "cross_entropy", {"logits", "targets"});
+
   py::module_ optim = m.def_submodule("optim", "Optimisers with PyTorch's update rules.");
   py::class_<optim::Optimizer>(optim, "Optimizer")
       .def("step", &optim::Optimizer::step, "One update of every parameter from its gradient.")
       .def("zero_grad", &optim::Optimizer::zero_grad, "Zero every parameter's gradient.")
-      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
+      .def_property("lr", &optim::Optimizer::lr, [](optim::Optimizer& o, Real lr) { o.set_lr(lr); })
       .def_property_readonly("steps", &optim::Optimizer::steps)
       .def("state", [](const optim::Optimizer& o) { return to_dict(o.state()); },
            "State buffers by '<parameter>.<buffer>' (e.g. 'W_q.weight.exp_avg').");
   py::class_<optim::SGD, optim::Optimizer>(optim, "SGD", "torch.optim.SGD's update rule.")
-      .def(py::init([](py::object module, double lr, double momentum, double dampening,
-                       double weight_decay, bool nesterov) {
+      .def(py::init([](py::object module, Real lr, Real momentum, Real dampening, Real weight_decay,
+                       bool nesterov) {
              return std::make_unique<optim::SGD>(
                  params_of(module), optim::SGDOptions{lr, momentum, dampening, weight_decay, nesterov});
            }),
            py::arg("module"), py::arg("lr"), py::arg("momentum") = 0.0, py::arg("dampening") = 0.0,
-           py::arg("weight_decay") = 0.0, py::arg("nesterov") = false, py::keep_alive<1, 2>());
+           py::arg("weight_decay") = 0.0, py::arg("nesterov").noconvert() = false, py::keep_alive<1, 2>());
   py::class_<optim::Adam, optim::Optimizer>(optim, "Adam", "torch.optim.Adam's update rule.")
       .def(py::init(&make_adam<optim::Adam>), py::arg("module"), py::arg("lr") = 1e-3,
            py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
-           py::arg("weight_decay") = 0.0, py::arg("amsgrad") = false, py::keep_alive<1, 2>());
+           py::arg("weight_decay") = 0.0, py::arg("amsgrad").noconvert() = false, py::keep_alive<1, 2>());
   py::class_<optim::AdamW, optim::Adam>(optim, "AdamW", "torch.optim.AdamW's update rule.")
       .def(py::init(&make_adam<optim::AdamW>), py::arg("module"), py::arg("lr") = 1e-3,
            py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
-           py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false, py::keep_alive<1, 2>());
+           py::arg("weight_decay") = 1e-2, py::arg("amsgrad").noconvert() = false, py::keep_alive<1, 2>());
   optim.def(
       "clip_grad_norm",
-      [](py::object module, double max_norm, double norm_type) {
+      [](py::object module, Real max_norm, Real norm_type) {
         return optim::clip_grad_norm(params_of(module), max_norm, norm_type);
       },
       py::arg("module"), py::arg("max_norm"), py::arg("norm_type") = 2.0,

@@ -1,4 +1,4 @@
-// `mha bench`: mha's forward on the benchmark shapes against the machine's own
+// `mha bench`: mha's forward on its benchmark shapes against the machine's own
 // sgemm, at 1 and 2 threads, from C++ (no Python in the timings). The PyTorch
 // peers are only reachable from Python: bench/bench.py runs them beside mha
 // in one process and prints the ratios.
@@ -91,7 +91,7 @@ Inputs make_inputs(const Case& c) {
     return t;
   };
   switch (c.kind) {
-    case Case::Toy:  // the seed's check: ones, keys = values, valid_lens [3, 2]
+    case Case::Toy:  // the d2l chapter's check: ones, keys = values, valid_lens [3, 2]
       in.X = Tensor({c.B, c.Q, c.Dq}, 1.0f);
       in.Y = Tensor({c.B, c.K, c.Dk}, 1.0f);
       in.kv_same = true;
@@ -320,7 +320,7 @@ void run_bench(const BenchOptions& opt) {
 void add_bench_command(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Time mha's forward on the benchmark shapes against the machine's sgemm (PyTorch peers: bench/bench.py)");
+      "bench", "Time mha's forward on its benchmark shapes against the machine's sgemm (PyTorch peers: bench/bench.py)");
   cmd->add_option("--threads", opt->threads, "Thread counts to run at")->capture_default_str();
   cmd->add_flag("--quick", opt->quick, "Short timing budget per case");
   cmd->add_flag("--no-memory", opt->no_memory, "Skip the peak-memory child processes");

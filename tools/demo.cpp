@@ -1,4 +1,4 @@
-// `mha demo`: the seed's check, with each head's attention weights shown.
+// `mha demo`: the d2l chapter's check, with each head's attention weights shown.
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 
 #include "attention_figure.h"
 #include "commands.h"
+#include "outputs.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
 
@@ -25,7 +26,7 @@ struct DemoOptions {
 void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& valid_lens) {
   AttentionFigure fig;
   fig.row_ids = {0, 1};
-  fig.title = "Attention weights of the seed's example, every head (ones inputs, valid_lens [3, 2])";
+  fig.title = "Attention weights of the d2l chapter's example, every head (ones inputs, valid_lens [3, 2])";
   const plot::Heatmaps h = draw_attention(w, valid_lens, fig);
   plot::write_png(opt.heatmap, h.image);
   std::printf("\nheatmap of the weights above (2 batch rows x %lld heads): wrote %s\n",
@@ -57,14 +58,14 @@ void run_demo(const DemoOptions& opt) {
   const Tensor out = attention(X, Y, Y, valid_lens);  // training mode, as in the seed
 
   const Shape wanted = {batch, queries, num_hiddens};
-  std::printf("mha %s: the seed's check\n", kVersion);
+  std::printf("mha %s: the d2l chapter's check\n", kVersion);
   std::printf("  MultiHeadAttention(num_hiddens=%lld, num_heads=%lld, dropout=0.5), training mode\n",
               static_cast<long long>(num_hiddens), static_cast<long long>(num_heads));
   std::printf("  queries X = ones(2, 4, 100), keys = values Y = ones(2, 6, 100), valid_lens = [3, 2]\n");
   std::printf("output shape: %s  (batch_size, num_queries, num_hiddens) = %s: %s\n",
               shape_str(out.shape()).c_str(), shape_str(wanted).c_str(),
               out.shape() == wanted ? "ok" : "MISMATCH");
-  if (out.shape() != wanted) throw Error("[demo] output shape differs from the seed's check");
+  if (out.shape() != wanted) throw Error("[demo] output shape differs from the d2l chapter's check");
 
   const Tensor& w = attention.attention_weights();  // (B, h, Q, K)
   std::printf("\nattention weights of batch row 0 (valid_len 3: keys 3..5 are masked)\n");
@@ -85,8 +86,9 @@ void run_demo(const DemoOptions& opt) {
 
 void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
-  CLI::App* cmd = app.add_subcommand("demo", "Run the seed's check and show each head's weights");
-  cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")->capture_default_str();
+  CLI::App* cmd = app.add_subcommand("demo", "Run the d2l chapter's check and show each head's weights");
+  cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--heatmap", opt->heatmap, "PNG file for the heatmap of every head's weights")
       ->capture_default_str();
   cmd->add_flag("--no-heatmap", opt->no_heatmap, "Do not write the heatmap");

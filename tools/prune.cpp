@@ -14,8 +14,9 @@
 //    mha/prune_experiment.h).
 // 3. Prints the scores and the curves, writes them as CSV (--csv) and a PNG
 //    (--plot: accuracy against heads removed, one line per order; latency
-//    against heads kept), and names the measure whose order kept accuracy
-//    highest over the first half of the heads.
+//    against heads removed, as the accuracy; measures that agree are drawn
+//    side by side, not on top of each other), and names the measure whose
+//    order kept accuracy highest over the first half of the heads.
 // Without --checkpoint it first trains --layers x --heads on the task (the
 // experiment needs more heads than the task needs: 2 per layer do the work).
 #include <algorithm>
@@ -27,10 +28,11 @@
 #include <vector>
 
 #include "commands.h"
-#include "cpu/blas.h"
+#include "core/memory.h"
+#include "io/atomic_file.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
-#include "io/atomic_file.h"
+#include "outputs.h"
 
 namespace mha::tools {
 
@@ -56,6 +58,7 @@ struct PruneOptions {
   std::string csv = "prune.csv";
   std::string pruned_out;
   int64_t keep = 0;
+  bool keep_given = false;
 };
 
 struct Measure {
@@ -71,7 +74,11 @@ std::unique_ptr<Checkpoint> train_model(PruneOptions& opt) {
               (long long)cfg.steps, (long long)cfg.task.near, (long long)cfg.task.far);
   std::fflush(stdout);
   Trainer trainer(cfg);
-  while (trainer.step_count() < cfg.steps) trainer.step();
+  while (trainer.step_count() < cfg.steps) {
+    trainer.step();
+    if (trainer.step_count() % 50 == 0 || trainer.step_count() == cfg.steps)
+      std::printf("  step %lld/%lld\n", (long long)trainer.step_count(), (long long)cfg.steps);
+  }
   std::printf("trained in %.1f s; held-out accuracy %.2f%%\n", trainer.history().back().seconds,
               100 * trainer.evaluate());
   if (!opt.train_out.empty()) {
@@ -147,28 +154,43 @@ void write_plot(const std::string& path, const std::vector<PruneCurve>& measured
   plot::LinePanel acc = panel("Held-out accuracy as heads are removed", "heads removed", "accuracy");
   acc.ymin = 0.0;
   acc.ymax = 1.0;
-  auto steps = [](const PruneCurve& c) {
+  // x: heads removed. Measures often agree (gradient and ablation give one
+  // order), and identical curves would hide each other: each measure's line
+  // is shifted by a small fraction of a step (dodged) so every one shows.
+  const double dodge = 0.08;
+  auto steps = [](const PruneCurve& c, double offset) {
     std::vector<double> x(c.accuracy.size());
-    std::iota(x.begin(), x.end(), 0.0);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i) + offset;
     return x;
   };
+  auto offset = [&](size_t i) { return (static_cast<double>(i) - (measured.size() - 1) / 2.0) * dodge; };
   // Random orders first (faint, their mean bold), so the measures draw on top.
   if (!random.empty()) {
     std::vector<double> mean(random.front().accuracy.size(), 0.0);
-    for (const PruneCurve& c : random) {
-      acc.series.push_back(series("", steps(c), c.accuracy, false, plot::Rgb{205, 205, 205}));
+    for (size_t r = 0; r < random.size(); ++r) {
+      const PruneCurve& c = random[r];
+      // One legend entry for all the faint lines.
+      acc.series.push_back(series(r == 0 ? "random orders (each)" : "", steps(c, 0.0), c.accuracy, false,
+                                  plot::Rgb{205, 205, 205}));
       for (size_t i = 0; i < mean.size(); ++i) mean[i] += c.accuracy[i] / static_cast<double>(random.size());
     }
-    acc.series.push_back(series("random (mean of " + std::to_string(random.size()) + ")", steps(random.front()), mean,
-                                true, plot::kPalette[7]));
+    acc.series.push_back(series("random (mean of " + std::to_string(random.size()) + ")", steps(random.front(), 0.0),
+                                mean, true, plot::kPalette[7]));
   }
   for (size_t i = 0; i < reversed.size(); ++i)
-    acc.series.push_back(series(reversed[i].name, steps(reversed[i]), reversed[i].accuracy, false, kReverseColors[i % 4]));
+    acc.series.push_back(
+        series(reversed[i].name, steps(reversed[i], offset(i)), reversed[i].accuracy, false, kReverseColors[i % 4]));
   for (size_t i = 0; i < measured.size(); ++i)
-    acc.series.push_back(series(measured[i].name, steps(measured[i]), measured[i].accuracy, true, plot::kPalette[i]));
-  plot::LinePanel lat = panel("Forward latency", "heads kept", "ms (median)");
+    acc.series.push_back(
+        series(measured[i].name, steps(measured[i], offset(i)), measured[i].accuracy, true, plot::kPalette[i]));
+  // The same x axis as the accuracy panel (heads removed, left to right), so
+  // both read in one direction; the title says how many heads are kept.
+  plot::LinePanel lat = panel("Forward latency (" + std::to_string(kept.front()) + " heads kept at 0 removed)",
+                              "heads removed", "ms (median)");
   lat.ymin = 0.0;
-  lat.series.push_back(series("forward", std::vector<double>(kept.begin(), kept.end()), latency, true, plot::kPalette[0]));
+  std::vector<double> removed(kept.size());
+  std::iota(removed.begin(), removed.end(), 0.0);
+  lat.series.push_back(series("forward", removed, latency, true, plot::kPalette[0]));
   plot::LineChartOptions options;
   options.title = title;
   plot::write_png(path, plot::render_line_chart({acc, lat}, options).image);
@@ -176,7 +198,21 @@ void write_plot(const std::string& path, const std::vector<PruneCurve>& measured
 
 AttentionKernel kernel_of(const std::string& name) {
   if (name == "reference") return AttentionKernel::Reference;
+  if (name == "fused") return AttentionKernel::Fused;
   return AttentionKernel::Blas;
+}
+
+// The sets and batches the experiment draws, sized by --importance-size and
+// --latency-batch, planned against the memory limit before anything is
+// trained or allocated.
+void plan_experiment(const PruneOptions& opt, const TrainConfig& cfg) {
+  const int64_t T = cfg.task.max_len, D = cfg.model.num_hiddens, H = cfg.model.num_heads, L = cfg.model.num_layers;
+  const int64_t B = opt.latency_batch;
+  core::MemoryPlan plan(kOp);
+  plan.add("importance set (--importance-size x max_len tokens and targets)", {opt.importance_size, T}, 12);
+  plan.add("latency probe's activations (--latency-batch x max_len x num_hiddens per layer)", {L, 8, B, T, D});
+  plan.add("latency probe's attention weights (--latency-batch x heads x max_len^2 per layer)", {L, 2, B, H, T, T});
+  plan.check();
 }
 
 void run_prune(PruneOptions& opt) {
@@ -185,12 +221,18 @@ void run_prune(PruneOptions& opt) {
   if (opt.random_orders < 0) fail(kOp, "--random-orders: ", opt.random_orders, " is negative");
   if (opt.latency_batch <= 0) fail(kOp, "--latency-batch: ", opt.latency_batch, " is not positive");
   if (opt.latency_repeats <= 0) fail(kOp, "--latency-repeats: ", opt.latency_repeats, " is not positive");
-  cpu::set_blas_threads(opt.threads);
+  if (opt.keep_given && opt.keep <= 0) fail(kOp, "--keep: ", opt.keep, " is not a positive number of heads");
+  set_num_threads(opt.threads);  // mha's count, which the products use too (see mha train)
   const AttentionKernel kernel = kernel_of(opt.kernel);
+  // Every output checked before any work: a failing command leaves no file.
+  check_outputs(kOp, {{"--csv", opt.csv}, {"--plot", opt.plot}, {"--pruned-out", opt.pruned_out},
+                      {"--train-out", opt.train_out}},
+                {".csv", ".png", ".safetensors", ".safetensors"}, {{"--checkpoint", opt.checkpoint}});
 
   std::unique_ptr<Checkpoint> ck;
-  if (opt.checkpoint.empty()) ck = train_model(opt);
-  else ck = std::make_unique<Checkpoint>(read_checkpoint(opt.checkpoint));
+  if (!opt.checkpoint.empty()) ck = std::make_unique<Checkpoint>(read_checkpoint(opt.checkpoint));
+  plan_experiment(opt, ck ? ck->config : opt.train);
+  if (!ck) ck = train_model(opt);
   const TrainConfig& cfg = ck->config;
   const OffsetPairTask task(cfg.task);
   std::unique_ptr<AttentionModel> model = load_model(*ck);
@@ -214,8 +256,11 @@ void run_prune(PruneOptions& opt) {
               (long long)cfg.eval_size, (unsigned long long)cfg.held_out_seed, (long long)opt.importance_size,
               (unsigned long long)opt.importance_seed, opt.kernel.c_str(), opt.threads);
 
+  std::printf("scoring heads: gradient\n");
   const GradientImportance grad = gradient_importance(*model, importance_set);
+  std::printf("scoring heads: ablation\n");
   const AblationImportance abl = ablation_importance(*model, importance_set);
+  std::printf("scoring heads: confidence and entropy\n");
   const AttentionStatistics stats = attention_statistics(*model, importance_set);
   print_scores(*model, grad, abl, stats);
   const std::vector<Measure> measures = {
@@ -226,19 +271,29 @@ void run_prune(PruneOptions& opt) {
   };
 
   std::vector<PruneCurve> measured, reversed, random;
+  const size_t orders = 2 * measures.size() + static_cast<size_t>(opt.random_orders);
+  size_t done = 0;
+  auto progress = [&](const std::string& name) {
+    std::printf("pruning order %zu/%zu: %s\n", ++done, orders, name.c_str());
+  };
   for (const Measure& m : measures) {
+    progress(m.name + " and its reverse");
+    ++done;
     measured.push_back(prune_curve(*ck, m.name, order_by_score(*model, m.scores), held_out, kernel));
     reversed.push_back(
         prune_curve(*ck, "reverse " + m.name, order_by_score(*model, negated(m.scores)), held_out, kernel));
   }
-  for (int64_t r = 0; r < opt.random_orders; ++r)
+  for (int64_t r = 0; r < opt.random_orders; ++r) {
+    progress("random " + std::to_string(r));
     random.push_back(prune_curve(*ck, "random " + std::to_string(r), random_order(*model, opt.random_seed + r),
                                  held_out, kernel));
+  }
   std::vector<PruneCurve> all = measured;
   all.insert(all.end(), reversed.begin(), reversed.end());
   all.insert(all.end(), random.begin(), random.end());
   // Latency depends on how many heads each layer keeps, hardly on which:
   // timed along the first measure's order.
+  std::printf("timing the forward pass at each number of heads kept\n");
   const std::vector<double> latency = latency_sweep(*ck, measured.front().removed, probe, opt.latency_repeats, kernel);
   const std::vector<int64_t>& kept = all.front().heads_kept;
 
@@ -347,25 +402,29 @@ void add_prune_command(CLI::App& app) {
   cmd->add_option("--layers", t.model.num_layers, "Without --checkpoint: layers")->capture_default_str();
   cmd->add_option("--hiddens", t.model.num_hiddens, "Without --checkpoint: model width D")->capture_default_str();
   cmd->add_option("--steps", t.steps, "Without --checkpoint: training steps")->capture_default_str();
-  cmd->add_option("--seed", t.seed, "Without --checkpoint: training seed")->capture_default_str();
+  cmd->add_option("--seed", t.seed, "Without --checkpoint: training seed")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--train-out", opt->train_out, "Without --checkpoint: also save the trained checkpoint here");
   cmd->add_option("--importance-size", opt->importance_size, "Sequences the importance measures average over")
       ->capture_default_str();
   cmd->add_option("--importance-seed", opt->importance_seed, "Seed of the importance set (not the held-out seed)")
+      ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--random-orders", opt->random_orders, "Random pruning orders (baseline)")->capture_default_str();
-  cmd->add_option("--random-seed", opt->random_seed, "Seed of the first random order")->capture_default_str();
+  cmd->add_option("--random-seed", opt->random_seed, "Seed of the first random order")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--latency-batch", opt->latency_batch, "Sequences in the latency probe's batch")->capture_default_str();
   cmd->add_option("--latency-repeats", opt->latency_repeats, "Timed forwards per step (median; round-robin over steps)")
       ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "BLAS threads")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Threads mha computes with")->capture_default_str();
   cmd->add_option("--kernel", opt->kernel, "Attention kernel")
-      ->check(CLI::IsMember({"reference", "blas"}))->capture_default_str();
+      ->check(CLI::IsMember({"reference", "blas", "fused"}))->capture_default_str();
   cmd->add_option("--plot", opt->plot, "PNG of the curves ('' for none)")->capture_default_str();
   cmd->add_option("--csv", opt->csv, "CSV of the curves ('' for none)")->capture_default_str();
   cmd->add_option("--pruned-out", opt->pruned_out, "Also write the model pruned by the best measure (checkpoint)");
   cmd->add_option("--keep", opt->keep, "Heads --pruned-out keeps (default: half)");
   cmd->callback([opt, cmd] {
+    opt->keep_given = cmd->count("--keep") > 0;
     if (!opt->checkpoint.empty())
       for (const char* name : {"--heads", "--layers", "--hiddens", "--steps", "--seed", "--train-out"})
         if (cmd->count(name) > 0)

@@ -8,8 +8,10 @@
 #include <string>
 
 #include "commands.h"
+#include "io/atomic_file.h"
 #include "mha/mha.h"
 #include "model_io.h"
+#include "outputs.h"
 
 namespace mha::tools {
 
@@ -23,6 +25,8 @@ struct RunOptions {
 };
 
 void run(const RunOptions& opt) {
+  io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
+  check_outputs(kOp, {{"--out", opt.out}}, {".safetensors"}, {{"--weights", opt.weights}, {"--inputs", opt.inputs}});
   MultiHeadAttention attention = load_attention(opt.weights, opt.heads, kOp);
   const AttentionInputs in = load_inputs(opt.inputs, kOp);
   const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);

@@ -16,9 +16,9 @@
 
 #include "commands.h"
 #include "mha/plot.h"
-#include "cpu/blas.h"
 #include "io/atomic_file.h"
 #include "mha/mha.h"
+#include "outputs.h"
 
 namespace mha::tools {
 
@@ -104,13 +104,42 @@ void write_curves_png(const std::string& path, const std::vector<TrainPoint>& hi
                                                 {.title = "mha train: offset-pair task"}).image);
 }
 
+// Training that diverged (a loss or parameter that is NaN or infinite, e.g.
+// from --lr 1e30) stops with an error; the outputs are not written, so a
+// checkpoint already at --out is kept as it was.
+[[noreturn]] void diverged(int64_t step, const std::string& what, const std::string& out) {
+  fail(kOp, "step ", step, ": ", what, "; training diverged (lower --lr, or --clip the gradients), so nothing is "
+       "written and '", out, "' is kept as it was");
+}
+
+bool finite_parameters(const AttentionModel& model) {
+  for (const auto& [name, t] : model.state_dict())
+    for (const float x : t.values())
+      if (!std::isfinite(x)) return false;
+  return true;
+}
+
 void run_train(TrainOptions& opt) {
   TrainConfig& cfg = opt.config;
   if (opt.threads <= 0) fail(kOp, "--threads: ", opt.threads, " is not positive");
-  // One owner of parallelism: the BLAS's own pool, at a fixed size, so the
-  // products (and so the loss curve) are the same from run to run.
-  cpu::set_blas_threads(opt.threads);
-  if (opt.target <= 0 || opt.target > 1) fail(kOp, "--target: ", opt.target, " is not in (0, 1]");
+  // One owner of parallelism: mha's own thread count, which both the
+  // attention kernels and the projections' products (cpu/parallel_gemm,
+  // which run OpenBLAS single-threaded inside) use; a fixed count gives the
+  // same loss curve from run to run.
+  set_num_threads(opt.threads);
+  if (!(opt.target > 0 && opt.target <= 1)) fail(kOp, "--target: ", opt.target, " is not in (0, 1]");
+  // --steps 0 writes an untrained model (a starting point, a test fixture):
+  // never over an existing file, and without a plot, which would have no
+  // point to draw.
+  if (opt.resume.empty() && cfg.steps == 0) {
+    if (!opt.plot.empty()) fail(kOp, "--steps: 0 steps leave no curve to draw; give --plot '' with --steps 0");
+    if (access(opt.out.c_str(), F_OK) == 0)
+      fail(kOp, "--steps: 0 would replace '", opt.out, "' by an untrained model; remove it first or choose another --out");
+  }
+  // Every output is checked before any work, so that a bad path fails now
+  // and leaves no file, instead of after minutes of training.
+  check_outputs(kOp, {{"--out", opt.out}, {"--curves", opt.curves}, {"--plot", opt.plot}},
+                {".safetensors", ".csv", ".png"});
 
   std::unique_ptr<Trainer> trainer;
   if (!opt.resume.empty()) {
@@ -136,7 +165,7 @@ void run_train(TrainOptions& opt) {
               (long long)m.num_heads, (long long)m.num_hiddens,
               m.positions == PositionKind::Learned ? "learned" : "sinusoidal",
               trainer->optimizer().name(), c.optimizer.lr, (long long)c.batch_size,
-              (unsigned long long)c.seed, opt.threads);
+              (unsigned long long)c.seed, num_threads());
   if (trainer->step_count() > 0)
     std::printf("resumed from %s at step %lld\n", opt.resume.c_str(), (long long)trainer->step_count());
 
@@ -145,7 +174,20 @@ void run_train(TrainOptions& opt) {
   int64_t window_steps = 0, reached_step = -1;
   double reached_seconds = 0.0;
   while (trainer->step_count() < c.steps) {
-    const TrainPoint p = trainer->step();
+    TrainPoint p;
+    try {
+      p = trainer->step();
+    } catch (const Error& e) {
+      // Parameters grown past float32's range make a forward overflow: the
+      // same divergence, reported as such.
+      if (std::string(e.what()).find("overflows float32") == std::string::npos) throw;
+      diverged(trainer->step_count() + 1, "a projection or score overflows float32", opt.out);
+    }
+    if (!std::isfinite(p.loss)) {
+      if (tty) std::printf("\n");
+      std::fflush(stdout);
+      diverged(p.step, "the loss is " + std::to_string(p.loss), opt.out);
+    }
     ++window_steps;
     if (p.held_out_accuracy >= 0) held_out = p.held_out_accuracy;
     if (p.held_out_accuracy >= opt.target && reached_step < 0) {
@@ -183,6 +225,7 @@ void run_train(TrainOptions& opt) {
   std::printf("trained %zu steps in %.1f s (%.1f steps/s); final held-out accuracy %.2f%%\n",
               history.size(), total, history.size() / std::max(total, 1e-9),
               100 * trainer->evaluate());
+  if (!finite_parameters(trainer->model())) diverged(trainer->step_count(), "a parameter is not finite", opt.out);
   trainer->save(opt.out);
   std::printf("wrote %s (step %lld)\n", opt.out.c_str(), (long long)trainer->step_count());
   if (!opt.curves.empty()) {
@@ -202,7 +245,8 @@ void add_train_command(CLI::App& app) {
   TrainConfig& c = opt->config;
   CLI::App* cmd = app.add_subcommand(
       "train", "Train attention on the offset-pair task: target[t] = (token[t-near], token[t-far])");
-  cmd->add_option("--seed", c.seed, "Seed of the initialisation, batches and dropout")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of the initialisation, batches and dropout")
+      ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--steps", c.steps, "Training steps (total, when resuming)")->capture_default_str();
   cmd->add_option("--batch", c.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--layers", c.model.num_layers, "Attention layers (residual when more than one)")->capture_default_str();
@@ -225,7 +269,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--max-len", c.task.max_len, "Longest sequence")->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Held-out accuracy every N steps")->capture_default_str();
   cmd->add_option("--eval-size", c.eval_size, "Held-out sequences")->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "BLAS threads (results are reproducible per thread count)")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Threads mha computes with (results are reproducible per thread count)")->capture_default_str();
   cmd->add_option("--target", opt->target, "Held-out accuracy whose first step and time are reported")->capture_default_str();
   cmd->add_flag("--stop-at-target", opt->stop_at_target, "Stop once the held-out accuracy reaches --target");
   cmd->add_option("--out", opt->out, "Checkpoint to write (safetensors)")->capture_default_str();

@@ -40,6 +40,7 @@
 #include "mha/plot.h"
 #include "io/atomic_file.h"
 #include "model_io.h"
+#include "outputs.h"
 
 namespace mha::tools {
 
@@ -271,6 +272,9 @@ void check_panels(const VizOptions& opt, int64_t num_heads) {
 void run_viz(const VizOptions& opt) {
   if (opt.rows.empty()) fail(kOp, "--rows: no row given; wanted at least one batch row");
   if (opt.max_cells < 1) fail(kOp, "--max-cells: ", opt.max_cells, ", wanted >= 1");
+  io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
+  check_outputs(kOp, {{"--out", opt.out}, {"--layout-json", opt.layout_json}}, {".png", ".json"},
+                {{"--weights", opt.weights}, {"--inputs", opt.inputs}, {"--checkpoint", opt.checkpoint}});
   const bool from_checkpoint = !opt.checkpoint.empty();
   if (from_checkpoint && !opt.file_options_given.empty())
     fail(kOp, opt.file_options_given.front(), ": give either --checkpoint or --weights, --inputs and --heads, "
@@ -332,6 +336,7 @@ void add_viz_command(CLI::App& app) {
                   "attention on sequences sampled from its task")
       ->check(CLI::ExistingFile);
   cmd->add_option("--sample-seed", opt->sample_seed, "With --checkpoint: seed of the sampled sequences")
+      ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--sample-batch", opt->sample_batch,
                   "With --checkpoint: sequences sampled (the offsets in the titles are over all of their scored queries)")

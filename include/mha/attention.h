@@ -57,7 +57,8 @@ class DotProductAttention {
     std::lock_guard lock(mutex_);
     return training_;
   }
-  // The implementation that computes attention (default: Blas).
+  // The implementation that computes attention (default: Fused, as
+  // kernel_ below; Reference and Blas form the (Q, K) weights per head).
   void set_kernel(AttentionKernel k) {
     std::lock_guard lock(mutex_);
     kernel_ = k;

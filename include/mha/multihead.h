@@ -220,6 +220,8 @@ class MultiHeadAttention {
   const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
+  // Every weight and bias is finite (read under the parameters' lock).
+  bool finite_parameters() const;
   // The first call's lazy initialisation, under the exclusive lock.
   void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
 

@@ -92,6 +92,8 @@ inline double colormap_inverse(Rgb c) {
 
 // ---- Heatmap grids -----------------------------------------------------
 inline constexpr double kAuto = std::numeric_limits<double>::quiet_NaN();
+// The colour bar's label when HeatmapOptions::colorbar_label is empty.
+inline constexpr const char* kDefaultColorbarLabel = "attention weight";
 
 // Text, colour scale and size of render_heatmaps(); every field has a
 // usable default.
@@ -101,10 +103,12 @@ struct HeatmapOptions {
   std::vector<std::string> titles;       // one per panel, row-major; or none
   std::vector<std::string> row_labels;   // one per row of panels, a heading above it; or none
   std::string title;                     // above the whole figure; or none
-  std::string colorbar_label;            // beside the colour bar; or none
+  std::string colorbar_label;            // beside the colour bar; empty: kDefaultColorbarLabel
   std::string note;                      // small print under the figure; or none
   // The colour scale: values <= vmin are the darkest colour, >= vmax the
-  // brightest. kAuto takes the min / max of the values drawn (after averaging).
+  // brightest. kAuto takes the min / max of the values drawn (after
+  // averaging), except that an automatic vmin is never above 0, so that the
+  // darkest colour always means 0 for weights (a uniform row is not dark).
   double vmin = kAuto, vmax = kAuto;
   // At most this many cells are drawn along either axis of a panel: longer
   // axes are averaged over blocks of ceil(n / max_cells) rows or columns.

@@ -1,4 +1,4 @@
-"""mha: the seed's multi-head attention (Dive into Deep Learning, 11.5) in C++.
+"""mha: multi-head attention from Dive into Deep Learning (d2l, chapter 11.5) in C++.
 
     import numpy as np, mha
     attention = mha.MultiHeadAttention(num_hiddens=100, num_heads=5, dropout=0.5)
@@ -31,7 +31,7 @@ from ._core import (  # noqa: F401
 )
 from ._core import MASK_COLOR, colormap_table, read_png, write_png  # noqa: F401
 from .plot import show_heatmaps  # noqa: F401
-# Training (issue 3): the model, its task and loss, checkpoints, optimisers.
+# Training: the model, its task and loss, checkpoints, optimisers.
 from ._core import (  # noqa: F401,E402
     AttentionModel,
     OffsetPairTask,
@@ -40,7 +40,7 @@ from ._core import (  # noqa: F401,E402
     load_checkpoint,
 )
 from . import optim  # noqa: F401,E402  (SGD, Adam, AdamW, clip_grad_norm)
-# Head gates, pruning and importance (issue 6): MultiHeadAttention.head_gates,
+# Head gates, pruning and importance: MultiHeadAttention.head_gates,
 # .head_gate_grad, .prune_heads() and .kept_heads, plus these.
 from ._core import (  # noqa: F401,E402
     ablation_importance,
@@ -51,7 +51,7 @@ from ._core import (  # noqa: F401,E402
     prune_model_heads,
     save_attention,
 )
-# Reading the heads (issue 5): each head's dominant offset t - k.
+# Reading the heads: each head's dominant offset t - k.
 from ._core import HeadOffsets, head_offsets  # noqa: F401,E402
 
 

@@ -41,13 +41,14 @@ bool write_all(int fd, const uint8_t* bytes, size_t size) {
   return true;
 }
 
-// A name beside `path` that is not taken yet (for linkat, which will not
-// replace a file).
+// A name in the folder of `path` that is not taken yet (for linkat, which
+// will not replace a file). It does not repeat the file's own name: a name
+// near the system's limit (NAME_MAX, 255 bytes) plus a suffix would not fit.
 std::string temporary_name(const std::string& path) {
   static std::atomic<unsigned> counter{0};
-  char suffix[64];
-  std::snprintf(suffix, sizeof suffix, ".tmp-%ld-%u", static_cast<long>(getpid()), counter++);
-  return path + suffix;
+  char name[64];
+  std::snprintf(name, sizeof name, "/.tmp-mha-%ld-%u", static_cast<long>(getpid()), counter++);
+  return folder_of(path) + name;
 }
 
 [[noreturn]] void fail_errno(const char* what, const std::string& path, int err) {
@@ -104,7 +105,7 @@ bool write_via_unnamed_file(const std::string& path, const uint8_t* bytes, size_
 // The portable way: mkstemp beside `path`, write, flush, rename. A kill while
 // writing leaves the (partial) temporary file, never a partial `path`.
 void write_via_named_file(const std::string& path, const uint8_t* bytes, size_t size) {
-  std::string tmpl = path + ".tmp-XXXXXX";
+  std::string tmpl = folder_of(path) + "/.tmp-mha-XXXXXX";  // short: see temporary_name
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
   const int fd = mkstemp(name.data());
@@ -135,11 +136,26 @@ void write_via_named_file(const std::string& path, const uint8_t* bytes, size_t 
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const uint8_t* bytes, size_t size) {
+void check_output_path(const std::string& path) {
   if (path.empty()) fail(kWrite, "the output path is empty");
+  if (path.find('\0') != std::string::npos)
+    fail(kWrite, "the output path '", path.substr(0, path.find('\0')), "\\0...' contains a NUL byte");
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail(kWrite, "'", path, "' is a folder, not a file");
+  // The rename would replace a symbolic link, a FIFO or a device node by a
+  // regular file: refused, so that a link is never silently cut.
+  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(kWrite, "'", path, "' is not a regular file (a symbolic link, FIFO, socket or device); "
+                 "mha replaces regular files only");
+  const std::string folder = folder_of(path);
+  if (stat(folder.c_str(), &st) != 0) fail_errno("cannot create a temporary file beside", path, errno);
+  if (!S_ISDIR(st.st_mode)) fail_errno("cannot create a temporary file beside", path, ENOTDIR);
+  if (access(folder.c_str(), W_OK | X_OK) != 0) fail_errno("cannot create a temporary file beside", path, errno);
+}
+
+void write_file_atomic(const std::string& path, const uint8_t* bytes, size_t size) {
+  check_output_path(path);
   if (!write_via_unnamed_file(path, bytes, size)) write_via_named_file(path, bytes, size);
   // Make the rename itself durable; failing to is not worth an error.
   const int dir = open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -150,6 +166,8 @@ void write_file_atomic(const std::string& path, const uint8_t* bytes, size_t siz
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
+  if (path.find('\0') != std::string::npos)
+    fail("read", "the path '", path.substr(0, path.find('\0')), "\\0...' contains a NUL byte");
   struct stat st;
   if (stat(path.c_str(), &st) != 0) fail("read", "cannot open '", path, "': ", std::strerror(errno));
   if (!S_ISREG(st.st_mode)) fail("read", "'", path, "' is not a regular file");

@@ -18,6 +18,13 @@ inline void write_file_atomic(const std::string& path, const std::vector<uint8_t
   write_file_atomic(path, bytes.data(), bytes.size());
 }
 
+// Refuses, with the message write_file_atomic would give, a path it could
+// not write: empty, with a NUL byte, a folder, an existing file that is not
+// a regular one (a symbolic link, FIFO or device: never replaced), or a
+// folder that is missing or not writable. Commands check every output with
+// it before they start work, so that a failing command leaves no file.
+void check_output_path(const std::string& path);
+
 // The whole content of `path`; mha::Error naming the file if it cannot be read.
 std::vector<uint8_t> read_file(const std::string& path);
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/finite.h"
 #include "core/memory.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
@@ -54,6 +55,8 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys,
     fail(op, "values: shape ", shape_str(values.shape()), " does not match keys ",
          shape_str(keys.shape()), "; wanted (", N, ", ", K, ", dv)");
   if (K == 0) fail(op, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
+  if (d == 0)
+    fail(op, "queries: shape ", shape_str(queries.shape()), " has no features; the scores q k^T / sqrt(d) would be 0 / 0");
   valid_lens.check(op, N, Q);
   core::MemoryPlan(op).add("attention weights", {N, Q, K}).add("output", {N, Q, dv}).check();
 
@@ -76,6 +79,11 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys,
     if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
   }
   kernels::attention_forward(kernel, p);
+  // Finite inputs whose scores overflow float32 (|q|, |k| ~ 1e20) would give
+  // NaN rows: an error instead (NaN or infinite inputs are computed through).
+  if (!core::all_finite(out) && core::all_finite(queries) && core::all_finite(keys) && core::all_finite(values))
+    fail(op, "finite queries and keys give scores that overflow float32 (largest magnitudes ",
+         core::max_abs(queries), " and ", core::max_abs(keys), "); scale them down");
   std::lock_guard lock(mutex_);
   weights_ = std::move(weights);
   return out;

@@ -6,6 +6,7 @@
 #include <set>
 #include <shared_mutex>
 
+#include "core/finite.h"
 #include "core/memory.h"
 #include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
@@ -54,6 +55,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
     fail(op, "num_hiddens: ", num_hiddens, " is not divisible by num_heads ", num_heads);
   if (!(dropout >= 0.0f && dropout <= 1.0f))
     fail(op, "dropout: ", dropout, " is not a probability in [0, 1]");
+  // Per head: its number, gate and gate gradient (16 bytes); refused above
+  // the memory limit before anything is allocated (num_heads = 2^31).
+  core::MemoryPlan(op).add("head layout (num_heads numbers, gates and gate gradients)", {num_heads}, 16).check();
   init_head_layout();
 }
 
@@ -171,6 +175,14 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   }
   Tensor ungated = apply_head_gates(concat, training);  // head gates (src/nn/prune.cpp)
   Tensor out = W_o_.forward(concat, gen_, kForward);  // initialised: gen_ is not used
+  // Finite inputs and parameters whose projections or scores overflow
+  // float32 (inputs ~1e20) would give NaN: an error instead. NaN or infinite
+  // inputs are computed through, as PyTorch does (docs/errors.md).
+  if (!core::all_finite(out) && core::all_finite(queries) && core::all_finite(keys) && core::all_finite(values) &&
+      finite_parameters())
+    fail(kForward, "finite queries, keys, values and parameters give a projection or score that overflows float32 "
+         "(largest input magnitude ", std::fmax(core::max_abs(queries), std::fmax(core::max_abs(keys), core::max_abs(values))),
+         "); scale the inputs down");
   st->concat = std::move(concat);
 
   std::lock_guard state(state_mutex_);
@@ -191,6 +203,12 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     saved_ = {};
   }
   return out;
+}
+
+bool MultiHeadAttention::finite_parameters() const {
+  for (const LazyLinear* l : {&W_q_, &W_k_, &W_v_, &W_o_})
+    if (!core::all_finite(l->weight()) || !core::all_finite(l->bias())) return false;
+  return true;
 }
 
 Tensor MultiHeadAttention::attention_weights() const {

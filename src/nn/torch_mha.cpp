@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/finite.h"
 #include "kernels/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
@@ -87,6 +88,22 @@ std::vector<T> pad_last_axis(const T* data, int64_t rows, int64_t K, int64_t Kt,
   std::vector<T> out(static_cast<size_t>(rows * Kt), pad);
   for (int64_t r = 0; r < rows; ++r) std::copy(data + r * K, data + (r + 1) * K, out.data() + r * Kt);
   return out;
+}
+
+// Two additive masks are added to the scores: finite entries whose sum is
+// +inf (3e38 + 3e38) would turn a row into inf - inf = NaN. Checked per key
+// over the largest entries of each mask (exact for a 2-D attn_mask).
+void check_mask_sum(const Mask& kpm, const Mask& am, int64_t K) {
+  if (!kpm.is_additive() || !am.is_additive() || K == 0) return;
+  const std::vector<float>& a = kpm.bias_values();
+  const std::vector<float>& b = am.bias_values();
+  std::vector<float> ka(static_cast<size_t>(K), -INFINITY), kb(static_cast<size_t>(K), -INFINITY);
+  for (size_t i = 0; i < a.size(); ++i) ka[i % K] = std::fmax(ka[i % K], a[i]);
+  for (size_t i = 0; i < b.size(); ++i) kb[i % K] = std::fmax(kb[i % K], b[i]);
+  for (int64_t j = 0; j < K; ++j)
+    if (std::isinf(ka[j] + kb[j]) && ka[j] + kb[j] > 0)
+      fail(kForward, "key_padding_mask + attn_mask: key ", j, " has entries ", ka[j], " and ", kb[j],
+           " whose sum overflows to +inf; wanted masks whose sums are finite or -inf");
 }
 
 bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
@@ -251,6 +268,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
          shape_str({g.Q, g.K}), " nor ", shape_str({batched ? g.B * H : H, g.Q, g.K}));
   check_mask_shape(kForward, "attn_mask", am,
                    am3 ? Shape{batched ? g.B * H : H, g.Q, g.K} : Shape{g.Q, g.K});
+  check_mask_sum(kpm, am, g.K);
 
   // --- projections; k and v get their appended rows ---
   Tensor q_proj({g.B * g.Q, E});
@@ -304,6 +322,18 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   TorchMhaResult result;
   result.output = Tensor(query.shape());
   out_proj_.forward_rows(concat.data(), g.B * g.Q, result.output.data(), E);
+  // Finite inputs and parameters whose projections or scores overflow
+  // float32 (inputs ~1e20) would give NaN: an error instead (NaN or infinite
+  // inputs are computed through, as PyTorch does).
+  if (!core::all_finite(result.output) && core::all_finite(query) && core::all_finite(key) &&
+      core::all_finite(value)) {
+    bool finite = true;
+    for (const auto& [name, t] : state_dict()) finite = finite && core::all_finite(t);
+    if (finite)
+      fail(kForward, "finite query, key, value and parameters give a projection or score that overflows float32 "
+           "(largest input magnitude ", std::fmax(core::max_abs(query), std::fmax(core::max_abs(key), core::max_abs(value))),
+           "); scale the inputs down");
+  }
   if (keep) {
     auto saved = std::make_shared<nn::TorchMhaSaved>();
     saved->g = g;

@@ -211,13 +211,16 @@ void check_options(const Tensor& w, const HeatmapOptions& opt) {
 }
 
 // The colour scale: the given ends, the drawn data's for kAuto, widened
-// around a single value so that the bar still has a range.
+// around a single value so that the bar still has a range. An automatic
+// low end is anchored at 0 for data >= 0 (attention weights): scaled to the
+// data's own minimum, a uniform row of 1/3 would take the darkest colour,
+// which readers take for zero.
 void color_range(const Tensor& drawn, const HeatmapOptions& opt, double* lo, double* hi) {
   double dmin = INFINITY, dmax = -INFINITY;
   for (float v : drawn.values())
     if (!std::isnan(v)) dmin = std::min<double>(dmin, v), dmax = std::max<double>(dmax, v);
   if (dmin > dmax) dmin = 0, dmax = 1;  // nothing but masked cells
-  *lo = std::isnan(opt.vmin) ? dmin : opt.vmin;
+  *lo = std::isnan(opt.vmin) ? std::min(dmin, 0.0) : opt.vmin;
   *hi = std::isnan(opt.vmax) ? dmax : opt.vmax;
   if (*lo > *hi) {  // one end given, the data's other end beyond it
     if (std::isnan(opt.vmin)) *lo = *hi; else *hi = *lo;
@@ -240,8 +243,12 @@ void HeatmapLayout::cell_center(int row, int col, int64_t q, int64_t k, int* x, 
   *y = p.y + static_cast<int>(q / q_block) * cell_h + (cell_h - gap) / 2;
 }
 
-Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& opt) {
-  check_options(weights, opt);
+Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& options) {
+  check_options(weights, options);
+  // The colour bar is always labelled: an unlabelled scale leaves the reader
+  // guessing what the colours measure.
+  HeatmapOptions opt = options;
+  if (opt.colorbar_label.empty()) opt.colorbar_label = kDefaultColorbarLabel;
   const int64_t R = weights.size(0), C = weights.size(1), Q = weights.size(2), K = weights.size(3);
   const int64_t qb = ceil_div(Q, opt.max_cells), kb = ceil_div(K, opt.max_cells);
   Heatmaps out;

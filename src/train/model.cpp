@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/memory.h"
 #include "mha/error.h"
 #include "nn/linear_backward.h"
 
@@ -40,8 +41,20 @@ AttentionModel::AttentionModel(const ModelConfig& c, uint64_t seed)
   // MultiHeadAttention checks num_hiddens, num_heads and dropout itself; the
   // first layer is built before anything is drawn, so a bad setting fails first.
   Generator gen(seed);
+  layers_.push_back(std::make_unique<MultiHeadAttention>(D, c.num_heads, c.dropout, c.bias, 0));
+  // Every parameter and its gradient, planned before any is allocated, so
+  // that a huge num_layers or num_hiddens (mha train --layers, --hiddens) is
+  // refused with a message instead of an out-of-memory kill.
+  core::MemoryPlan plan(kOp);
+  plan.add("num_layers x (W_q, W_k, W_v, W_o) and their gradients", {c.num_layers, 8, D, D});
+  if (c.bias) plan.add("num_layers x 4 biases and their gradients", {c.num_layers, 8, D});
+  plan.add("num_layers x head gates", {c.num_layers, c.num_heads}, 16);
+  plan.add("embedding (vocab_size, num_hiddens) and its gradient", {2, c.vocab_size, D});
+  plan.add("positions (max_len, num_hiddens) and their gradient", {2, c.max_len, D});
+  plan.add("read-out (num_classes, num_hiddens) and its gradient", {2, c.num_classes, D + 1});
+  plan.check();
   layers_.reserve(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l)
+  for (int64_t l = 1; l < c.num_layers; ++l)
     layers_.push_back(std::make_unique<MultiHeadAttention>(D, c.num_heads, c.dropout, c.bias, 0));
   // nn.Embedding's initialisation: N(0, 1).
   embedding_ = Tensor({c.vocab_size, D});

@@ -31,11 +31,18 @@ void check_nonnegative(const char* op, const char* what, double x) {
   if (!(x >= 0.0)) fail(op, what, ": ", x, " is not a number >= 0");
 }
 
+// An infinite learning rate makes every parameter infinite or NaN on the
+// first step.
+void check_lr(const char* op, double lr) {
+  check_nonnegative(op, "lr", lr);
+  if (std::isinf(lr)) fail(op, "lr: ", lr, " is not finite; wanted a finite learning rate >= 0");
+}
+
 }  // namespace
 
 Optimizer::Optimizer(ParamList params, double lr, const char* op) : params_(std::move(params)), lr_(lr) {
   check_params(params_, op);
-  check_nonnegative(op, "lr", lr);
+  check_lr(op, lr);
 }
 
 void Optimizer::zero_grad() {
@@ -43,7 +50,7 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_lr(double lr) {
-  check_nonnegative("Optimizer.set_lr", "lr", lr);
+  check_lr("Optimizer.set_lr", lr);
   lr_ = lr;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/memory.h"
 #include "mha/error.h"
 
 namespace mha {
@@ -21,6 +22,10 @@ OffsetPairTask::OffsetPairTask(const OffsetPairTaskConfig& c) : config_(c) {
 TokenBatch OffsetPairTask::sample(int64_t batch_size, Generator& gen) const {
   if (batch_size <= 0) fail("OffsetPairTask.sample", "batch_size: ", batch_size, " is not positive");
   const OffsetPairTaskConfig& c = config_;
+  // Lengths, tokens and targets: planned before they are allocated.
+  core::MemoryPlan("OffsetPairTask.sample")
+      .add("batch (batch_size x max_len tokens and targets, and lengths)", {batch_size, c.max_len + 1}, 8)
+      .check();
   TokenBatch out;
   out.batch = batch_size;
   out.lengths.resize(static_cast<size_t>(batch_size));

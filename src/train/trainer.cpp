@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/memory.h"
 #include "mha/checkpoint.h"
 #include "mha/error.h"
 #include "mha/loss.h"
@@ -57,6 +58,24 @@ ModelConfig model_config_for(const OffsetPairTask& task, const ModelConfig& mode
   return m;
 }
 
+// What one training step allocates besides the model (which AttentionModel
+// plans itself), by the options that size it, so that a huge --batch or
+// --eval-size is refused before anything is allocated: the held-out set, a
+// batch, its activations (the projections, attention weights, dropout mask
+// and their gradients of every layer) and the optimiser's buffers.
+static void plan_training_memory(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  const int64_t D = m.num_hiddens, T = m.max_len, H = m.num_heads, L = m.num_layers, B = c.batch_size;
+  core::MemoryPlan plan("Trainer");
+  plan.add("held-out set (eval_size x max_len tokens and targets)", {c.eval_size, T}, 12);
+  plan.add("a batch's activations (num_layers x batch_size x max_len x num_hiddens)", {L, 16, B, T, D});
+  plan.add("a batch's attention weights (num_layers x batch_size x num_heads x max_len^2)", {L, 4, B, H, T, T});
+  plan.add("a batch's logits and their gradient (batch_size x max_len x classes)", {3, B, T, m.num_classes});
+  const int64_t buffers = c.optimizer.kind == OptimizerKind::SGD ? 1 : c.optimizer.amsgrad ? 3 : 2;
+  plan.add("optimiser buffers (num_layers x 4 x num_hiddens^2)", {buffers, L, 4, D, D});
+  plan.check();
+}
+
 Trainer::Trainer(const TrainConfig& config) : config_(config), task_(config.task) {
   static const char* op = "Trainer";
   if (config.steps < 0) fail(op, "steps: ", config.steps, " is negative");
@@ -65,7 +84,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config), task_(config.task
   if (config.eval_size <= 0) fail(op, "eval_size: ", config.eval_size, " is not positive");
   if (!(config.clip_norm >= 0.0)) fail(op, "clip_norm: ", config.clip_norm, " is not >= 0");
   config_.model = model_config_for(task_, config.model);
-  model_ = std::make_unique<AttentionModel>(config_.model, config.seed);
+  model_ = std::make_unique<AttentionModel>(config_.model, config.seed);  // plans its parameters itself
+  plan_training_memory(config_);
   optimizer_ = make_optimizer(config.optimizer, model_->parameters());
   held_out_ = held_out_set(task_, config.eval_size, config.held_out_seed);
   start_ = now_seconds();
@@ -100,6 +120,9 @@ double Trainer::evaluate() { return evaluate_accuracy(*model_, held_out_); }
 
 std::vector<TokenBatch> held_out_set(const OffsetPairTask& task, int64_t size, uint64_t seed) {
   if (size <= 0) fail("held_out_set", "size: ", size, " is not positive");
+  core::MemoryPlan("held_out_set")
+      .add("sequences (size x max_len tokens and targets, and lengths)", {size, task.config().max_len + 1}, 8)
+      .check();
   Generator gen(seed);
   std::vector<TokenBatch> out;
   for (int64_t done = 0; done < size; done += kEvalChunk)

@@ -141,6 +141,32 @@ std::map<std::string, std::function<void()>> core_triggers() {
          m(X, Y, Y);
          m(X, ones({2, 6, 50}), Y);
        }},
+      {"mha.memory_limit", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         MultiHeadAttention(int64_t{1} << 31, int64_t{1} << 31);
+       }},
+      {"forward.overflow_values", [] {
+         MultiHeadAttention m(100, 5);
+         const Tensor x({2, 4, 100}, 1e20f);
+         m(x, x, x);
+       }},
+      {"dpa.no_features", [] { DotProductAttention().forward(ones({2, 4, 0}), ones({2, 6, 0}), ones({2, 6, 3})); }},
+      {"dpa.overflow", [] {
+         DotProductAttention().forward(Tensor({2, 4, 2}, 1e20f), Tensor({2, 6, 2}, 1e20f), ones({2, 6, 3}));
+       }},
+      {"read.nul", [] { read_safetensors(std::string("a\0b", 3)); }},
+      {"write.nul", [] { save_safetensors(std::string("a\0b", 3), {}); }},
+      {"write.not_regular", [] {
+         const std::string target = temp_path("target"), link = temp_path("link");
+         std::ofstream(target).put('x');
+         fs::remove(link);
+         fs::create_symlink(target, link);
+         struct Remove {
+           std::string a, b;
+           ~Remove() { fs::remove(a), fs::remove(b); }
+         } remove{target, link};
+         save_safetensors(link, {});
+       }},
       {"forward.overflow", [] {
          const int64_t h = int64_t{1} << 24;
          MultiHeadAttention m(h, h);

@@ -86,6 +86,13 @@ Triggers torch_triggers() {
          call.attn_mask = Mask::additive(ones({6}));
          torch_call(Q, KV, KV, call);
        }},
+      {"tmha.mask_sum", [] {
+         TorchMhaCall call;
+         call.key_padding_mask = Mask::additive(Tensor({2, 6}, 3e38f));
+         call.attn_mask = Mask::additive(Tensor({3, 6}, 3e38f));
+         torch_call(Q, KV, KV, call);
+       }},
+      {"tmha.overflow", [] { torch_call(Tensor({2, 3, 4}, 1e20f), Tensor({2, 6, 4}, 1e20f), KV); }},
       {"tmha.mask_shape", [] {
          TorchMhaCall call;
          call.key_padding_mask = mask_from_torch_mha({2, 5}, std::vector<uint8_t>(10, 0));

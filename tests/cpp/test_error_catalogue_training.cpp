@@ -39,6 +39,11 @@ struct Params {
   ParamList list() { return {{"a", &a, &ga}, {"b", &b, &gb}}; }
 };
 
+struct LimitGuard {
+  explicit LimitGuard(uint64_t bytes) { set_memory_limit(bytes); }
+  ~LimitGuard() { set_memory_limit(0); }
+};
+
 TrainConfig train_config() {
   TrainConfig c;
   c.eval_size = 1;
@@ -54,6 +59,31 @@ Triggers training_triggers() {
       {"model.num_classes", [] { ModelConfig c = small(); c.num_classes = -1; model_with(c); }},
       {"model.max_len", [] { ModelConfig c = small(); c.max_len = 0; model_with(c); }},
       {"model.num_layers", [] { ModelConfig c = small(); c.num_layers = 0; model_with(c); }},
+      {"model.memory_limit", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         ModelConfig c = small();
+         c.num_layers = 10000000;
+         model_with(c);
+       }},
+      {"optim.lr_finite", [] {
+         Params p;
+         optim::Adam(p.list(), {.lr = INFINITY});
+       }},
+      {"task.memory_limit", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         Generator gen(0);
+         OffsetPairTask({}).sample(1000000000000, gen);
+       }},
+      {"task.held_out_memory", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         held_out_set(OffsetPairTask({}), 1000000000000, 0);
+       }},
+      {"trainer.memory_limit", [] {
+         LimitGuard g(uint64_t{1} << 30);
+         TrainConfig c = train_config();
+         c.batch_size = 1000000000;
+         Trainer t(c);
+       }},
       {"model.empty", [] { AttentionModel(small()).forward({}, 0, 3); }},
       {"model.too_long", [] { AttentionModel(small()).forward(std::vector<int32_t>(18, 1), 2, 9); }},
       {"model.token_count", [] { AttentionModel(small()).forward({1, 2, 3, 4, 5}, 2, 3); }},

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,10 @@ struct Case {
   Lens lens;
   float dropout = 0.0f;
   std::string name() const {
-    return "B" + std::to_string(B) + " H" + std::to_string(H) + " Q" + std::to_string(Q) + " K" +
-           std::to_string(K) + " d" + std::to_string(d) + " dv" + std::to_string(dv) + " lens" +
-           std::to_string(static_cast<int>(lens)) + " p" + std::to_string(dropout);
+    std::ostringstream s;  // not a chain of std::string +: GCC 12 warns (-Wrestrict) on those
+    s << "B" << B << " H" << H << " Q" << Q << " K" << K << " d" << d << " dv" << dv << " lens"
+      << static_cast<int>(lens) << " p" << dropout;
+    return s.str();
   }
 };
 

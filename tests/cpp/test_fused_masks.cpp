@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -159,13 +160,10 @@ struct MaskProblem {
   }
 
   std::string name() const {
-    return "B" + std::to_string(B) + " H" + std::to_string(H) + " Hkv" + std::to_string(Hkv) +
-           " Q" + std::to_string(Q) + " K" + std::to_string(K) + " d" + std::to_string(d) +
-           " dv" + std::to_string(dv) + " options 0x" + [&] {
-             char buf[16];
-             std::snprintf(buf, sizeof buf, "%x", options);
-             return std::string(buf);
-           }();
+    std::ostringstream s;  // not a chain of std::string +: GCC 12 warns (-Wrestrict) on those
+    s << "B" << B << " H" << H << " Hkv" << Hkv << " Q" << Q << " K" << K << " d" << d << " dv" << dv
+      << " options 0x" << std::hex << options;
+    return s.str();
   }
 
   Tensor new_out() const { return Tensor({B, Q, H * dv}); }

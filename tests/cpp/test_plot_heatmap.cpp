@@ -59,9 +59,10 @@ TEST(PlotHeatmap, EveryCellShowsItsValue) {
   ASSERT_TRUE(r.png->ok());
   EXPECT_EQ(r.png->width, r.h.image.width);
   EXPECT_EQ(r.png->height, r.h.image.height);
-  // Automatic scale: the data's min and max.
+  // Automatic scale: from 0 (the data are weights, >= 0) to the data's max.
   float lo = w.values()[0], hi = lo;
   for (float v : w.values()) lo = std::min(lo, v), hi = std::max(hi, v);
+  lo = std::min(lo, 0.0f);
   EXPECT_DOUBLE_EQ(r.h.vmin, lo);
   EXPECT_DOUBLE_EQ(r.h.vmax, hi);
   const double tol = kColormapResolution * (hi - lo) + 1e-6;
@@ -205,11 +206,18 @@ TEST(PlotHeatmap, GivenScaleClampsValuesOutsideIt) {
 }
 
 TEST(PlotHeatmap, ConstantDataStillHasARange) {
-  // The seed's ones inputs give equal weights: the bar must not collapse.
+  // The d2l chapter's ones inputs give equal weights 1/3: the automatic
+  // scale is anchored at 0, so they take the brightest colour, not the
+  // darkest one that readers take for zero; and the bar is labelled.
   const Rendered r(Tensor({1, 2, 3, 3}, 1.0f / 3), {});
-  EXPECT_LT(r.h.vmin, 1.0 / 3);
-  EXPECT_GT(r.h.vmax, 1.0 / 3);
+  EXPECT_EQ(r.h.vmin, 0.0);
+  EXPECT_DOUBLE_EQ(r.h.vmax, 1.0f / 3);
+  EXPECT_EQ(r.at_cell(0, 1, 2, 2), colormap(1.0));
   EXPECT_NEAR(r.value_at(0, 1, 2, 2), 1.0 / 3, kColormapResolution * (r.h.vmax - r.h.vmin) + 1e-6);
+  EXPECT_STREQ(kDefaultColorbarLabel, "attention weight");
+  // Negative data keep their own low end.
+  const Heatmaps neg = render_heatmaps(Tensor({1, 1, 1, 2}, {-1.0f, 1.0f}), {});
+  EXPECT_EQ(neg.vmin, -1.0);
   // With vmin fixed at 0, as `mha viz` draws weights, the top is the data's value.
   HeatmapOptions opt;
   opt.vmin = 0;

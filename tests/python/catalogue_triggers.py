@@ -233,7 +233,7 @@ PY = {
     "tmha.dropout_mask": tmha_dropout_mask,
     "tmha.backward_no_forward": lambda t: tmha().backward(Q),
     "tmha.backward_shape": tmha_backward_shape,
-    "py.torch_array": lambda t: tmha_call(q="abc"),
+    "py.torch_array": lambda t: tmha_call(q=[[1, 2], [3]]),
     "py.mask_array": lambda t: tmha_call(key_padding_mask=[[True], [True, False]]),
     "py.mask_dtype": lambda t: tmha_call(key_padding_mask=np.zeros((2, 6), np.int32)),
     "py.is_causal": lambda t: tmha_call(is_causal="yes"),
@@ -373,3 +373,90 @@ def _torch_call(what):
         mt.MultiHeadAttention(8, 2, 0.0)(x, x, x[0])
     else:
         mt.MultiheadAttention(4, 2, dropout=2.0, batch_first=True)(x, x, x)
+
+
+# ---- round two of hardening: conversions, sizes, overflow, outputs ----------
+
+def called_mha():
+    m = mha.MultiHeadAttention(8, 2)
+    m(ones(2, 3, 4), ones(2, 3, 4), ones(2, 3, 4))
+    return m
+
+
+def with_limit(f):
+    """f() under a 1 GiB memory limit (the tests' fixture restores the default)."""
+    mha.set_memory_limit(1 << 30)
+    return f()
+
+
+def symlink_out(t):
+    (t / "target.safetensors").write_bytes(b"")
+    os.symlink(t / "target.safetensors", t / "link.safetensors")
+    return str(t / "link.safetensors")
+
+
+def tmha_module():
+    s = {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}
+    return mha.TorchMultiheadAttention.from_state_dict(s, num_heads=2)
+
+
+TMHA_STATE = {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}
+HUGE = np.full((2, 4, 2), 1e20, np.float32)
+
+PY.update({
+    "mha.memory_limit": lambda t: with_limit(lambda: mha.MultiHeadAttention(2**31, 2**31)),
+    "forward.overflow_values": lambda t: mha.MultiHeadAttention(100, 5)(*[np.full((2, 4, 100), 1e20, np.float32)] * 3),
+    "dpa.no_call": lambda t: mha.DotProductAttention().attention_weights,
+    "py.dtype": lambda t: mha.MultiHeadAttention(100, 5)(np.ones((2, 4, 100), complex), ones(2, 6, 100), ones(2, 6, 100)),
+    "py.int_range": lambda t: small_model()(np.array([[0, 2**32 + 1]])),
+    "py.int_fraction": lambda t: small_model()(np.array([[1.5, 2.0]])),
+    "py.int_list": lambda t: mha.MultiHeadAttention(12, 4).prune_heads("ab"),
+    "py.int_list_shape": lambda t: called_mha().attention_weights_of(None, [[0, 1]]),
+    "py.state_dict_type": lambda t: mha.MultiHeadAttention(8, 2).load_state_dict([1]),
+    "py.state_dict_key": lambda t: mha.MultiHeadAttention(8, 2).load_state_dict({1: ones(1)}),
+    "tmha.optional_integer": lambda t: mha.TorchMultiheadAttention.from_state_dict(TMHA_STATE, 2, kdim="a"),
+    "tmha.optional_positive": lambda t: mha.TorchMultiheadAttention.from_state_dict(TMHA_STATE, 2, num_kv_heads=0),
+    "tmha.optional_range": lambda t: mha.TorchMultiheadAttention.from_state_dict(TMHA_STATE, 2, kdim=2**70),
+    "tmha.mask_sum": lambda t: tmha_module()(ones(2, 3, 4), ones(2, 6, 4), ones(2, 6, 4),
+                                             key_padding_mask=np.full((2, 6), 3e38, np.float32),
+                                             attn_mask=np.full((3, 6), 3e38, np.float32)),
+    "tmha.overflow": lambda t: tmha_module()(np.full((2, 3, 4), 1e20, np.float32), np.full((2, 6, 4), 1e20, np.float32),
+                                             ones(2, 6, 4)),
+    "dpa.no_features": lambda t: mha.DotProductAttention()(ones(2, 4, 0), ones(2, 6, 0), ones(2, 6, 3)),
+    "dpa.overflow": lambda t: mha.DotProductAttention()(HUGE, np.full((2, 6, 2), 1e20, np.float32), ones(2, 6, 3)),
+    "read.nul": lambda t: mha.load_safetensors("a\0b"),
+    "write.nul": lambda t: mha.save_safetensors("a\0b", {}),
+    "write.not_regular": lambda t: mha.save_safetensors(symlink_out(t), {}),
+    "model.memory_limit": lambda t: with_limit(lambda: small_model(num_layers=10**7)),
+    "optim.lr_finite": lambda t: mha.optim.Adam(called_mha(), lr=math.inf),
+    "task.memory_limit": lambda t: with_limit(lambda: mha.OffsetPairTask().sample(10**12, 0)),
+    "task.held_out_memory": lambda t: with_limit(lambda: mha.held_out_set(mha.OffsetPairTask(), 10**12, 0)),
+    "py.image_dtype": lambda t: mha.write_png(str(t / "o.png"), np.zeros((2, 2, 3))),
+    "py.real_number": lambda t: mha._core._render_heatmaps(ones(1, 1, 2, 2), "", "", [], [], "", "", "", "a", None,
+                                                          10, 0),
+})
+
+
+def existing_out(t):
+    (t / "ck.safetensors").write_bytes(b"trained")
+    return ["train", "--steps", "0", "--plot", "", "--curves", "", "--out", str(t / "ck.safetensors")]
+
+
+def small_train(t, *args):
+    return train_args(t, "--hiddens", "8", "--heads", "2", "--eval-size", "4", *args)
+
+
+CLI.update({
+    "write.not_regular": lambda t: ["run", "--weights", str(base_checkpoint()), "--inputs", str(base_checkpoint()),
+                                    "--out", symlink_out(t)],
+    "model.memory_limit": lambda t: ["--memory-limit", "1073741824"] + small_train(t, "--layers", "10000000"),
+    "trainer.memory_limit": lambda t: ["--memory-limit", "1073741824"] + train_args(t, "--batch", "1000000000"),
+    "optim.lr_finite": lambda t: train_args(t, "--lr", "inf"),
+    "train.steps_plot": lambda t: train_args(t, "--steps", "0"),
+    "train.steps_overwrite": existing_out,
+    "train.diverged": lambda t: small_train(t, "--lr", "1e30", "--steps", "3", "--clip", "0"),
+    "cli.same_output": lambda t: ["train", "--out", str(t / "o.x"), "--curves", "", "--plot", str(t / "o.x")],
+    "cli.output_is_input": lambda t: ["run", "--weights", str(base_checkpoint()), "--inputs", str(base_checkpoint()),
+                                      "--out", str(base_checkpoint())],
+    "cli.extension": lambda t: ["train", "--out", str(t / "o.png"), "--curves", "", "--plot", ""],
+})
