@@ -159,7 +159,8 @@ def show_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, figsiz
               (None: when running in one).
     mask:     optional bool array broadcastable to matrices; True = masked.
     title, row_labels (one per row), colorbar_label, note: more text.
-    vmin, vmax: the colour scale (default: the drawn values' min and max).
+    vmin, vmax: the colour scale (default: the drawn values' max, and their
+        min or 0, whichever is lower, so that the map's first colour means 0).
     max_cells: longer axes are averaged over blocks to at most this many cells.
     panel_size: the longer side of a panel in pixels (overrides figsize).
 

@@ -17,8 +17,11 @@ def weights(rows=1, cols=2, Q=4, K=6, seed=0):
 
 def test_reds_draws_the_lowest_and_highest_cells_in_matplotlibs_end_colours():
     w = weights()
-    img = mha.show_heatmaps(w, "Keys", "Queries", figsize=None, cmap="Reds", display=False)
-    own, layout = render_heatmaps(w)
+    # The scale given as the data's own range: its ends are the map's ends.
+    # (The automatic scale starts at 0 for weights, tested in test_show_heatmaps.py.)
+    lo_hi = dict(vmin=float(w.min()), vmax=float(w.max()))
+    img = mha.show_heatmaps(w, "Keys", "Queries", figsize=None, cmap="Reds", display=False, **lo_hi)
+    own, layout = render_heatmaps(w, **lo_hi)
     assert img.shape == own.shape
     lo = np.unravel_index(np.argmin(w), w.shape)
     hi = np.unravel_index(np.argmax(w), w.shape)
@@ -34,7 +37,7 @@ def test_reds_draws_the_lowest_and_highest_cells_in_matplotlibs_end_colours():
         i = int(np.flatnonzero((own_table == own[y, x, :3]).all(axis=1))[0])
         assert tuple(img[y, x, :3]) == tuple(reds[i])
     # viridis is mha's own map; "_r" reverses.
-    np.testing.assert_array_equal(mha.show_heatmaps(w, cmap="viridis", figsize=None, display=False), own)
+    np.testing.assert_array_equal(mha.show_heatmaps(w, cmap="viridis", figsize=None, display=False, **lo_hi), own)
     np.testing.assert_array_equal(colormap("Blues_r"), colormap("Blues")[::-1])
 
 
