@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the CMake build in $1 (default: build) into a temporary prefix and
 # uses it as a user would: builds examples/consumer with find_package(mha),
-# builds the same program with pkg-config, and runs both and the installed
-# `mha --version`. Nothing outside the temporary folder is touched.
+# builds the same program and the README's C++ block with pkg-config, and
+# runs them and the installed `mha --version`. Nothing outside the temporary folder is touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -30,7 +30,19 @@ export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 c++ -std=c++20 -O1 examples/consumer/seed_check.cpp -o "$tmp/seed_check_pc" $(pkg-config --cflags --libs mha)
 LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/seed_check_pc"   # a shared libmha in a private prefix
 
-# 3. The installed tool.
+# 3. The README's C++ block, as a user would paste it: its includes, then its
+# statements inside main(), built with pkg-config and run in a scratch folder.
+awk '/^## C\+\+/{c=1} c && /^```cpp/{f=1; next} f && /^```/{exit} f' README.md > "$tmp/readme_block.cpp"
+[ -s "$tmp/readme_block.cpp" ] || { echo "check-install: no C++ block under README's '## C++'" >&2; exit 1; }
+{ grep '^#include' "$tmp/readme_block.cpp"; echo 'int main() {'; grep -v '^#include' "$tmp/readme_block.cpp"; echo '}'; } \
+  > "$tmp/readme_main.cpp"
+# shellcheck disable=SC2046
+c++ -std=c++20 -O1 "$tmp/readme_main.cpp" -o "$tmp/readme_main" $(pkg-config --cflags --libs mha)
+(cd "$tmp" && LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ./readme_main)
+[ -s "$tmp/w.safetensors" ] || { echo "check-install: the README's C++ block wrote no w.safetensors" >&2; exit 1; }
+echo "check-install: the README's C++ block builds and runs"
+
+# 4. The installed tool.
 got=$("$prefix/bin/mha" --version)
 [ "$got" = "mha $version" ] || { echo "check-install: 'mha --version' printed '$got', wanted 'mha $version'" >&2; exit 1; }
 echo "check-install: ok (CMake package, pkg-config and tool, version $version)"
