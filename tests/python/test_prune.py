@@ -326,7 +326,15 @@ def test_mha_prune_importance_order_beats_random_orders(tmp_path, mha_tool):
     lines = csv.read_text().splitlines()
     assert lines[0] == "order,heads_removed,heads_kept,removed_layer,removed_head,accuracy,loss,latency_ms"
     assert len(lines) == 1 + (8 + 4) * 8
-    assert mha.read_png(str(png)).shape[2] == 4
+    img = mha.read_png(str(png))
+    assert img.shape[2] == 4
+    # Every measure's line shows, in its own colour (matplotlib's tab10, as
+    # mha::plot::kPalette): gradient and ablation often give one order, and
+    # identical curves drawn on top of each other would hide the first.
+    palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
+    for name, rgb in zip(("gradient", "ablation", "confidence", "entropy"), palette):
+        shown = int((img[:, :, :3] == np.array(rgb, np.uint8)).all(axis=2).sum())
+        assert shown >= 40, f"{name}'s line is hidden: {shown} pixels of its colour"
 
     # --pruned-out: the model pruned to half by the best measure, readable.
     model, task, meta = mha.load_checkpoint(str(pruned))
