@@ -62,8 +62,11 @@ def test_the_tutorials_sample_training_output_agrees_with_itself():
     total = re.search(r"# trained 500 steps in ([\d.]+) s \(([\d.]+) steps/s\)", text)
     reached = re.search(r"# held-out accuracy reached 99.0% at step 100 after ([\d.]+) s", text)
     seconds, rate = float(total.group(1)), float(total.group(2))
-    assert abs(500 / seconds - rate) < 0.5
-    assert all(abs(r - rate) / rate < 0.1 for r in rates), (rates, rate)
+    # The tool prints the total time to 0.1 s and the rate from the unrounded time.
+    assert 500 / (seconds + 0.05) <= rate <= 500 / (seconds - 0.05), (seconds, rate)
+    # Each 50-step window within a factor 1.5 of the whole run's rate (the
+    # first includes the start-up; a short run on a shared machine varies).
+    assert rates and all(rate / 1.5 <= r <= rate * 1.5 for r in rates), (rates, rate)
     assert abs(float(reached.group(1)) - 100 / rate) < 0.3
 
 
