@@ -19,17 +19,10 @@ import torch
 import mha.torch as mt
 import seed_reference as seed
 from training_helpers import FixedDropout, random_case
+from torch_threads import one_torch_thread  # noqa: F401 (an autouse fixture)
 
 SCALE_TOL = 1e-5
 FLOOR_FACTOR = 4.0
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def scale_of(name, grads):

@@ -18,17 +18,10 @@ from torch import nn
 
 import mha.torch as mt
 from torch_mha_reference import reference_mha
+from torch_threads import one_torch_thread  # noqa: F401 (an autouse fixture)
 
 SCALE_TOL = 1e-5
 FLOOR_FACTOR = 4.0
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def weights_of(name):

@@ -23,19 +23,10 @@ import torch
 
 import mha
 from torch_mha_cases import draw_case, run_reference, to_batch_first, torch_masks, torch_module
+from torch_threads import one_torch_thread  # noqa: F401 (an autouse fixture)
 
 RTOL = 1e-5
 SCALE_ATOL = 1e-6
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # The cases are tiny: PyTorch's thread pool costs more than it saves on
-    # two shared cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # Worst |ours - peer| / max|peer| seen, per comparison (printed with pytest -s).

@@ -44,19 +44,12 @@ import torch
 import mha
 from torch_mha_cases import draw_case, reference_masks, to_batch_first, torch_masks, torch_module
 from torch_mha_reference import reference_mha
+from torch_threads import one_torch_thread  # noqa: F401 (an autouse fixture)
 
 SCALE_TOL = 1e-5
 FLOOR_FACTOR = 4.0
 
 WORST = {}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def causal_arg(c):
