@@ -52,7 +52,7 @@
 namespace mha {
 
 namespace nn {
-struct AttentionState;  // what a call keeps for attention_weights() and backward()
+struct AttentionContext;  // what a call keeps for attention_weights() and backward()
 }
 
 // Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
@@ -220,8 +220,6 @@ class MultiHeadAttention {
   const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
-  // Every weight and bias is finite (read under the parameters' lock).
-  bool finite_parameters() const;
   // The first call's lazy initialisation, under the exclusive lock.
   void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
 
@@ -233,9 +231,10 @@ class MultiHeadAttention {
   AttentionKernel kernel_ = AttentionKernel::Fused;
   Generator gen_;
   LazyLinear W_q_, W_k_, W_v_, W_o_;
-  // The last call to finish: its projections, heads' outputs, lengths, and
-  // its weights or the statistics they are recomputed from.
-  std::shared_ptr<nn::AttentionState> state_;
+  // The last call to finish (src/nn/attention_engine.h): its projections,
+  // heads' outputs, lengths, its weights or the statistics they are
+  // recomputed from, and, in training mode, what backward() needs.
+  std::shared_ptr<nn::AttentionContext> state_;
   // Buffers of replaced states, for the next call to reuse (no page faults or
   // zeroing of fresh memory: ~10% of a B8 L512 forward).
   std::vector<Tensor> spare_;
@@ -245,28 +244,11 @@ class MultiHeadAttention {
   std::vector<float> head_gates_;
   Tensor head_gate_grad_;
   void init_head_layout();
-  // concat:[B,Q,inner] scaled in place by the gates; returns the unscaled
-  // concat when `keep` (for backward()) and some gate is not 1, else empty.
-  Tensor apply_head_gates(Tensor& concat, bool keep) const;
-  // d_gated:[B,Q,inner] = dL/d(gated concat) -> dL/d(concat) in place;
-  // heads_out:[B,Q,inner] the unscaled concat. Adds into head_gate_grad_.
-  void head_gates_backward(const Tensor& heads_out, Tensor& d_gated);
-
-  // What a training-mode forward keeps for backward() beside state_;
-  // cleared in eval mode.
-  struct Saved {
-    bool valid = false;
-    Tensor queries, keys, values;  // the inputs
-    Tensor ungated;                // heads' outputs before the head gates (empty: all gates 1)
-  };
-  Saved saved_;
-  float last_dropout_p_ = 0.0f;  // dropout of the last forward (0 when off)
-  uint64_t last_dropout_key_ = 0;
   StateDict grads_;
   void ensure_grads();
   // Shared by running forward() calls; exclusive to what changes W_q..W_o.
   mutable detail::CopyableSharedMutex params_mutex_;
-  // Guards training_, kernel_, gen_, state_, spare_ and saved_.
+  // Guards training_, kernel_, gen_, state_ and spare_.
   mutable detail::CopyableMutex state_mutex_;
 };
 

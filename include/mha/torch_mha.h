@@ -55,7 +55,7 @@
 namespace mha {
 
 namespace nn {
-struct TorchMhaSaved;  // src/nn/torch_mha_impl.h
+struct AttentionContext;  // src/nn/attention_engine.h
 }
 
 // Construction options: everything nn.MultiheadAttention's constructor takes
@@ -232,7 +232,7 @@ class TorchMultiheadAttention {
   Tensor bias_k_, bias_v_;  // (1, 1, E_kv) or empty
 
   // The last training-mode forward's save (null after an eval-mode one).
-  std::shared_ptr<const nn::TorchMhaSaved> saved_;
+  std::shared_ptr<const nn::AttentionContext> saved_;
   // Gradients by layer ("q_proj.weight", ..., "out_proj.bias", "bias_k",
   // "bias_v"), made on first use; grads() packs them by PyTorch's names.
   StateDict grads_;

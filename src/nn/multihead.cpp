@@ -6,14 +6,9 @@
 #include <set>
 #include <shared_mutex>
 
-#include "core/finite.h"
 #include "core/memory.h"
-#include "kernels/attention_fused.h"
-#include "kernels/dispatch.h"
 #include "mha/error.h"
-#include "nn/attention_state.h"
-#include "nn/padding.h"
-#include "nn/projections.h"
+#include "nn/attention_engine.h"
 
 namespace mha {
 
@@ -92,11 +87,6 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     spare = std::move(spare_);
     spare_.clear();
   }
-  // This module sets none of the kernel options beyond the seed
-  // (kernels/features.h), so every kernel can run it; past 2^24 keys the
-  // fused kernel's float key indices are inexact, and the BLAS path runs.
-  const bool fused = kernel == AttentionKernel::Fused && K <= kernels::kFusedMaxKeys;
-
   // Concurrency (see multihead.h): the parameters are read under a shared
   // lock; the first call initialises them under the exclusive lock, then
   // takes the shared one and checks the widths again, since load_state_dict
@@ -106,18 +96,23 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // unless heads were pruned); the output is W_o's num_hiddens wide. Read
   // under the lock, since prune_heads changes them under the exclusive one.
   int64_t D = inner_dim(), H = num_heads_;
+  // The call as the engine runs it (nn/attention_engine.h): the chapter's
+  // lengths, no masks beyond them, batch-major rows.
+  nn::EngineCall call;
+  call.op = kForward;
+  call.inputs = "queries, keys, values";
+  call.layout = {false, B};
+  call.Q = Q, call.K = K;
+  call.H = H, call.Hkv = H, call.d = head_dim();
+  call.out_shape = {B, Q, num_hiddens_};
+  call.lens = valid_lens;
+  call.kernel = kernel;
+  call.keep_for_backward = training;
+  call.keep_for_weights = true;  // attention_weights() of the last call
   // Everything this call allocates, checked before anything is: a size
   // whose product overflows 64 bits or exceeds mha::memory_limit() throws.
-  // The fused kernel forms no (B, h, Q, K) weights, only two floats per
-  // query (and per thread, one head's keys and values, packed).
   core::MemoryPlan plan(kForward);
-  if (fused)
-    plan.add("softmax statistics", {2, B, H, Q});
-  else
-    plan.add("attention weights", {B, H, Q, K});
-  plan.add("projected queries", {B, Q, D}).add("projected keys", {B, K, D})
-      .add("projected values", {B, K, D}).add("concatenated heads", {B, Q, D})
-      .add("output", {B, Q, num_hiddens_});
+  nn::add_call_memory(plan, call, {&W_q_, &W_k_, &W_v_, &W_o_}, num_hiddens_);
   if (!W_o_.initialized())
     plan.add("W_q, W_k, W_v, W_o", {D, queries.size(2) + keys.size(2) + values.size(2) + D + 4});
   plan.check();
@@ -131,88 +126,31 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_width(W_k_, "W_k", keys, "keys");
   check_width(W_v_, "W_v", values, "values");
 
-  auto st = std::make_shared<nn::AttentionState>();
-  st->B = B, st->H = H, st->Q = Q, st->K = K;
-  st->lens = valid_lens;
-  st->scale_divisor = std::sqrt(static_cast<float>(head_dim()));
-  // Projections (B, L, width) -> (B, L, D), heads being strided views. The
-  // fused kernels (forward and backward) never read keys past the lengths,
-  // so their projections are skipped (nn/padding.h); the other kernels read
-  // every row.
-  nn::RowNeeds needs = fused ? nn::padding_row_needs(st->lens, B, Q, K) : nn::RowNeeds{};
-  st->proj = nn::project_qkv(queries, keys, values, W_q_, W_k_, W_v_, needs, &spare);
-  std::vector<uint8_t> read_all_keys;
-  if (fused) {
-    read_all_keys = nn::complete_nonfinite_values(st->proj, needs, keys, values, W_k_, W_v_);
-    nn::complete_values_near_fill(st->proj, needs, values, W_v_, H, st->scale_divisor);
-  }
-
-  // The kernel writes each head's output into its columns of `concat`, so
-  // the seed's transpose_output costs nothing.
-  Tensor concat = nn::take_buffer({B, Q, D}, &spare);  // fully written by the kernel
-  spare.clear();
-  kernels::AttentionForward p;
-  p.q = st->proj.q.split_heads(H);
-  p.k = st->proj.k.split_heads(H);
-  p.v = st->proj.v.split_heads(H);
-  p.out = concat.view().split_heads(H);
-  kernels::set_lengths(p, st->lens);
-  p.scale_divisor = st->scale_divisor;
+  nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
+  std::vector<float> gates = head_gates_;  // read under the lock, like the parameters
+  layers.head_gates = gates.data();
+  call.H = H, call.Hkv = H, call.d = head_dim();
   {
     std::lock_guard state(state_mutex_);
-    if (training && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
+    if (training && dropout_ > 0.0f) call.dropout = {dropout_, gen_.next()};
   }
-  if (fused) {
-    st->stats.resize(static_cast<size_t>(2 * B * H * Q));
-    kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q},
-                                     {read_all_keys.empty() ? nullptr : read_all_keys.data()});
-  } else {
-    st->weights = Tensor({B, H, Q, K});
-    p.weights = st->weights.data();
-    kernels::attention_forward(kernel == AttentionKernel::Fused ? AttentionKernel::Blas : kernel, p);
-    st->have_all = true;
-    if (!training) st->proj = {};  // the weights are all a later access needs
-  }
-  Tensor ungated = apply_head_gates(concat, training);  // head gates (src/nn/prune.cpp)
-  Tensor out = W_o_.forward(concat, gen_, kForward);  // initialised: gen_ is not used
-  // Finite inputs and parameters whose projections or scores overflow
-  // float32 (inputs ~1e20) would give NaN: an error instead. NaN or infinite
-  // inputs are computed through, as PyTorch does (docs/errors.md).
-  if (!core::all_finite(out) && core::all_finite(queries) && core::all_finite(keys) && core::all_finite(values) &&
-      finite_parameters())
-    fail(kForward, "finite queries, keys, values and parameters give a projection or score that overflows float32 "
-         "(largest input magnitude ", std::fmax(core::max_abs(queries), std::fmax(core::max_abs(keys), core::max_abs(values))),
-         "); scale the inputs down");
-  st->concat = std::move(concat);
+  nn::EngineOutput r = nn::attention_forward(queries, keys, values, layers, std::move(call), &spare);
+  spare.clear();
 
   std::lock_guard state(state_mutex_);
-  // Publish this call; the state it replaces gives its buffers to the next
+  // Publish this call; the context it replaces gives its buffers to the next
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
-  std::shared_ptr<nn::AttentionState> old = std::exchange(state_, std::move(st));
+  std::shared_ptr<nn::AttentionContext> old = std::exchange(state_, std::move(r.context));
   if (old && old.use_count() == 1) {
     spare_ = std::move(old->proj.buffers);
     spare_.push_back(std::move(old->concat));
   }
-  // What backward() needs from this call (the last call's, in training mode).
-  last_dropout_p_ = p.dropout.p;
-  last_dropout_key_ = p.dropout.key;
-  if (training) {
-    saved_ = {true, queries, keys, values, std::move(ungated)};
-  } else {
-    saved_ = {};
-  }
-  return out;
-}
-
-bool MultiHeadAttention::finite_parameters() const {
-  for (const LazyLinear* l : {&W_q_, &W_k_, &W_v_, &W_o_})
-    if (!core::all_finite(l->weight()) || !core::all_finite(l->bias())) return false;
-  return true;
+  return std::move(r.output);
 }
 
 Tensor MultiHeadAttention::attention_weights() const {
-  std::shared_ptr<nn::AttentionState> st;
+  std::shared_ptr<nn::AttentionContext> st;
   {
     std::lock_guard state(state_mutex_);
     st = state_;
@@ -220,28 +158,28 @@ Tensor MultiHeadAttention::attention_weights() const {
   if (!st) return Tensor();
   // The weights, and the copy returned, are this call's allocation.
   core::MemoryPlan plan("MultiHeadAttention.attention_weights");
-  plan.add("attention weights", {st->B, st->H, st->Q, st->K}).check();
+  plan.add("attention weights", {st->B(), st->H, st->Q, st->K}).check();
   return nn::all_weights(*st);
 }
 
 int64_t MultiHeadAttention::last_batch_size() const {
   std::lock_guard state(state_mutex_);
-  return state_ ? state_->B : 0;
+  return state_ ? state_->B() : 0;
 }
 
 Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_rows,
                                              const std::vector<int64_t>& heads) const {
   static const char* op = "MultiHeadAttention.attention_weights";
-  std::shared_ptr<nn::AttentionState> st;
+  std::shared_ptr<nn::AttentionContext> st;
   {
     std::lock_guard state(state_mutex_);
     st = state_;
   }
   if (!st) fail(op, "no forward call yet: there are no weights to show");
   for (size_t i = 0; i < batch_rows.size(); ++i)
-    if (batch_rows[i] < 0 || batch_rows[i] >= st->B)
+    if (batch_rows[i] < 0 || batch_rows[i] >= st->B())
       fail(op, "batch_rows: entry ", i, " is ", batch_rows[i], "; the last call had rows 0..",
-           st->B - 1, " (batch size ", st->B, ")");
+           st->B() - 1, " (batch size ", st->B(), ")");
   for (size_t i = 0; i < heads.size(); ++i)
     if (heads[i] < 0 || heads[i] >= st->H)
       fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", st->H);

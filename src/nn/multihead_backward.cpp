@@ -5,18 +5,15 @@
 //   concat = heads(attention(q, k, v)) * head gates                  [Q, D]
 //   out = concat W_o^T + b_o                                         [Q, num_hiddens]
 // (D = inner_dim(): num_hiddens unless heads were pruned)
-// and backward() runs it in reverse: W_o's linear backward, the attention
-// kernel's backward on the saved projections (kernels/attention_backward.h),
-// then the three projections' linear backwards.
+// and backward() runs it in reverse on the engine (nn/attention_engine.h):
+// W_o's linear backward, the head gates', the attention kernel's backward on
+// the saved projections, then the three projections' linear backwards.
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/attention_fused.h"
-#include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/multihead.h"
-#include "nn/attention_state.h"
-#include "nn/linear_backward.h"
+#include "nn/attention_engine.h"
 
 namespace mha {
 
@@ -110,11 +107,7 @@ Tensor MultiHeadAttention::last_dropout_mask() const {
   std::lock_guard state(state_mutex_);
   if (!state_)
     fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
-  Tensor mask({state_->B, state_->H, state_->Q, state_->K});
-  const kernels::Dropout dropout{last_dropout_p_, last_dropout_key_};
-  float* m = mask.data();
-  for (int64_t i = 0; i < mask.numel(); ++i) m[i] = dropout.multiplier(static_cast<uint64_t>(i));
-  return mask;
+  return nn::dropout_mask(*state_);
 }
 
 MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_output) {
@@ -123,64 +116,25 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   // forward() of another thread half-stored: hold both locks throughout.
   std::shared_lock params(params_mutex_);
   std::lock_guard state(state_mutex_);
-  if (!saved_.valid)
+  if (!state_ || !state_->for_backward)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");
-  const Tensor& X_q = saved_.queries;
-  const Tensor& X_k = saved_.keys;
-  const Tensor& X_v = saved_.values;
-  const int64_t B = X_q.size(0), Q = X_q.size(1), K = X_k.size(1);
-  // D: the inner width (q, k, v, concat); the output is num_hiddens wide.
-  const int64_t D = inner_dim(), H = num_heads_;
+  const nn::AttentionContext& ctx = *state_;
+  const int64_t B = ctx.B(), Q = ctx.Q;
   if (grad_output.shape() != Shape{B, Q, num_hiddens_})
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
          shape_str({B, Q, num_hiddens_}));
   ensure_grads();
-  auto grad_w = [&](int i) -> Tensor& { return grads_.at(std::string(kNames[i]) + ".weight"); };
-  auto grad_b = [&](int i) -> Tensor* {
-    return bias_ ? &grads_.at(std::string(kNames[i]) + ".bias") : nullptr;
+  auto grads_of = [&](int i) {
+    const std::string n = kNames[i];
+    return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
   };
-
-  // out = concat W_o^T + b_o.
-  Tensor d_concat({B, Q, D});
-  const nn::AttentionState& st = *state_;  // projections and heads' outputs of that forward
-  nn::linear_backward(W_o_, st.concat.data(), grad_output.data(), B * Q, d_concat.data(),
-                      grad_w(3), grad_b(3));
-  // concat = heads' outputs scaled by the head gates (src/nn/prune.cpp).
-  const Tensor& heads_out = saved_.ungated.empty() ? st.concat : saved_.ungated;
-  head_gates_backward(heads_out, d_concat);
-
-  // concat = heads(attention(q, k, v)): the kernel sees (B, h, L, d) views.
-  Tensor dq({B, Q, D}), dk({B, K, D}), dv({B, K, D});
-  kernels::AttentionBackward p;
-  p.q = st.proj.q.split_heads(H);
-  p.k = st.proj.k.split_heads(H);
-  p.v = st.proj.v.split_heads(H);
-  p.grad_out = d_concat.view().split_heads(H);
-  p.out = heads_out.view().split_heads(H);
-  kernels::set_lengths(p, st.lens);
-  p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
-  p.dropout = {last_dropout_p_, last_dropout_key_};
-  p.grad_q = dq.view().split_heads(H);
-  p.grad_k = dk.view().split_heads(H);
-  p.grad_v = dv.view().split_heads(H);
-  if (!st.stats.empty()) {
-    // The forward ran the fused kernel: the fused backward recomputes the
-    // weights tile by tile from its statistics (linear memory), and reads
-    // only the key rows that forward projected.
-    kernels::attention_backward_fused(p, st.stats.data(), st.stats.data() + B * H * Q);
-  } else {
-    std::lock_guard weights_lock(st.weights_mutex);
-    p.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
-    kernels::attention_backward(kernel_, p);
-  }
-
-  // q = X_q W_q^T + b_q, and likewise for k and v.
-  InputGrads g{Tensor(X_q.shape()), Tensor(X_k.shape()), Tensor(X_v.shape())};
-  nn::linear_backward(W_q_, X_q.data(), dq.data(), B * Q, g.queries.data(), grad_w(0), grad_b(0));
-  nn::linear_backward(W_k_, X_k.data(), dk.data(), B * K, g.keys.data(), grad_w(1), grad_b(1));
-  nn::linear_backward(W_v_, X_v.data(), dv.data(), B * K, g.values.data(), grad_w(2), grad_b(2));
-  return g;
+  nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
+  layers.head_gates = head_gates_.data();
+  nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
+  grads.head_gates = &head_gate_grad_;
+  nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
+  return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
 }
 
 }  // namespace mha

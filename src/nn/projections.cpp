@@ -7,6 +7,17 @@
 
 namespace mha::nn {
 
+TensorView RowLayout::heads(float* data, int64_t L, int64_t heads, int64_t d, int64_t ld) const {
+  TensorView v;
+  v.data = data;
+  v.rank = 4;
+  v.shape[0] = B; v.stride[0] = seq_first ? ld : L * ld;
+  v.shape[1] = heads; v.stride[1] = d;
+  v.shape[2] = L; v.stride[2] = seq_first ? B * ld : ld;
+  v.shape[3] = d; v.stride[3] = 1;
+  return v;
+}
+
 namespace {
 
 bool same_tensor(const Tensor& a, const Tensor& b) {
@@ -17,58 +28,73 @@ struct Output {
   const LazyLinear* layer;
   const std::vector<int64_t>* rows;  // rows needed per batch row; null: all
   TensorView* view;
+  int64_t heads;
 };
 
+// One input and the outputs it feeds, in the order q, v, k.
 struct Group {
   const Tensor* x;
-  std::vector<Output> outs;  // in the order q, v, k
+  int64_t L;   // the input's positions per batch row
+  int64_t Lb;  // the buffer's positions per batch row (>= L)
+  std::vector<Output> outs;
 };
 
 // Adds g's products to `batch`; the stacked biases they read go to `keep`.
-void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
+void project_group(const Group& g, const ProjectionShape& s, Projected& result, cpu::GemmBatch& batch,
                    std::vector<Tensor>& keep, std::vector<Tensor>* reuse) {
   const Tensor& x = *g.x;
-  const int64_t B = x.size(0), L = x.size(1), in = x.size(2);
+  const int64_t B = s.layout.B, L = g.L, Lb = g.Lb, in = x.size(-1);
   const int64_t n = static_cast<int64_t>(g.outs.size());
-  const int64_t D = g.outs[0].layer->out_features();
-  const int64_t ldc = n * D;
+  std::vector<int64_t> col(static_cast<size_t>(n + 1), 0);  // column offsets of the outputs
+  for (int64_t o = 0; o < n; ++o)
+    col[static_cast<size_t>(o + 1)] = col[static_cast<size_t>(o)] + g.outs[static_cast<size_t>(o)].layer->out_features();
+  const int64_t ldc = col[static_cast<size_t>(n)];
   const bool has_bias = g.outs[0].layer->has_bias();
-  Tensor buf = take_buffer({B, L, ldc}, reuse);
+  Tensor buf = take_buffer({B * Lb, ldc}, reuse);
 
   // [W_q; W_v; W_k] (those this input feeds) as one right-hand matrix, read
   // in place (GemmBatch::add_stacked), so that one product reads each input
   // row once; each output element's sum is the same as in a product of its
-  // own. Only the biases are stacked (n*D floats).
+  // own. Only the biases are stacked (ldc floats).
   Tensor b_stack;
   if (has_bias && n > 1) {
-    b_stack = Tensor({n * D});
-    for (int64_t o = 0; o < n; ++o)
-      std::memcpy(b_stack.data() + o * D, g.outs[static_cast<size_t>(o)].layer->bias().data(),
-                  sizeof(float) * D);
+    b_stack = Tensor({ldc});
+    for (int64_t o = 0; o < n; ++o) {
+      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
+      std::memcpy(b_stack.data() + col[static_cast<size_t>(o)], layer.bias().data(),
+                  sizeof(float) * static_cast<size_t>(layer.out_features()));
+    }
   }
-  // Rows [row0, row0 + rows) through outputs [o0, o1), written at their
-  // column blocks.
-  auto product = [&](int64_t row0, int64_t rows, int64_t o0, int64_t o1) {
+  // Input rows [x_row, x_row + rows) through outputs [o0, o1), written at
+  // buffer rows [c_row, ...) in their column blocks.
+  auto product = [&](int64_t x_row, int64_t c_row, int64_t rows, int64_t o0, int64_t o1) {
     if (rows <= 0 || o1 <= o0) return;
-    const float* X = x.data() + row0 * in;
-    float* C = buf.data() + row0 * ldc + o0 * D;
+    const float* X = x.data() + x_row * in;
+    float* C = buf.data() + c_row * ldc + col[static_cast<size_t>(o0)];
     if (o1 - o0 == 1) {
       const LazyLinear& layer = *g.outs[static_cast<size_t>(o0)].layer;
-      batch.add(rows, D, in, X, in, layer.weight().data(), in, true,
+      batch.add(rows, layer.out_features(), in, X, in, layer.weight().data(), in, true,
                 has_bias ? layer.bias().data() : nullptr, C, ldc);
       return;
     }
     std::vector<std::pair<const float*, int64_t>> weights;
-    for (int64_t o = o0; o < o1; ++o) weights.push_back({g.outs[static_cast<size_t>(o)].layer->weight().data(), D});
-    batch.add_stacked(rows, in, X, in, weights, has_bias ? b_stack.data() + o0 * D : nullptr, C, ldc);
+    for (int64_t o = o0; o < o1; ++o) {
+      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
+      weights.push_back({layer.weight().data(), layer.out_features()});
+    }
+    batch.add_stacked(rows, in, X, in, weights, has_bias ? b_stack.data() + col[static_cast<size_t>(o0)] : nullptr,
+                      C, ldc);
   };
 
   bool all_rows = true;
   for (const Output& o : g.outs)
     if (o.rows)
       for (int64_t r : *o.rows) all_rows = all_rows && r >= L;
-  if (all_rows) {
-    product(0, B * L, 0, n);
+  if (!s.layout.batch_major() || (all_rows && Lb == L)) {
+    // Position-major: the L given positions of every batch row are the
+    // first B*L rows of input and buffer alike. Batch-major without
+    // appended rows: the same rows too.
+    product(0, 0, B * L, 0, n);
   } else {
     std::vector<int64_t> need(static_cast<size_t>(n));
     for (int64_t b = 0; b < B; ++b) {
@@ -83,18 +109,14 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
       for (int64_t o = n; o >= 1; --o) {
         const int64_t lo = o < n ? need[static_cast<size_t>(o)] : 0;
         const int64_t hi = need[static_cast<size_t>(o - 1)];
-        product(b * L + lo, hi - lo, 0, o);
+        product(b * L + lo, b * Lb + lo, hi - lo, 0, o);
       }
     }
   }
 
   for (int64_t o = 0; o < n; ++o) {
-    TensorView& v = *g.outs[static_cast<size_t>(o)].view;
-    v.data = buf.data() + o * D;
-    v.rank = 3;
-    v.shape[0] = B; v.stride[0] = L * ldc;
-    v.shape[1] = L; v.stride[1] = ldc;
-    v.shape[2] = D; v.stride[2] = 1;
+    const Output& out = g.outs[static_cast<size_t>(o)];
+    *out.view = s.layout.heads(buf.data() + col[static_cast<size_t>(o)], Lb, out.heads, s.d, ldc);
   }
   result.buffers.push_back(std::move(buf));  // the heap block, and so the views, stay put
   if (!b_stack.empty()) keep.push_back(std::move(b_stack));  // read by batch.run()
@@ -104,26 +126,32 @@ void project_group(const Group& g, Projected& result, cpu::GemmBatch& batch,
 
 Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& values,
                       const LazyLinear& W_q, const LazyLinear& W_k, const LazyLinear& W_v,
-                      const RowNeeds& needs, std::vector<Tensor>* reuse) {
+                      const ProjectionShape& s, const RowNeeds& needs, std::vector<Tensor>* reuse) {
   Projected result;
+  const bool use_needs = s.layout.batch_major();
   const Output wanted[] = {
-      {&W_q, nullptr, &result.q},
-      {&W_v, needs.v_rows.empty() ? nullptr : &needs.v_rows, &result.v},
-      {&W_k, needs.k_rows.empty() ? nullptr : &needs.k_rows, &result.k},
+      {&W_q, nullptr, &result.q, s.H},
+      {&W_v, use_needs && !needs.v_rows.empty() ? &needs.v_rows : nullptr, &result.v, s.Hkv},
+      {&W_k, use_needs && !needs.k_rows.empty() ? &needs.k_rows : nullptr, &result.k, s.Hkv},
   };
   const Tensor* inputs[] = {&queries, &values, &keys};
+  const int64_t positions[] = {s.Q, s.K, s.K};
+  const int64_t buffer_positions[] = {s.Q, s.Kt, s.Kt};
   std::vector<Group> groups;
   for (int i = 0; i < 3; ++i) {
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const Group& g) { return same_tensor(*g.x, *inputs[i]); });
-    if (it == groups.end()) it = groups.insert(groups.end(), Group{inputs[i], {}});
+    // Outputs share a buffer when they read the same input into the same
+    // positions (queries join keys or values only without appended rows).
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return same_tensor(*g.x, *inputs[i]) && g.Lb == buffer_positions[i];
+    });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{inputs[i], positions[i], buffer_positions[i], {}});
     it->outs.push_back(wanted[i]);
   }
   // Every product of every input in one batch of row blocks: one parallel
   // region for all of them, however many batch rows padding splits them into.
   cpu::GemmBatch batch;
   std::vector<Tensor> stacks;
-  for (const Group& g : groups) project_group(g, result, batch, stacks, reuse);
+  for (const Group& g : groups) project_group(g, s, result, batch, stacks, reuse);
   batch.run();
   return result;
 }
@@ -139,12 +167,12 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
   return Tensor(shape);
 }
 
-void project_rows(const Tensor& x, const LazyLinear& layer, int64_t b, int64_t r0, int64_t r1,
+void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
                   const TensorView& dst) {
-  const int64_t L = x.size(1), in = x.size(2);
-  cpu::parallel_sgemm(r1 - r0, layer.out_features(), in, x.data() + (b * L + r0) * in, in,
-                      layer.weight().data(), in, true,
-                      layer.has_bias() ? layer.bias().data() : nullptr, dst.ptr(b, r0), dst.stride[1]);
+  const int64_t in = x.size(-1);
+  cpu::parallel_sgemm(p1 - p0, layer.out_features(), in, x.data() + (b * L + p0) * in, in,
+                      layer.weight().data(), in, true, layer.has_bias() ? layer.bias().data() : nullptr,
+                      dst.ptr(b, 0, p0), dst.stride[2]);
 }
 
 }  // namespace mha::nn

@@ -1,19 +1,24 @@
 // src/nn/projections.h: W_q, W_k, W_v applied with as few matrix products as
 // the inputs allow, and only to the rows attention will read.
 //
-//   queries:[B,Q,Dq] keys:[B,K,Dk] values:[B,K,Dv] -> q:[B,Q,D] k:[B,K,D] v:[B,K,D]
+//   queries:[B*Q rows, Dq] keys:[B*K rows, Dk] values:[B*K rows, Dv]  (rows in a RowLayout)
+//     -> q:(B,H,Q,d) k:(B,Hkv,Kt,d) v:(B,Hkv,Kt,d) head views
 //
 // Inputs that are the same tensor (self-attention: queries, keys and values
 // all one tensor; or keys = values) are projected by one product against the
 // layers' weights stacked as [W_q; W_v; W_k], so each input row is read once.
-// The outputs are column blocks of one (B, L, n*D) buffer, and q, k, v are
-// strided views of it: nothing is copied to split heads either.
+// The outputs are column blocks of one row buffer, and q, k, v are strided
+// head views of it: nothing is copied to split heads either. Key and value
+// buffers hold Kt >= K positions per batch row: the rows after the K given
+// ones are left for the caller to fill (appended keys), and are zero unless
+// the buffer was reused.
 //
-// Row needs: q rows are always all computed; batch row b needs v rows below
-// v_rows[b] and k rows below k_rows[b] (k_rows <= v_rows <= K), e.g. the
-// largest valid length of that row when padding is skipped. Rows past a need
-// stay 0. Stacking q, v, k in that order makes every row's need a prefix of
-// the stacked outputs, so each segment of rows is one product.
+// Row needs (batch-major layouts only): q rows are always all computed;
+// batch row b needs v rows below v_rows[b] and k rows below k_rows[b]
+// (k_rows <= v_rows <= K), e.g. the largest valid length of that row when
+// padding is skipped. Rows past a need are not written. Stacking q, v, k in
+// that order makes every row's need a prefix of the stacked outputs, so each
+// segment of rows is one product.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +29,24 @@
 
 namespace mha::nn {
 
+// How the rows of a call's buffers are ordered: rows are (b, position)
+// pairs, batch-major ([B, L, width]: the d2l chapter's layout, batch_first)
+// or position-major ([L, B, width]: PyTorch's default, and unbatched calls).
+struct RowLayout {
+  bool seq_first = false;
+  int64_t B = 0;
+  // The row of (b, pos) among B*L rows.
+  int64_t row(int64_t b, int64_t pos, int64_t L) const { return seq_first ? pos * B + b : b * L + pos; }
+  // A buffer of B*L rows (row stride ld) whose columns [0, heads*d) are seen
+  // as (B, heads, L, d).
+  TensorView heads(float* data, int64_t L, int64_t heads, int64_t d, int64_t ld) const;
+  // True when each batch row's positions are consecutive rows.
+  bool batch_major() const { return !seq_first || B == 1; }
+};
+
 struct Projected {
   std::vector<Tensor> buffers;  // owners of the views below
-  TensorView q, k, v;           // (B, L, D) views, innermost contiguous
+  TensorView q, k, v;           // (B, H, Q, d), (B, Hkv, Kt, d), (B, Hkv, Kt, d)
 };
 
 struct RowNeeds {
@@ -34,11 +54,19 @@ struct RowNeeds {
   std::vector<int64_t> v_rows;  // [B], empty: all K rows
 };
 
+struct ProjectionShape {
+  RowLayout layout;
+  int64_t Q = 0, K = 0, Kt = 0;  // query positions, given key positions, key rows per batch row
+  int64_t H = 0, Hkv = 0, d = 0;
+};
+
 // The layers must be initialised with the inputs' widths. Buffers are taken
-// from `reuse` where one has the shape wanted (see take_buffer).
+// from `reuse` where one has the shape wanted (see take_buffer). Needs are
+// honoured only in batch-major layouts (else all rows are projected).
 Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& values,
                       const LazyLinear& W_q, const LazyLinear& W_k, const LazyLinear& W_v,
-                      const RowNeeds& needs, std::vector<Tensor>* reuse = nullptr);
+                      const ProjectionShape& shape, const RowNeeds& needs,
+                      std::vector<Tensor>* reuse = nullptr);
 
 // A tensor of `shape`: one from `reuse` with that shape if there is one (its
 // contents are stale, for buffers that are fully written or whose stale rows
@@ -47,9 +75,10 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
 // forward.
 Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse);
 
-// dst rows [r0, r1) of batch row b = x rows [r0, r1) of b through `layer`.
-// x:[B,L,in] dst:(B, L, out) view
-void project_rows(const Tensor& x, const LazyLinear& layer, int64_t b, int64_t r0, int64_t r1,
+// Positions [p0, p1) of batch row b of x (batch-major, L positions per batch
+// row) through `layer`, written to the same positions of dst, a head view
+// (B, heads, Kt, d) of the layer's whole output.
+void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
                   const TensorView& dst);
 
 }  // namespace mha::nn

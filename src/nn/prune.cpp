@@ -19,7 +19,6 @@
 
 #include "mha/error.h"
 #include "mha/multihead.h"
-#include "nn/attention_state.h"
 
 namespace mha {
 
@@ -46,10 +45,6 @@ Tensor take_column_blocks(const Tensor& w, const std::vector<int64_t>& heads, in
       std::memcpy(out.data() + r * kept + static_cast<int64_t>(i) * d, w.data() + r * cols + heads[i] * d,
                   static_cast<size_t>(d) * sizeof(float));
   return out;
-}
-
-bool all_ones(const std::vector<float>& gates) {
-  return std::all_of(gates.begin(), gates.end(), [](float g) { return g == 1.0f; });
 }
 
 }  // namespace
@@ -86,48 +81,10 @@ void MultiHeadAttention::set_head_gates(const std::vector<float>& gates) {
   head_gates_ = gates;
 }
 
-Tensor MultiHeadAttention::apply_head_gates(Tensor& concat, bool keep) const {
-  // All ones (the default): nothing to do, nothing to keep.
-  if (all_ones(head_gates_)) return {};
-  Tensor ungated = keep ? concat : Tensor();
-  const int64_t d = head_dim_, width = inner_dim(), rows = concat.numel() / width;
-  float* x = concat.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < num_heads_; ++h) {
-      const float g = head_gates_[static_cast<size_t>(h)];
-      float* col = x + r * width + h * d;
-      for (int64_t c = 0; c < d; ++c) col[c] *= g;
-    }
-  return ungated;
-}
-
-void MultiHeadAttention::head_gates_backward(const Tensor& heads_out, Tensor& d_gated) {
-  // gated[., h*d + c] = g_h * out[., h*d + c], so
-  //   dL/dg_h = sum over rows and c of d_gated * out,  dL/dout = g_h * d_gated.
-  // Sums in double: a gate's gradient adds B*Q*d terms.
-  const int64_t d = head_dim_, width = inner_dim(), rows = d_gated.numel() / width;
-  std::vector<double> sums(static_cast<size_t>(num_heads_), 0.0);
-  const float* o = heads_out.data();
-  float* dg = d_gated.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < num_heads_; ++h) {
-      const float g = head_gates_[static_cast<size_t>(h)];
-      const float* oc = o + r * width + h * d;
-      float* dc = dg + r * width + h * d;
-      double s = 0.0;
-      for (int64_t c = 0; c < d; ++c) {
-        s += static_cast<double>(dc[c]) * oc[c];
-        dc[c] *= g;
-      }
-      sums[static_cast<size_t>(h)] += s;
-    }
-  for (int64_t h = 0; h < num_heads_; ++h) head_gate_grad_.data()[h] += static_cast<float>(sums[h]);
-}
-
 void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   static const char* op = "MultiHeadAttention.prune_heads";
   std::unique_lock params(params_mutex_);  // waits for running calls
-  std::lock_guard state(state_mutex_);     // saved_, state_, spare_
+  std::lock_guard state(state_mutex_);     // state_, spare_
   std::set<int64_t> remove;
   for (size_t i = 0; i < heads.size(); ++i) {
     const int64_t h = heads[i];
@@ -180,7 +137,6 @@ void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   // gradient tensors are emptied, not erased: parameters() handed out
   // pointers to them, and ensure_grads() refills them with zeros.
   for (auto& [name, g] : grads_) g = Tensor();
-  saved_ = {};
   state_.reset();
   spare_.clear();
 }

@@ -8,79 +8,24 @@
 #include <cmath>
 #include <vector>
 
-#include "core/finite.h"
-#include "kernels/attention_fused.h"
-#include "kernels/attention_params.h"
-#include "kernels/dispatch.h"
-#include "kernels/features.h"
+#include "core/memory.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
-#include "nn/torch_mha_impl.h"
+#include "nn/attention_engine.h"
 
 namespace mha {
-
-namespace nn {
-
-TensorView head_view(float* data, const TorchMhaGeometry& g, int64_t L, int64_t heads, int64_t d) {
-  const int64_t width = heads * d;
-  TensorView v;
-  v.data = data;
-  v.rank = 4;
-  v.shape[0] = g.B; v.stride[0] = g.seq_first ? width : L * width;
-  v.shape[1] = heads; v.stride[1] = d;
-  v.shape[2] = L; v.stride[2] = g.seq_first ? g.B * width : width;
-  v.shape[3] = d; v.stride[3] = 1;
-  return v;
-}
-
-kernels::MaskOptions TorchMhaMasks::options() const {
-  kernels::MaskOptions m;
-  m.key_keep = key_keep.empty() ? nullptr : key_keep.data();
-  m.key_bias = key_bias.empty() ? nullptr : key_bias.data();
-  m.pair_keep = pair_keep.empty() ? nullptr : pair_keep.data();
-  m.pair_bias = pair_bias.empty() ? nullptr : pair_bias.data();
-  m.pair_stride_b = pair_stride_b;
-  m.pair_stride_h = pair_stride_h;
-  m.causal = causal;
-  m.fill = neg_inf_fill ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
-  m.fully_masked = fully_masked;
-  return m;
-}
-
-}  // namespace nn
 
 namespace {
 
 const char* kForward = "TorchMultiheadAttention.forward";
-using Geometry = nn::TorchMhaGeometry;
-using nn::head_view;
 
-// x:[B*K rows, in] -> out:[B*Kt rows, width]: the projection of the K given
-// keys, then the bias row (bias_k / bias_v, if any) at position K of every
-// batch row; any position after that (add_zero_attn's) stays zero.
-// `rows` ([B] or empty: all): project only the first rows[b] positions of
-// batch row b (batch-first, no appended rows); the others stay zero.
-std::vector<float> project_keys(const LazyLinear& layer, const Tensor& x, const Geometry& g,
-                                const Tensor& extra_row, const std::vector<int64_t>& rows = {}) {
-  const int64_t width = layer.out_features(), in = layer.in_features();
-  std::vector<float> out(static_cast<size_t>(g.B * g.Kt * width), 0.0f);
-  if (!rows.empty()) {
-    for (int64_t b = 0; b < g.B; ++b)
-      if (rows[static_cast<size_t>(b)] > 0)
-        layer.forward_rows(x.data() + b * g.K * in, rows[static_cast<size_t>(b)], out.data() + b * g.K * width,
-                           width);
-  } else if (g.seq_first || g.Kt == g.K) {
-    // The K given positions are the first B*K rows in both layouts here.
-    layer.forward_rows(x.data(), g.B * g.K, out.data(), width);
-  } else {
-    for (int64_t b = 0; b < g.B; ++b)
-      layer.forward_rows(x.data() + b * g.K * in, g.K, out.data() + b * g.Kt * width, width);
-  }
-  if (!extra_row.empty())
-    for (int64_t b = 0; b < g.B; ++b)
-      std::copy(extra_row.data(), extra_row.data() + width, out.data() + g.row(b, g.K, g.Kt) * width);
-  return out;
-}
+// The call's geometry. Rows of every buffer are (b, position) pairs in the
+// caller's layout: b-major when batch_first, position-major otherwise (and
+// for an unbatched call, B = 1).
+struct Geometry {
+  bool seq_first = false;
+  int64_t B = 0, Q = 0, K = 0, Kt = 0;  // Kt: keys after bias_k/bias_v and the zero key
+};
 
 // A mask whose last axis has K entries, padded to Kt with `pad` per row.
 template <typename T>
@@ -115,66 +60,12 @@ bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
   return false;
 }
 
-// [B] or empty (all): the key and value rows of each batch row that the
-// fused kernel can read, when a boolean key padding mask lets it skip the
-// rest. The kernel reads no key past a row's last kept key; the policy for
-// fully masked rows reads every value row only under Uniform, so rows whose
-// queries might all be masked (no kept key, or attn_mask / causal in play)
-// are projected in full then. A non-finite value input past the limit is
-// projected too: PyTorch multiplies it by weight 0, and NaN reaches the
-// outputs (nonfinite_value_rows then has the kernel read the row in full).
-// Only batch-first rows without appended keys are contiguous per batch row.
-std::vector<int64_t> key_rows_read(const Mask& kpm, const Mask& am, Causal causal, FullyMaskedRows policy,
-                                   const Tensor& value, const Geometry& g) {
-  std::vector<int64_t> rows;
-  if (!kpm.is_keep() || g.Kt != g.K || (g.seq_first && g.B > 1)) return rows;
-  const bool other_masks = !am.is_none() || causal != Causal::None;
-  const int64_t width = value.size(-1);
-  const uint8_t* keep = kpm.keep_data();
-  bool skips = false;
-  rows.assign(static_cast<size_t>(g.B), g.K);
-  for (int64_t b = 0; b < g.B; ++b) {
-    int64_t n = 0;  // last kept key + 1
-    for (int64_t j = g.K - 1; j >= 0; --j)
-      if (keep[b * g.K + j]) {
-        n = j + 1;
-        break;
-      }
-    if (policy == FullyMaskedRows::Uniform && (n == 0 || other_masks)) continue;
-    const float* v = value.data() + (b * g.K + n) * width;
-    bool finite = true;
-    for (int64_t x = 0; x < (g.K - n) * width; ++x) finite &= std::isfinite(v[x]);
-    if (!finite) continue;
-    rows[static_cast<size_t>(b)] = n;
-    skips |= n < g.K;
-  }
-  if (!skips) rows.clear();
-  return rows;
-}
-
-// [B]: 1 for each batch row with a non-finite projected value row, or
-// empty when there is none. v: [B*Kt rows, width] in g's row order.
-std::vector<uint8_t> nonfinite_value_rows(const std::vector<float>& v, const Geometry& g,
-                                          int64_t width) {
-  std::vector<uint8_t> flag;
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t pos = 0; pos < g.Kt; ++pos) {
-      const float* row = v.data() + g.row(b, pos, g.Kt) * width;
-      bool finite = true;
-      for (int64_t c = 0; c < width; ++c) finite &= std::isfinite(row[c]);
-      if (finite) continue;
-      if (flag.empty()) flag.assign(static_cast<size_t>(g.B), 0);
-      flag[static_cast<size_t>(b)] = 1;
-      break;
-    }
-  return flag;
-}
-
-}  // namespace
-
-nn::TorchMhaMasks nn::build_masks(const Mask& kpm, const Mask& am, Causal causal, const Geometry& g,
-                                  int64_t H, FullyMaskedRows policy) {
-  TorchMhaMasks m;
+// Masks of one call over the Kt keys (appended keys always take part); shapes
+// already checked. The fill (-inf) and the policy are set only when something
+// masks, so that an unmasked call runs as the d2l chapter's.
+nn::AttentionMasks build_masks(const Mask& kpm, const Mask& am, Causal causal, const Geometry& g,
+                               int64_t H, FullyMaskedRows policy) {
+  nn::AttentionMasks m;
   // The fill and the policy only matter where something masks; leaving them
   // at their defaults otherwise lets a kernel without them run the plain case.
   if (!kpm.is_none() || !am.is_none() || causal != Causal::None) {
@@ -209,6 +100,8 @@ nn::TorchMhaMasks nn::build_masks(const Mask& kpm, const Mask& am, Causal causal
   return m;
 }
 
+}  // namespace
+
 TorchMhaResult TorchMultiheadAttention::operator()(const Tensor& query, const Tensor& key,
                                                    const Tensor& value, const Mask& key_padding_mask,
                                                    bool need_weights, const Mask& attn_mask,
@@ -225,7 +118,6 @@ TorchMhaResult TorchMultiheadAttention::operator()(const Tensor& query, const Te
 TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key,
                                                 const Tensor& value, const TorchMhaCall& call) {
   const int64_t E = embed_dim_, H = num_heads_, Hkv = num_kv_heads_, d = head_dim();
-  const int64_t Ekv = Hkv * d;
   // --- shapes ---
   const bool batched = query.dim() == 3;
   if (query.dim() != 2 && query.dim() != 3)
@@ -270,94 +162,39 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
                    am3 ? Shape{batched ? g.B * H : H, g.Q, g.K} : Shape{g.Q, g.K});
   check_mask_sum(kpm, am, g.K);
 
-  // --- projections; k and v get their appended rows ---
-  Tensor q_proj({g.B * g.Q, E});
-  q_proj_.forward_rows(query.data(), g.B * g.Q, q_proj.data(), E);
-  const Tensor bk = has_bias_kv() ? bias_k_.reshape({Ekv}) : Tensor();
-  const Tensor bv = has_bias_kv() ? bias_v_.reshape({Ekv}) : Tensor();
-  // The fused kernel skips keys past a key padding mask's last kept key:
-  // their projections are skipped too.
-  const bool fused = kernel_ == AttentionKernel::Fused && g.Kt <= kernels::kFusedMaxKeys;
-  const std::vector<int64_t> rows =
-      fused ? key_rows_read(kpm, am, call.causal, fully_masked_, value, g) : std::vector<int64_t>{};
-  std::vector<float> k_proj = project_keys(k_proj_, key, g, bk, rows);
-  std::vector<float> v_proj = project_keys(v_proj_, value, g, bv, rows);
-
-  kernels::AttentionForward p;
-  Tensor concat({g.B * g.Q, E});
-  p.q = head_view(q_proj.data(), g, g.Q, H, d);
-  p.k = head_view(k_proj.data(), g, g.Kt, Hkv, d);
-  p.v = head_view(v_proj.data(), g, g.Kt, Hkv, d);
-  p.out = head_view(concat.data(), g, g.Q, H, d);
-  // A training-mode forward keeps what backward() needs; the weights only
-  // when the caller wants them (else the backward recomputes them).
-  const bool keep = training_;
-  Tensor weights;
-  if (call.need_weights) {
-    weights = Tensor({g.B, H, g.Q, g.Kt});
-    p.weights = weights.data();
-  }
-  p.scale_divisor = std::sqrt(static_cast<float>(d));
-  if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-  nn::TorchMhaMasks masks = nn::build_masks(kpm, am, call.causal, g, H, fully_masked_);
-  p.masks = masks.options();
-
-  // The fused kernel (key axes up to kFusedMaxKeys) keeps the softmax
-  // statistics for the backward instead of the weights.
-  std::vector<float> stats;
-  if (fused && kernels::supports(AttentionKernel::Fused, p)) {
-    const int64_t n = g.B * H * g.Q;
-    if (keep) stats.resize(static_cast<size_t>(2 * n));
-    // A value row the kernel would skip (past a row's last live key) still
-    // reaches the outputs when it is not finite (0 * NaN), as in PyTorch:
-    // such batch rows are read in full.
-    const std::vector<uint8_t> read_all = nonfinite_value_rows(v_proj, g, Ekv);
-    kernels::attention_forward_fused(
-        p, keep ? kernels::SoftmaxStats{stats.data(), stats.data() + n} : kernels::SoftmaxStats{},
-        {read_all.empty() ? nullptr : read_all.data()});
-  } else {
-    kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
-  }
-
+  // --- the engine (nn/attention_engine.h) ---
+  nn::EngineCall c;
+  c.op = kForward;
+  c.inputs = "query, key, value";
+  c.layout = {g.seq_first, g.B};
+  c.Q = g.Q, c.K = g.K;
+  c.H = H, c.Hkv = Hkv, c.d = d;
+  c.out_shape = query.shape();
+  c.masks = build_masks(kpm, am, call.causal, g, H, fully_masked_);
+  c.kernel = kernel_;
+  c.need_weights = call.need_weights;
+  c.keep_for_backward = training_;  // a training-mode forward keeps what backward() needs
+  nn::EngineLayers layers{&q_proj_, &k_proj_, &v_proj_, &out_proj_};
+  layers.bias_k = has_bias_kv() ? bias_k_.data() : nullptr;
+  layers.bias_v = has_bias_kv() ? bias_v_.data() : nullptr;
+  layers.zero_row = add_zero_attn_;
+  core::MemoryPlan plan(kForward);
+  nn::add_call_memory(plan, c, layers, E);
+  plan.check();
+  if (training_ && dropout_ > 0.0f) c.dropout = {dropout_, gen_.next()};
+  const kernels::Dropout dropout = c.dropout;
+  nn::EngineOutput r = nn::attention_forward(query, key, value, layers, std::move(c));
+  if (training_) saved_ = std::move(r.context);
+  else saved_.reset();
   TorchMhaResult result;
-  result.output = Tensor(query.shape());
-  out_proj_.forward_rows(concat.data(), g.B * g.Q, result.output.data(), E);
-  // Finite inputs and parameters whose projections or scores overflow
-  // float32 (inputs ~1e20) would give NaN: an error instead (NaN or infinite
-  // inputs are computed through, as PyTorch does).
-  if (!core::all_finite(result.output) && core::all_finite(query) && core::all_finite(key) &&
-      core::all_finite(value)) {
-    bool finite = true;
-    for (const auto& [name, t] : state_dict()) finite = finite && core::all_finite(t);
-    if (finite)
-      fail(kForward, "finite query, key, value and parameters give a projection or score that overflows float32 "
-           "(largest input magnitude ", std::fmax(core::max_abs(query), std::fmax(core::max_abs(key), core::max_abs(value))),
-           "); scale the inputs down");
-  }
-  if (keep) {
-    auto saved = std::make_shared<nn::TorchMhaSaved>();
-    saved->g = g;
-    saved->query = query;
-    saved->key = key;
-    saved->value = value;
-    saved->q = std::move(q_proj);
-    saved->k = std::move(k_proj);
-    saved->v = std::move(v_proj);
-    saved->concat = std::move(concat);
-    saved->weights = weights;  // a copy: dropout and averaging change `weights` below
-    saved->masks = std::move(masks);
-    saved->dropout = p.dropout;
-    saved->stats = std::move(stats);
-    saved_ = std::move(saved);
-  } else {
-    saved_.reset();
-  }
+  result.output = std::move(r.output);
+  Tensor weights = std::move(r.weights);
   if (!call.need_weights) return result;
   // PyTorch returns the weights after dropout; the kernel's are before it,
   // and its counter-based mask is recomputed here from the same key.
-  if (p.dropout.active())
+  if (dropout.active())
     for (int64_t x = 0; x < weights.numel(); ++x)
-      weights.data()[x] *= p.dropout.multiplier(static_cast<uint64_t>(x));
+      weights.data()[x] *= dropout.multiplier(static_cast<uint64_t>(x));
   if (call.average_attn_weights) {
     Tensor avg({g.B, g.Q, g.Kt}, 0.0f);
     const int64_t QK = g.Q * g.Kt;

@@ -6,22 +6,18 @@
 //   v = value W_v^T + b_v, then bias_v and a zero row      [B*S' rows, E_kv]
 //   concat = heads(attention(q, k, v; masks, dropout))     [B*L rows, E]
 //   out = concat W_o^T + b_o                               [B*L rows, E]
-// and backward() runs it in reverse: out_proj's linear backward, the
-// attention kernel's backward on the saved projections with the forward's
-// masks and dropout key (kernels/attention_backward.h), the appended rows'
+// and backward() runs it in reverse on the engine (nn/attention_engine.h):
+// out_proj's linear backward, the attention kernel's backward on the saved
+// projections with the forward's masks and dropout key, the appended rows'
 // gradients (bias_k/bias_v sum theirs over the batch; the zero row's is
 // dropped), then the three projections' linear backwards.
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "kernels/attention_backward.h"
-#include "kernels/attention_fused.h"
-#include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
-#include "nn/linear_backward.h"
-#include "nn/torch_mha_impl.h"
+#include "nn/attention_engine.h"
 
 namespace mha {
 
@@ -29,31 +25,6 @@ namespace {
 
 // Layers in the order of PyTorch's parameters(): q, k, v projections, out.
 const char* const kLayers[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
-
-// dy:[B*S' rows, width] -> the gradient of the K given rows through
-// `layer` (x:[B*K rows, in] -> dx), laid out as project_keys() wrote them.
-void keys_backward(const LazyLinear& layer, const Tensor& x, const float* dy,
-                   const nn::TorchMhaGeometry& g, Tensor& dx, Tensor& dW, Tensor* db) {
-  const int64_t width = layer.out_features(), in = layer.in_features();
-  if (g.seq_first || g.Kt == g.K) {
-    // The K given positions are the first B*K rows in both layouts here.
-    nn::linear_backward(layer, x.data(), dy, g.B * g.K, dx.data(), dW, db);
-    return;
-  }
-  for (int64_t b = 0; b < g.B; ++b)
-    nn::linear_backward(layer, x.data() + b * g.K * in, dy + b * g.Kt * width, g.K,
-                        dx.data() + b * g.K * in, dW, db);
-}
-
-// grad (1, 1, width) += the sum over the batch of dy's row at position K.
-void appended_row_backward(const float* dy, const nn::TorchMhaGeometry& g, int64_t width,
-                           Tensor& grad) {
-  for (int64_t c = 0; c < width; ++c) {
-    double sum = 0.0;
-    for (int64_t b = 0; b < g.B; ++b) sum += dy[g.row(b, g.K, g.Kt) * width + c];
-    grad.data()[c] += static_cast<float>(sum);
-  }
-}
 
 }  // namespace
 
@@ -76,35 +47,6 @@ void TorchMultiheadAttention::ensure_grads() {
 void TorchMultiheadAttention::zero_grad() {
   ensure_grads();
   for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
-}
-
-StateDict TorchMultiheadAttention::grads() const {
-  auto grad = [&](const std::string& name, const Tensor& like) {
-    auto it = grads_.find(name);
-    return it != grads_.end() ? it->second : Tensor(like.shape());
-  };
-  StateDict s;
-  const Tensor wq = grad("q_proj.weight", q_proj_.weight());
-  const Tensor wk = grad("k_proj.weight", k_proj_.weight());
-  const Tensor wv = grad("v_proj.weight", v_proj_.weight());
-  if (packed_) {
-    s["in_proj_weight"] = nn::concat_rows(wq, wk, wv);
-  } else {
-    s["q_proj_weight"] = wq;
-    s["k_proj_weight"] = wk;
-    s["v_proj_weight"] = wv;
-  }
-  if (bias_) {
-    s["in_proj_bias"] = nn::concat_rows(grad("q_proj.bias", q_proj_.bias()), grad("k_proj.bias", k_proj_.bias()),
-                                    grad("v_proj.bias", v_proj_.bias()));
-    s["out_proj.bias"] = grad("out_proj.bias", out_proj_.bias());
-  }
-  s["out_proj.weight"] = grad("out_proj.weight", out_proj_.weight());
-  if (has_bias_kv()) {
-    s["bias_k"] = grad("bias_k", bias_k_);
-    s["bias_v"] = grad("bias_v", bias_v_);
-  }
-  return s;
 }
 
 ParamList TorchMultiheadAttention::parameters() {
@@ -134,11 +76,7 @@ Tensor TorchMultiheadAttention::last_dropout_mask() const {
   if (!saved_)
     fail("TorchMultiheadAttention.last_dropout_mask",
          "no training-mode forward since the last eval-mode one: there is no mask to show");
-  const nn::TorchMhaGeometry& g = saved_->g;
-  Tensor mask({g.B, num_heads_, g.Q, g.Kt});
-  float* m = mask.data();
-  for (int64_t i = 0; i < mask.numel(); ++i) m[i] = saved_->dropout.multiplier(static_cast<uint64_t>(i));
-  return mask;
+  return nn::dropout_mask(*saved_);
 }
 
 TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tensor& grad_output) {
@@ -146,65 +84,25 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tens
   if (!saved_)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");
-  const nn::TorchMhaSaved& s = *saved_;
-  const nn::TorchMhaGeometry& g = s.g;
-  const int64_t E = embed_dim_, H = num_heads_, Hkv = num_kv_heads_, d = head_dim();
-  const int64_t Ekv = Hkv * d;
-  if (grad_output.shape() != s.query.shape())
+  if (grad_output.shape() != saved_->queries.shape())
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
-         shape_str(s.query.shape()));
+         shape_str(saved_->queries.shape()));
   ensure_grads();
-  auto grad = [&](int layer, const char* what) -> Tensor& {
-    return grads_.at(std::string(kLayers[layer]) + what);
+  auto grads_of = [&](int layer) {
+    const std::string n = kLayers[layer];
+    return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
   };
-  auto grad_b = [&](int layer) -> Tensor* { return bias_ ? &grad(layer, ".bias") : nullptr; };
-
-  // out = concat W_o^T + b_o.
-  Tensor d_concat({g.B * g.Q, E});
-  nn::linear_backward(out_proj_, s.concat.data(), grad_output.data(), g.B * g.Q, d_concat.data(),
-                      grad(3, ".weight"), grad_b(3));
-
-  // concat = heads(attention(q, k, v)) with the forward's masks and dropout.
-  Tensor dq({g.B * g.Q, E});
-  std::vector<float> dk(s.k.size()), dv(s.v.size());
-  auto view = [&](const float* data, int64_t L, int64_t heads) {
-    return nn::head_view(const_cast<float*>(data), g, L, heads, d);
-  };
-  kernels::AttentionBackward p;
-  p.q = view(s.q.data(), g.Q, H);
-  p.k = view(s.k.data(), g.Kt, Hkv);
-  p.v = view(s.v.data(), g.Kt, Hkv);
-  p.grad_out = view(d_concat.data(), g.Q, H);
-  p.out = view(s.concat.data(), g.Q, H);
-  p.scale_divisor = std::sqrt(static_cast<float>(d));
-  p.dropout = s.dropout;
-  p.masks = s.masks.options();
-  p.weights = s.weights.empty() ? nullptr : s.weights.data();
-  p.grad_q = view(dq.data(), g.Q, H);
-  p.grad_k = view(dk.data(), g.Kt, Hkv);
-  p.grad_v = view(dv.data(), g.Kt, Hkv);
-  if (!s.stats.empty()) {
-    // The forward ran the fused kernel: its backward recomputes P from the
-    // saved statistics, tile by tile.
-    const size_t n = s.stats.size() / 2;
-    kernels::attention_backward_fused(p, s.stats.data(), s.stats.data() + n);
-  } else {
-    kernels::attention_backward(kernel_, p);  // falls back to a backward with every option used
-  }
-
-  // bias_k / bias_v: row K of every batch row's keys / values.
+  nn::EngineLayers layers{&q_proj_, &k_proj_, &v_proj_, &out_proj_};
+  nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
   if (has_bias_kv()) {
-    appended_row_backward(dk.data(), g, Ekv, grads_.at("bias_k"));
-    appended_row_backward(dv.data(), g, Ekv, grads_.at("bias_v"));
+    layers.bias_k = bias_k_.data();
+    layers.bias_v = bias_v_.data();
+    grads.bias_k = &grads_.at("bias_k");
+    grads.bias_v = &grads_.at("bias_v");
   }
-
-  // q = query W_q^T + b_q, and likewise for the K given keys and values.
-  InputGrads out{Tensor(s.query.shape()), Tensor(s.key.shape()), Tensor(s.value.shape())};
-  nn::linear_backward(q_proj_, s.query.data(), dq.data(), g.B * g.Q, out.query.data(),
-                      grad(0, ".weight"), grad_b(0));
-  keys_backward(k_proj_, s.key, dk.data(), g, out.key, grad(1, ".weight"), grad_b(1));
-  keys_backward(v_proj_, s.value, dv.data(), g, out.value, grad(2, ".weight"), grad_b(2));
-  return out;
+  layers.zero_row = add_zero_attn_;
+  nn::EngineInputGrads g = nn::attention_backward(*saved_, layers, grad_output, grads);
+  return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
 }
 
 }  // namespace mha

@@ -6,7 +6,6 @@
 #include "mha/error.h"
 #include "mha/safetensors.h"
 #include "mha/torch_mha.h"
-#include "nn/torch_mha_impl.h"
 
 namespace mha {
 
@@ -33,9 +32,9 @@ void want_shape(const StateDict& s, const std::string& name, const Shape& wanted
     fail(kLoad, name, ": shape ", shape_str(t.shape()), " is not ", shape_str(wanted), why);
 }
 
-}  // namespace
-
-Tensor nn::concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
+// a, b, c stacked along axis 0 (PyTorch's packed in_proj_weight / in_proj_bias
+// from the q, k, v parts): [Na, ...], [Nb, ...], [Nc, ...] -> [Na+Nb+Nc, ...].
+Tensor concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   std::vector<float> all(a.values());
   all.insert(all.end(), b.values().begin(), b.values().end());
   all.insert(all.end(), c.values().begin(), c.values().end());
@@ -43,6 +42,8 @@ Tensor nn::concat_rows(const Tensor& a, const Tensor& b, const Tensor& c) {
   shape[0] = a.size(0) + b.size(0) + c.size(0);
   return Tensor(shape, std::move(all));
 }
+
+}  // namespace
 
 
 TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_heads,
@@ -179,20 +180,49 @@ TorchMultiheadAttention TorchMultiheadAttention::from_safetensors(const std::str
 StateDict TorchMultiheadAttention::state_dict() const {
   StateDict s;
   if (packed_) {
-    s["in_proj_weight"] = nn::concat_rows(q_proj_.weight(), k_proj_.weight(), v_proj_.weight());
+    s["in_proj_weight"] = concat_rows(q_proj_.weight(), k_proj_.weight(), v_proj_.weight());
   } else {
     s["q_proj_weight"] = q_proj_.weight();
     s["k_proj_weight"] = k_proj_.weight();
     s["v_proj_weight"] = v_proj_.weight();
   }
   if (bias_) {
-    s["in_proj_bias"] = nn::concat_rows(q_proj_.bias(), k_proj_.bias(), v_proj_.bias());
+    s["in_proj_bias"] = concat_rows(q_proj_.bias(), k_proj_.bias(), v_proj_.bias());
     s["out_proj.bias"] = out_proj_.bias();
   }
   s["out_proj.weight"] = out_proj_.weight();
   if (has_bias_kv()) {
     s["bias_k"] = bias_k_;
     s["bias_v"] = bias_v_;
+  }
+  return s;
+}
+
+StateDict TorchMultiheadAttention::grads() const {
+  auto grad = [&](const std::string& name, const Tensor& like) {
+    auto it = grads_.find(name);
+    return it != grads_.end() ? it->second : Tensor(like.shape());
+  };
+  StateDict s;
+  const Tensor wq = grad("q_proj.weight", q_proj_.weight());
+  const Tensor wk = grad("k_proj.weight", k_proj_.weight());
+  const Tensor wv = grad("v_proj.weight", v_proj_.weight());
+  if (packed_) {
+    s["in_proj_weight"] = concat_rows(wq, wk, wv);
+  } else {
+    s["q_proj_weight"] = wq;
+    s["k_proj_weight"] = wk;
+    s["v_proj_weight"] = wv;
+  }
+  if (bias_) {
+    s["in_proj_bias"] = concat_rows(grad("q_proj.bias", q_proj_.bias()), grad("k_proj.bias", k_proj_.bias()),
+                                    grad("v_proj.bias", v_proj_.bias()));
+    s["out_proj.bias"] = grad("out_proj.bias", out_proj_.bias());
+  }
+  s["out_proj.weight"] = grad("out_proj.weight", out_proj_.weight());
+  if (has_bias_kv()) {
+    s["bias_k"] = grad("bias_k", bias_k_);
+    s["bias_v"] = grad("bias_v", bias_v_);
   }
   return s;
 }

@@ -1,0 +1,172 @@
+// src/nn/attention_engine.h: the one attention engine both modules run on.
+//
+// MultiHeadAttention (the d2l chapter's module) and TorchMultiheadAttention
+// (nn.MultiheadAttention's drop-in) are adapters over this: they check and
+// translate their arguments into an EngineCall, and the engine does the rest,
+// the same way for both:
+//
+//   queries:[rows_q, Dq] keys:[rows_k, Dk] values:[rows_k, Dv]   (rows in the call's RowLayout)
+//     q = queries W_q^T (+b)   k = keys W_k^T (+b), then bias_k / a zero row    [B*Kt rows, Hkv*d]
+//                              v = values W_v^T (+b), then bias_v / a zero row
+//     concat = heads(attention(q, k, v; lengths, masks, dropout))              [B*Q rows, H*d]
+//     out = (concat * head gates) W_o^T (+b)                                   [B*Q rows, Dout]
+//
+// 1. plans which key and value rows attention reads (nn/row_plan.h: rows past
+//    every length or past the last kept key are neither projected nor read),
+// 2. projects q, k, v with one product per distinct input (nn/projections.h),
+//    appends bias_k / bias_v and zero rows,
+// 3. runs the chosen kernel into the heads' concatenation, in the caller's row
+//    layout (heads are strided views: no transposes),
+// 4. applies the head gates and W_o,
+// and returns the output and an AttentionContext: what attention_weights()
+// and the backward need from this call. attention_backward() mirrors it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/attention_params.h"
+#include "kernels/dropout.h"
+#include "mha/attention.h"
+#include "mha/linear.h"
+#include "mha/masks.h"
+#include "mha/tensor.h"
+#include "mha/valid_lens.h"
+#include "nn/projections.h"
+
+namespace mha::nn {
+
+// The layers of one module; read, never written, by a call.
+struct EngineLayers {
+  const LazyLinear* q = nullptr;  // W_q:[H*d, Dq]
+  const LazyLinear* k = nullptr;  // W_k:[Hkv*d, Dk]
+  const LazyLinear* v = nullptr;  // W_v:[Hkv*d, Dv]
+  const LazyLinear* o = nullptr;  // W_o:[Dout, H*d]
+  // [Hkv*d] each, or null: a key and a value row appended after the K given
+  // positions of every batch row (PyTorch's add_bias_kv).
+  const float* bias_k = nullptr;
+  const float* bias_v = nullptr;
+  bool zero_row = false;  // a zero key and value row after those (add_zero_attn)
+  // [H] or null (all 1): each head's output is scaled by its gate before W_o.
+  const float* head_gates = nullptr;
+};
+
+// Masks beyond the d2l chapter's valid lengths, owned, so that a context can
+// keep them for its backward. Over the Kt keys of the projected rows (the
+// appended keys take part unless a mask says otherwise).
+struct AttentionMasks {
+  std::vector<uint8_t> key_keep, pair_keep;  // [B,Kt]; [slices,Q,Kt]
+  std::vector<float> key_bias, pair_bias;    // [B,Kt]; [slices,Q,Kt]
+  int64_t pair_stride_b = 0, pair_stride_h = 0;
+  Causal causal = Causal::None;
+  bool neg_inf_fill = false;  // masked scores are -inf (PyTorch) instead of -1e6 (the d2l chapter)
+  FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
+
+  bool any() const {
+    return !key_keep.empty() || !pair_keep.empty() || !key_bias.empty() || !pair_bias.empty() ||
+           causal != Causal::None;
+  }
+  // The kernel's view, pointing into the vectors above.
+  kernels::MaskOptions options() const;
+};
+
+// One call, as the engine runs it.
+struct EngineCall {
+  const char* op = "";       // the public operation, for error messages
+  const char* inputs = "";   // how it names its inputs ("queries, keys and values")
+  RowLayout layout;          // B and the order of rows
+  int64_t Q = 0, K = 0;      // query positions; given key positions
+  int64_t H = 0, Hkv = 0, d = 0;  // query heads, key/value heads (dividing H), head width
+  Shape out_shape;           // the output's shape ([B*Q rows, Dout] in the layout)
+  ValidLens lens;            // the d2l chapter's valid lengths (checked)
+  AttentionMasks masks;
+  AttentionKernel kernel = AttentionKernel::Fused;
+  kernels::Dropout dropout;  // p and key; inactive outside training
+  bool need_weights = false;      // return every (B, H, Q, Kt) weight (before dropout)
+  bool keep_for_backward = false;  // the context keeps what attention_backward() needs
+  bool keep_for_weights = false;   // the context can give any weights later
+
+  int64_t Kt(const EngineLayers& l) const { return K + (l.bias_k ? 1 : 0) + (l.zero_row ? 1 : 0); }
+};
+
+// What a forward keeps (see the file comment); its backward and its weights
+// come from it alone and the layers.
+struct AttentionContext {
+  RowLayout layout;
+  int64_t Q = 0, K = 0, Kt = 0, H = 0, Hkv = 0, d = 0;
+  float scale_divisor = 1.0f;
+  AttentionKernel kernel = AttentionKernel::Fused;
+  ValidLens lens;
+  AttentionMasks masks;
+  kernels::Dropout dropout;
+  std::vector<uint8_t> read_all_keys;  // [B] or empty: rows the fused kernel read in full
+  Projected proj;                      // q:(B,H,Q,d) k,v:(B,Hkv,Kt,d) views (empty when not needed)
+  Tensor concat;                       // [B*Q rows, H*d]: W_o's input (after the gates)
+  Tensor ungated;                      // the heads' outputs before the gates; empty when all are 1
+  std::vector<float> stats;            // [2,B,H,Q]: row_max2 then row_sum of a fused forward
+  Tensor queries, keys, values;        // the inputs (for the backward; empty otherwise)
+  bool for_backward = false;
+
+  // [B,H,Q,Kt] before dropout, once `have_all`: formed by forward() when it
+  // had them anyway, else on the first all_weights(). Guarded by the mutex.
+  mutable std::mutex weights_mutex;
+  mutable bool have_all = false;
+  mutable Tensor weights;
+
+  int64_t B() const { return layout.B; }
+  // The heads' outputs as the kernel wrote them (the backward's `out`).
+  const Tensor& heads_out() const { return ungated.empty() ? concat : ungated; }
+};
+
+// Adds everything a call allocates to `plan` (before anything is).
+void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout);
+
+struct EngineOutput {
+  Tensor output;   // call.out_shape
+  Tensor weights;  // [B,H,Q,Kt] before dropout when need_weights, else empty
+  std::shared_ptr<AttentionContext> context;
+};
+
+// The forward (file comment). The layers must be initialised with the inputs'
+// widths; every shape must already be checked. Buffers are taken from
+// `reuse` where one fits (nn/projections.h take_buffer). Throws mha::Error
+// when finite inputs and parameters overflow float32.
+EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                               const EngineLayers& layers, EngineCall call,
+                               std::vector<Tensor>* reuse = nullptr);
+
+// Where the backward adds the parameters' gradients (shaped as the
+// parameters; null: not wanted).
+struct LinearGrads {
+  Tensor* weight = nullptr;
+  Tensor* bias = nullptr;
+};
+struct EngineGrads {
+  LinearGrads q, k, v, o;
+  Tensor* bias_k = nullptr;      // [Hkv*d] elements
+  Tensor* bias_v = nullptr;
+  Tensor* head_gates = nullptr;  // [H]
+};
+struct EngineInputGrads {
+  Tensor queries, keys, values;  // shaped as the inputs
+};
+
+// grad_output (shaped as the forward's output) -> the inputs' gradients; adds
+// the parameters' gradients into `grads`. ctx must have been kept for the
+// backward; the layers are those of the forward, unchanged.
+EngineInputGrads attention_backward(const AttentionContext& ctx, const EngineLayers& layers,
+                                    const Tensor& grad_output, const EngineGrads& grads);
+
+// [B, H, Q, Kt]: every weight, computed on the first call (thread-safe), as a copy.
+Tensor all_weights(const AttentionContext& ctx);
+// [rows.size(), heads.size(), Q, Kt]: those batch rows' and heads' weights,
+// from the stored ones or recomputed by the fused kernel. Indices valid.
+Tensor weights_of(const AttentionContext& ctx, const std::vector<int64_t>& rows,
+                  const std::vector<int64_t>& heads);
+// [B, H, Q, Kt]: the call's dropout multipliers, 0 or 1/(1-p) (all 1 without).
+Tensor dropout_mask(const AttentionContext& ctx);
+
+}  // namespace mha::nn
