@@ -62,6 +62,13 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
             " is neither bool nor floating (use .astype(bool) for a boolean mask)");
 }
 
+// is_causal as nn.MultiheadAttention takes it: a bool (True = TopLeft) or an mha.Causal.
+mha::Causal to_causal(const py::object& is_causal, const char* op) {
+  if (py::isinstance<mha::Causal>(is_causal)) return is_causal.cast<mha::Causal>();
+  if (py::isinstance<py::bool_>(is_causal)) return is_causal.cast<bool>() ? mha::Causal::TopLeft : mha::Causal::None;
+  mha::fail(op, "is_causal: ", std::string(py::str(is_causal.get_type())), " is neither a bool nor an mha.Causal");
+}
+
 // kdim, vdim, num_kv_heads: None (0 inside: "not given") or a positive
 // integer; 0 given is refused rather than read as "not given".
 int64_t optional_positive(const py::object& v, const char* name) {
@@ -119,6 +126,19 @@ const char* kOptionsDoc = R"doc(
     seed: of the dropout masks)doc";
 
 }  // namespace
+
+namespace mha::python {
+
+mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask,
+                             const py::object& is_causal, const char* op) {
+  mha::CallMasks masks;
+  masks.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
+  masks.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
+  masks.causal = to_causal(is_causal, op);
+  return masks;
+}
+
+}  // namespace mha::python
 
 void bind_torch(py::module_& m) {
   py::enum_<mha::Causal>(m, "Causal", "Causal masking; TOP_LEFT is PyTorch's is_causal=True.")
@@ -261,9 +281,7 @@ Rows with every key masked get fully_masked_rows, never NaN.
             call.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
             call.need_weights = need_weights;
             call.average_attn_weights = average_attn_weights;
-            if (py::isinstance<mha::Causal>(is_causal)) call.causal = is_causal.cast<mha::Causal>();
-            else if (py::isinstance<py::bool_>(is_causal)) call.causal = is_causal.cast<bool>() ? mha::Causal::TopLeft : mha::Causal::None;
-            else mha::fail(op, "is_causal: ", std::string(py::str(is_causal.get_type())), " is neither a bool nor an mha.Causal");
+            call.causal = to_causal(is_causal, op);
             mha::TorchMhaResult r;
             {
               py::gil_scoped_release release;

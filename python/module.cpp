@@ -14,6 +14,12 @@
 namespace py = pybind11;
 void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
 void bind_torch(py::module_& m);  // python/bind_torch.cpp: the PyTorch drop-in
+namespace mha::python {
+// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
+// arrays read as PyTorch reads them (True = masked out), floats as additive.
+mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask,
+                             const py::object& is_causal, const char* op);
+}
 
 namespace {
 
@@ -140,7 +146,12 @@ MultiHeadAttention(num_hiddens, num_heads, dropout=0.0, bias=False, seed=0)
 Called as m(queries, keys, values, valid_lens=None) with
   queries (B, Q, Dq), keys (B, K, Dk), values (B, K, Dv)   (any real dtype, used as float32)
   valid_lens None, (B,) or (B, Q)
-it returns the output (B, Q, num_hiddens) as float32. The input widths are
+it returns the output (B, Q, num_hiddens) as float32. Keyword arguments add
+nn.MultiheadAttention's masks beside valid_lens: key_padding_mask (B, K) and
+attn_mask (Q, K) or (B*num_heads, Q, K), boolean (True = masked out, as
+PyTorch reads them) or additive floats, and is_causal (True or an
+mha.Causal). With a mask, masked scores are -inf (lengths included) and a
+query with no key left attends uniformly, as a length of 0 does. The input widths are
 fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
 )doc")
@@ -152,8 +163,10 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       .def(
           "__call__",
           [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k,
-             const py::object& v, const py::object& vl) {
+             const py::object& v, const py::object& vl, const py::object& kpm, const py::object& am,
+             const py::object& is_causal) {
             const char* op = "MultiHeadAttention.forward";
+            const mha::CallMasks masks = mha::python::to_call_masks(kpm, am, is_causal, op);
             // One array passed twice is one tensor here too, so that the
             // module projects it once (self-attention: one product for
             // W_q, W_k, W_v) and it is copied in once.
@@ -166,12 +179,14 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
             mha::Tensor out;
             {
               py::gil_scoped_release release;
-              out = self.forward(tq, rk, rv, lens);
+              out = self.forward(tq, rk, rv, lens, masks);
             }
             return hand_to_numpy(std::move(out));
           },
-          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(),
-          "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q)) -> (B,Q,num_hiddens)")
+          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
+          py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
+          "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q), *,\n"
+          " key_padding_mask None|(B,K), attn_mask None|(Q,K)|(B*h,Q,K), is_causal False) -> (B,Q,num_hiddens)")
       .def("train", [](mha::MultiHeadAttention& s, bool on) -> mha::MultiHeadAttention& { s.train(on); return s; },
            py::arg("mode").noconvert() = true, py::return_value_policy::reference, "Training mode (dropout on); returns self.")
       .def("eval", [](mha::MultiHeadAttention& s) -> mha::MultiHeadAttention& { s.eval(); return s; },
@@ -266,7 +281,8 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
     auto dpa = py::reinterpret_borrow<py::class_<mha::DotProductAttention>>(m.attr("DotProductAttention"));
     add_argument_help(dpa, "__call__", "DotProductAttention.forward", {"queries", "keys", "values", "valid_lens"});
     auto mh = py::reinterpret_borrow<py::class_<mha::MultiHeadAttention>>(m.attr("MultiHeadAttention"));
-    add_argument_help(mh, "__call__", "MultiHeadAttention.forward", {"queries", "keys", "values", "valid_lens"});
+    add_argument_help(mh, "__call__", "MultiHeadAttention.forward",
+                      {"queries", "keys", "values", "valid_lens", "key_padding_mask", "attn_mask", "is_causal"});
     add_argument_help(mh, "load_state_dict", "MultiHeadAttention.load_state_dict", {"state_dict"});
     add_argument_help(m, "save_safetensors", "save_safetensors", {"path", "tensors", "metadata"});
   }

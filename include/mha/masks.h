@@ -38,7 +38,7 @@ enum class Causal { None, TopLeft, BottomRight };
 // What a row gets when every key of it is masked (by any mask, or by an
 // additive -inf on every key). Never NaN, in either case.
 enum class FullyMaskedRows {
-  Uniform,  // weights 1/K over all K keys: the seed's -1e6 fill (its default)
+  Uniform,  // weights 1/K over all K keys: the d2l chapter's -1e6 fill (its default)
   Zeros,    // weights 0, attention output 0: scaled_dot_product_attention's
 };
 
@@ -107,5 +107,21 @@ std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask);
 // Throws mha::Error naming `op` and `arg` unless the mask has `wanted` shape
 // (or is none). Used by every module that takes masks.
 void check_mask_shape(const char* op, const char* arg, const Mask& mask, const Shape& wanted);
+
+// The masks beside the d2l chapter's valid lengths that one call of
+// MultiHeadAttention takes, as nn.MultiheadAttention takes them (B batch
+// rows, h heads, Q queries, K keys):
+//   key_padding_mask (B, K): which keys of each row take part (or a bias)
+//   attn_mask (Q, K) or (B*h, Q, K): which (query, key) pairs (or a bias)
+//   causal: TopLeft (PyTorch's is_causal) or BottomRight
+// With any of them set, masked scores become -inf (the key drops out, valid
+// lengths included), and a row with no live key gets `fully_masked_rows`
+// (Uniform: weights 1/K, as the chapter's lengths give a row of length 0).
+struct CallMasks {
+  Mask key_padding_mask;
+  Mask attn_mask;
+  Causal causal = Causal::None;
+  FullyMaskedRows fully_masked_rows = FullyMaskedRows::Uniform;
+};
 
 }  // namespace mha

@@ -44,6 +44,7 @@
 #include "mha/attention.h"
 #include "mha/detail/copyable_mutex.h"
 #include "mha/linear.h"
+#include "mha/masks.h"
 #include "mha/parameter.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
@@ -76,6 +77,13 @@ class MultiHeadAttention {
   // propagates as in the seed's PyTorch code (docs/errors.md).
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
+  // The same with nn.MultiheadAttention's masks beside valid_lens
+  // (mha/masks.h CallMasks: key_padding_mask (B, K), attn_mask (Q, K) or
+  // (B*h, Q, K), causal). With any mask set, masked scores are -inf (lengths
+  // included) and a row with no live key gets masks.fully_masked_rows; the
+  // attention weights and backward() honour the masks too.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                 const ValidLens& valid_lens, const CallMasks& masks);
   // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {

@@ -9,6 +9,7 @@
 #include "core/memory.h"
 #include "mha/error.h"
 #include "nn/attention_engine.h"
+#include "nn/call_masks.h"
 
 namespace mha {
 
@@ -58,6 +59,11 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                    const ValidLens& valid_lens) {
+  return forward(queries, keys, values, valid_lens, CallMasks{});
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                   const ValidLens& valid_lens, const CallMasks& masks) {
   check_rank3(queries, "queries", "(B, Q, Dq)");
   check_rank3(keys, "keys", "(B, K, Dk)");
   check_rank3(values, "values", "(B, K, Dv)");
@@ -96,8 +102,8 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // unless heads were pruned); the output is W_o's num_hiddens wide. Read
   // under the lock, since prune_heads changes them under the exclusive one.
   int64_t D = inner_dim(), H = num_heads_;
-  // The call as the engine runs it (nn/attention_engine.h): the chapter's
-  // lengths, no masks beyond them, batch-major rows.
+  // The call as the engine runs it (nn/attention_engine.h): batch-major
+  // rows, the chapter's lengths and any masks beside them.
   nn::EngineCall call;
   call.op = kForward;
   call.inputs = "queries, keys, values";
@@ -106,6 +112,8 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.H = H, call.Hkv = H, call.d = head_dim();
   call.out_shape = {B, Q, num_hiddens_};
   call.lens = valid_lens;
+  call.masks = nn::build_masks(kForward, masks.key_padding_mask, masks.attn_mask, masks.causal,
+                               masks.fully_masked_rows, {true, B, Q, K, K, H});
   call.kernel = kernel;
   call.keep_for_backward = training;
   call.keep_for_weights = true;  // attention_weights() of the last call

@@ -12,6 +12,7 @@
 #include "mha/error.h"
 #include "mha/torch_mha.h"
 #include "nn/attention_engine.h"
+#include "nn/call_masks.h"
 
 namespace mha {
 
@@ -26,79 +27,6 @@ struct Geometry {
   bool seq_first = false;
   int64_t B = 0, Q = 0, K = 0, Kt = 0;  // Kt: keys after bias_k/bias_v and the zero key
 };
-
-// A mask whose last axis has K entries, padded to Kt with `pad` per row.
-template <typename T>
-std::vector<T> pad_last_axis(const T* data, int64_t rows, int64_t K, int64_t Kt, T pad) {
-  std::vector<T> out(static_cast<size_t>(rows * Kt), pad);
-  for (int64_t r = 0; r < rows; ++r) std::copy(data + r * K, data + (r + 1) * K, out.data() + r * Kt);
-  return out;
-}
-
-// Two additive masks are added to the scores: finite entries whose sum is
-// +inf (3e38 + 3e38) would turn a row into inf - inf = NaN. Checked per key
-// over the largest entries of each mask (exact for a 2-D attn_mask).
-void check_mask_sum(const Mask& kpm, const Mask& am, int64_t K) {
-  if (!kpm.is_additive() || !am.is_additive() || K == 0) return;
-  const std::vector<float>& a = kpm.bias_values();
-  const std::vector<float>& b = am.bias_values();
-  std::vector<float> ka(static_cast<size_t>(K), -INFINITY), kb(static_cast<size_t>(K), -INFINITY);
-  for (size_t i = 0; i < a.size(); ++i) ka[i % K] = std::fmax(ka[i % K], a[i]);
-  for (size_t i = 0; i < b.size(); ++i) kb[i % K] = std::fmax(kb[i % K], b[i]);
-  for (int64_t j = 0; j < K; ++j)
-    if (std::isinf(ka[j] + kb[j]) && ka[j] + kb[j] > 0)
-      fail(kForward, "key_padding_mask + attn_mask: key ", j, " has entries ", ka[j], " and ", kb[j],
-           " whose sum overflows to +inf; wanted masks whose sums are finite or -inf");
-}
-
-bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
-  switch (c) {
-    case Causal::None: return false;
-    case Causal::TopLeft: return j > i;
-    case Causal::BottomRight: return j > i + K - Q;
-  }
-  return false;
-}
-
-// Masks of one call over the Kt keys (appended keys always take part); shapes
-// already checked. The fill (-inf) and the policy are set only when something
-// masks, so that an unmasked call runs as the d2l chapter's.
-nn::AttentionMasks build_masks(const Mask& kpm, const Mask& am, Causal causal, const Geometry& g,
-                               int64_t H, FullyMaskedRows policy) {
-  nn::AttentionMasks m;
-  // The fill and the policy only matter where something masks; leaving them
-  // at their defaults otherwise lets a kernel without them run the plain case.
-  if (!kpm.is_none() || !am.is_none() || causal != Causal::None) {
-    m.neg_inf_fill = true;
-    m.fully_masked = policy;
-  }
-  if (kpm.is_keep()) m.key_keep = pad_last_axis<uint8_t>(kpm.keep_data(), g.B, g.K, g.Kt, 1);
-  if (kpm.is_additive()) m.key_bias = pad_last_axis<float>(kpm.bias_data(), g.B, g.K, g.Kt, 0.0f);
-  const bool am3 = am.dim() == 3;
-  const int64_t slices = am3 ? am.shape()[0] : 1;  // (Q, K) slices of attn_mask
-  if (am3) {
-    m.pair_stride_h = g.Q * g.Kt;
-    m.pair_stride_b = H * g.Q * g.Kt;
-  }
-  if (am.is_keep()) m.pair_keep = pad_last_axis<uint8_t>(am.keep_data(), slices * g.Q, g.K, g.Kt, 1);
-  if (am.is_additive()) m.pair_bias = pad_last_axis<float>(am.bias_data(), slices * g.Q, g.K, g.Kt, 0.0f);
-  if (g.Kt == g.K || causal == Causal::None) {
-    m.causal = causal;
-    return m;
-  }
-  // The kernel's causal limit would count the appended keys, so the causal
-  // pattern over the K given keys joins the pair mask instead.
-  if (am.is_none()) m.pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
-  for (int64_t s = 0; s < slices; ++s)
-    for (int64_t i = 0; i < g.Q; ++i)
-      for (int64_t j = 0; j < g.K; ++j) {
-        if (!causally_masked(causal, i, j, g.Q, g.K)) continue;
-        const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
-        if (!m.pair_bias.empty()) m.pair_bias[at] = -INFINITY;  // drops out under the -inf fill
-        else m.pair_keep[at] = 0;
-      }
-  return m;
-}
 
 }  // namespace
 
@@ -151,17 +79,6 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
     fail(kForward, "value: shape ", shape_str(value.shape()), " has ", value.size(pax),
          " positions but key ", shape_str(key.shape()), " has ", g.K);
   if (g.Kt == 0) fail(kForward, "key: shape ", shape_str(key.shape()), " has no keys to attend to");
-  const Mask& kpm = call.key_padding_mask;
-  const Mask& am = call.attn_mask;
-  check_mask_shape(kForward, "key_padding_mask", kpm, batched ? Shape{g.B, g.K} : Shape{g.K});
-  const bool am3 = am.dim() == 3;
-  if (!am.is_none() && am.dim() != 2 && !am3)
-    fail(kForward, "attn_mask: shape ", shape_str(am.shape()), " is neither ",
-         shape_str({g.Q, g.K}), " nor ", shape_str({batched ? g.B * H : H, g.Q, g.K}));
-  check_mask_shape(kForward, "attn_mask", am,
-                   am3 ? Shape{batched ? g.B * H : H, g.Q, g.K} : Shape{g.Q, g.K});
-  check_mask_sum(kpm, am, g.K);
-
   // --- the engine (nn/attention_engine.h) ---
   nn::EngineCall c;
   c.op = kForward;
@@ -170,7 +87,8 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   c.Q = g.Q, c.K = g.K;
   c.H = H, c.Hkv = Hkv, c.d = d;
   c.out_shape = query.shape();
-  c.masks = build_masks(kpm, am, call.causal, g, H, fully_masked_);
+  c.masks = nn::build_masks(kForward, call.key_padding_mask, call.attn_mask, call.causal, fully_masked_,
+                            {batched, g.B, g.Q, g.K, g.Kt, H});
   c.kernel = kernel_;
   c.need_weights = call.need_weights;
   c.keep_for_backward = training_;  // a training-mode forward keeps what backward() needs
