@@ -125,6 +125,30 @@ const char* kOptionsDoc = R"doc(
         row whose every key is masked gets (PyTorch gives NaN)
     seed: of the dropout masks)doc";
 
+// TorchMultiheadAttention's __call__ (with_context: forward_with_context's).
+py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& query, const py::object& key, const py::object& value,
+            const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+            bool average_attn_weights, const py::object& is_causal, bool with_context) {
+  const char* op = "TorchMultiheadAttention.forward";
+  mha::Tensor q = to_tensor(query, op, "query"), k = to_tensor(key, op, "key"),
+              v = to_tensor(value, op, "value");
+  mha::TorchMhaCall call;
+  call.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
+  call.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
+  call.need_weights = need_weights;
+  call.average_attn_weights = average_attn_weights;
+  call.causal = to_causal(is_causal, op);
+  call.keep_context = with_context;
+  mha::TorchMhaResult r;
+  {
+    py::gil_scoped_release release;
+    r = self.forward(q, k, v, call);
+  }
+  py::object w = r.weights ? py::object(to_numpy(*r.weights)) : py::object(py::none());
+  if (with_context) return py::make_tuple(to_numpy(r.output), w, r.context);
+  return py::make_tuple(to_numpy(r.output), w);
+}
+
 }  // namespace
 
 namespace mha::python {
@@ -271,30 +295,25 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def(
           "__call__",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
-             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-             bool average_attn_weights, const py::object& is_causal) {
-            const char* op = "TorchMultiheadAttention.forward";
-            mha::Tensor q = to_tensor(query, op, "query"), k = to_tensor(key, op, "key"),
-                        v = to_tensor(value, op, "value");
-            mha::TorchMhaCall call;
-            call.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
-            call.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
-            call.need_weights = need_weights;
-            call.average_attn_weights = average_attn_weights;
-            call.causal = to_causal(is_causal, op);
-            mha::TorchMhaResult r;
-            {
-              py::gil_scoped_release release;
-              r = self.forward(q, k, v, call);
-            }
-            py::object w = r.weights ? py::object(to_numpy(*r.weights)) : py::object(py::none());
-            return py::make_tuple(to_numpy(r.output), w);
+             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, false);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false,
           "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
           " average_attn_weights=True, is_causal=False) -> (output, weights or None)")
+      .def(
+          "forward_with_context",
+          [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
+             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, true);
+          },
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+          py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
+          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false,
+          "The same call, returning (output, weights or None, context): the call's mha.ForwardContext,\n"
+          "from which its weights and (training mode) its backward come.")
       .def("state_dict", [](const TMHA& s) {
              py::dict d;
              for (const auto& [k, v] : s.state_dict()) d[py::str(k)] = to_numpy(v);
@@ -310,7 +329,6 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def_property_readonly("embed_dim", &TMHA::embed_dim)
       .def_property_readonly("num_heads", &TMHA::num_heads)
       .def_property_readonly("num_kv_heads", &TMHA::num_kv_heads)
-      .def_property_readonly("head_dim", &TMHA::head_dim)
       .def_property_readonly("kdim", &TMHA::kdim)
       .def_property_readonly("vdim", &TMHA::vdim)
       .def_property_readonly("batch_first", &TMHA::batch_first)

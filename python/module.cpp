@@ -76,7 +76,33 @@ void bind_training(py::module_& m);  // train_bindings.cpp
 void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 void bind_decode(py::module_& m);    // decode_bindings.cpp
+void bind_contexts(py::module_& m);  // context_bindings.cpp
 }  // namespace mha::python
+
+// MultiHeadAttention's __call__ (with_context: forward_with_context's).
+py::object call_textbook(mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
+                         const py::object& vl, const py::object& kpm, const py::object& am,
+                         const py::object& is_causal, bool with_context) {
+  const char* op = "MultiHeadAttention.forward";
+  const mha::CallMasks masks = mha::python::to_call_masks(kpm, am, is_causal, op);
+  // One array passed twice is one tensor here too, so that the
+  // module projects it once (self-attention: one product for
+  // W_q, W_k, W_v) and it is copied in once.
+  mha::Tensor tq = to_tensor(q, op, "queries");
+  mha::Tensor tk = k.ptr() == q.ptr() ? mha::Tensor() : to_tensor(k, op, "keys");
+  mha::Tensor tv = v.ptr() == q.ptr() || v.ptr() == k.ptr() ? mha::Tensor() : to_tensor(v, op, "values");
+  const mha::Tensor& rk = k.ptr() == q.ptr() ? tq : tk;
+  const mha::Tensor& rv = v.ptr() == q.ptr() ? tq : v.ptr() == k.ptr() ? rk : tv;
+  mha::ValidLens lens = to_valid_lens(vl, "MultiHeadAttention.forward");
+  mha::MultiHeadAttention::ForwardResult r;
+  {
+    py::gil_scoped_release release;
+    if (with_context) r = self.forward_with_context(tq, rk, rv, lens, masks);
+    else r.output = self.forward(tq, rk, rv, lens, masks);
+  }
+  if (!with_context) return hand_to_numpy(std::move(r.output));
+  return py::make_tuple(hand_to_numpy(std::move(r.output)), r.context);
+}
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "mha: multi-head attention from Dive into Deep Learning (d2l.ai, chapter 11.5) in C++";
@@ -162,31 +188,24 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
            py::arg("seed") = 0)
       .def(
           "__call__",
-          [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k,
-             const py::object& v, const py::object& vl, const py::object& kpm, const py::object& am,
-             const py::object& is_causal) {
-            const char* op = "MultiHeadAttention.forward";
-            const mha::CallMasks masks = mha::python::to_call_masks(kpm, am, is_causal, op);
-            // One array passed twice is one tensor here too, so that the
-            // module projects it once (self-attention: one product for
-            // W_q, W_k, W_v) and it is copied in once.
-            mha::Tensor tq = to_tensor(q, op, "queries");
-            mha::Tensor tk = k.ptr() == q.ptr() ? mha::Tensor() : to_tensor(k, op, "keys");
-            mha::Tensor tv = v.ptr() == q.ptr() || v.ptr() == k.ptr() ? mha::Tensor() : to_tensor(v, op, "values");
-            const mha::Tensor& rk = k.ptr() == q.ptr() ? tq : tk;
-            const mha::Tensor& rv = v.ptr() == q.ptr() ? tq : v.ptr() == k.ptr() ? rk : tv;
-            mha::ValidLens lens = to_valid_lens(vl, "MultiHeadAttention.forward");
-            mha::Tensor out;
-            {
-              py::gil_scoped_release release;
-              out = self.forward(tq, rk, rv, lens, masks);
-            }
-            return hand_to_numpy(std::move(out));
+          [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
+             const py::object& vl, const py::object& kpm, const py::object& am, const py::object& is_causal) {
+            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, false);
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
           "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q), *,\n"
           " key_padding_mask None|(B,K), attn_mask None|(Q,K)|(B*h,Q,K), is_causal False) -> (B,Q,num_hiddens)")
+      .def(
+          "forward_with_context",
+          [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
+             const py::object& vl, const py::object& kpm, const py::object& am, const py::object& is_causal) {
+            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, true);
+          },
+          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
+          py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
+          "The same call, returning (output, context): the call's mha.ForwardContext, from which its\n"
+          "attention weights and (training mode) its backward come; the module keeps nothing of the call.")
       .def("train", [](mha::MultiHeadAttention& s, bool on) -> mha::MultiHeadAttention& { s.train(on); return s; },
            py::arg("mode").noconvert() = true, py::return_value_policy::reference, "Training mode (dropout on); returns self.")
       .def("eval", [](mha::MultiHeadAttention& s) -> mha::MultiHeadAttention& { s.eval(); return s; },
@@ -291,4 +310,5 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_pruning(m);
   mha::python::bind_inspect(m);
   mha::python::bind_decode(m);
+  mha::python::bind_contexts(m);
 }

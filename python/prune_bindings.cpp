@@ -66,42 +66,47 @@ py::list scores_to_list(const HeadScores& s) {
 
 }  // namespace
 
+// Head gates, their gradients and pruning, bound the same way on both modules.
+template <typename Module>
+void bind_heads(py::class_<Module>& cls, const std::string& name, const char* projections) {
+  const std::string set_gates = name + ".set_head_gates", prune = name + ".prune_heads";
+  cls.def_property(
+         "head_gates",
+         [](const Module& s) {
+           const std::vector<float> g = s.head_gates();
+           return py::array_t<float>(static_cast<py::ssize_t>(g.size()), g.data());
+         },
+         [set_gates](Module& s, const py::object& obj) {
+           const FloatArray g = float_array(obj, set_gates.c_str(), "gates");
+           if (g.ndim() != 1)
+             fail(set_gates.c_str(), "gates: shape ", shape_str(Shape(g.shape(), g.shape() + g.ndim())), " is not (",
+                  s.num_heads(), ",)");
+           s.set_head_gates(std::vector<float>(g.data(), g.data() + g.size()));
+         },
+         ("(num_heads,) float32: each head's output is multiplied by its gate before " + std::string(projections) +
+          " (default 1).\nNot a parameter: not in state_dict(), grads() or what optimisers move. Assign a new array\n"
+          "(m.head_gates = a); editing the returned copy changes nothing.").c_str())
+      .def_property_readonly(
+          "head_gate_grad", [](const Module& s) { return to_numpy(s.head_gate_grad()); },
+          "(num_heads,) dL/dgate accumulated by backward() (zeroed by zero_grad()): each head's gradient importance")
+      .def(
+          "prune_heads", [prune](Module& s, const py::object& heads) { s.prune_heads(int_list(heads, prune.c_str(), "heads")); },
+          py::arg("heads"),
+          ("Remove heads for good (numbered as the module was built): their rows of the query, key and\n"
+           "value projections and columns of " + std::string(projections) + ". The output keeps its width; at least one head\n"
+           "must remain.").c_str())
+      .def_property_readonly("kept_heads", &Module::kept_heads, "Heads still there, numbered as the module was built")
+      .def_property_readonly("original_num_heads", &Module::original_num_heads)
+      .def_property_readonly("head_dim", &Module::head_dim);
+}
+
 void bind_pruning(py::module_& m) {
   auto mha_class = py::reinterpret_borrow<py::class_<MultiHeadAttention>>(m.attr("MultiHeadAttention"));
-  mha_class
-      .def_property(
-          "head_gates",
-          [](const MultiHeadAttention& s) {
-            const std::vector<float>& g = s.head_gates();
-            return py::array_t<float>(static_cast<py::ssize_t>(g.size()), g.data());
-          },
-          [](MultiHeadAttention& s, const py::object& obj) {
-            const FloatArray g = float_array(obj, "MultiHeadAttention.set_head_gates", "gates");
-            if (g.ndim() != 1)
-              fail("MultiHeadAttention.set_head_gates", "gates: shape ",
-                   shape_str(Shape(g.shape(), g.shape() + g.ndim())), " is not (", s.num_heads(), ",)");
-            s.set_head_gates(std::vector<float>(g.data(), g.data() + g.size()));
-          },
-          "(num_heads,) float32: each head's output is multiplied by its gate before W_o (default 1).\n"
-          "Not a parameter: not in state_dict(), grads() or what optimisers move. Assign a new array\n"
-          "(m.head_gates = a); editing the returned copy changes nothing.")
-      .def_property_readonly(
-          "head_gate_grad", [](const MultiHeadAttention& s) { return to_numpy(s.head_gate_grad()); },
-          "(num_heads,) dL/dgate accumulated by backward() (zeroed by zero_grad())")
-      .def(
-          "prune_heads",
-          [](MultiHeadAttention& s, const py::object& heads) {
-            s.prune_heads(int_list(heads, "MultiHeadAttention.prune_heads", "heads"));
-          },
-          py::arg("heads"),
-          "Remove heads for good (numbered as the module was built): their rows of W_q, W_k, W_v\n"
-          "and columns of W_o. The output stays num_hiddens wide; at least one head must remain.")
-      .def_property_readonly("kept_heads", &MultiHeadAttention::kept_heads,
-                             "Heads still there, numbered as the module was built")
-      .def_property_readonly("original_num_heads", &MultiHeadAttention::original_num_heads)
-      .def_property_readonly("head_dim", &MultiHeadAttention::head_dim)
-      .def_property_readonly("inner_dim", &MultiHeadAttention::inner_dim,
-                             "num_heads * head_dim: the width of q, k, v (num_hiddens unless pruned)");
+  bind_heads(mha_class, "MultiHeadAttention", "W_o");
+  mha_class.def_property_readonly("inner_dim", &MultiHeadAttention::inner_dim,
+                                  "num_heads * head_dim: the width of q, k, v (num_hiddens unless pruned)");
+  auto torch_class = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
+  bind_heads(torch_class, "TorchMultiheadAttention", "out_proj");
 
   m.def("save_attention", &save_attention, py::arg("path"), py::arg("module"),
         "Write a module's parameters and head layout (pruned heads) to a safetensors file.");

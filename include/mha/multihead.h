@@ -42,7 +42,10 @@
 #include <vector>
 
 #include "mha/attention.h"
+#include "mha/context.h"
 #include "mha/detail/copyable_mutex.h"
+#include "mha/detail/head_layout.h"
+#include "mha/detail/instance_id.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/parameter.h"
@@ -84,6 +87,16 @@ class MultiHeadAttention {
   // attention weights and backward() honour the masks too.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens, const CallMasks& masks);
+  // The output and the call's context (mha/context.h): its backward and its
+  // weights come from the context, not from the module, which keeps nothing
+  // of the call (attention_weights() and backward(grad) still see the last
+  // forward()).
+  struct ForwardResult {
+    Tensor output;           // [B, Q, num_hiddens]
+    ForwardContext context;  // differentiable in training mode
+  };
+  ForwardResult forward_with_context(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                     const ValidLens& valid_lens = {}, const CallMasks& masks = {});
   // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {
@@ -141,6 +154,9 @@ class MultiHeadAttention {
   // -> the gradients of its queries, keys and values. Adds the parameters'
   // gradients into grads(). The last forward must have run in training mode.
   InputGrads backward(const Tensor& grad_output);
+  // The same for the call of `context` (from forward_with_context of this
+  // module, in training mode, with the parameters it ran with).
+  InputGrads backward(const ForwardContext& context, const Tensor& grad_output);
   // Sets every accumulated gradient to zero (PyTorch's zero_grad(set_to_none=False)).
   void zero_grad();
   // Accumulated gradients by state-dict name, shaped like the parameters
@@ -183,7 +199,7 @@ class MultiHeadAttention {
   // Setting gates waits for running calls, as load_state_dict does.
   std::vector<float> head_gates() const;
   void set_head_gates(const std::vector<float>& gates);  // num_heads() finite values
-  const Tensor& head_gate_grad() const { return head_gate_grad_; }  // [num_heads]
+  const Tensor& head_gate_grad() const { return heads_.gate_grad; }  // [num_heads]
   // Removes heads for good: their rows of W_q, W_k, W_v (and biases) and
   // their columns of W_o. `heads` are numbered as the module was built
   // (0 .. original_num_heads()-1), so numbers stay valid across calls. After
@@ -196,11 +212,11 @@ class MultiHeadAttention {
   // Waits for running calls; prune while no call runs if other threads read
   // num_heads() or kept_heads().
   void prune_heads(const std::vector<int64_t>& heads);
-  const std::vector<int64_t>& kept_heads() const { return kept_heads_; }  // ascending, as built
+  const std::vector<int64_t>& kept_heads() const { return heads_.kept; }  // ascending, as built
   // h as the module was built, before any pruning.
-  int64_t original_num_heads() const { return original_num_heads_; }
+  int64_t original_num_heads() const { return heads_.original; }
   // The width of q, k, v and of the heads' concatenation: num_heads * head_dim.
-  int64_t inner_dim() const { return num_heads_ * head_dim_; }
+  int64_t inner_dim() const { return num_heads_ * heads_.head_dim; }
   // The attention dropout probability, in [0, 1].
   void set_dropout(float p);
 
@@ -210,7 +226,7 @@ class MultiHeadAttention {
   // h, the number of heads (those kept, once pruned).
   int64_t num_heads() const { return num_heads_; }
   // d = num_hiddens / num_heads as built, the width of one head.
-  int64_t head_dim() const { return head_dim_; }
+  int64_t head_dim() const { return heads_.head_dim; }
   // The probability of dropping an attention weight in training mode.
   float dropout() const { return dropout_; }
   // True when the four projections have biases.
@@ -228,6 +244,13 @@ class MultiHeadAttention {
   const LazyLinear& W_o() const { return W_o_; }  // output projection
 
  private:
+  // backward() on a call's record; the caller holds both locks.
+  InputGrads backward_of(const nn::AttentionContext& ctx, const Tensor& grad_output);
+  // A forward: the output and the call's record, which becomes the last call
+  // (state_) when `publish`.
+  std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> run(const Tensor& queries, const Tensor& keys,
+                                                               const Tensor& values, const ValidLens& valid_lens,
+                                                               const CallMasks& masks, bool publish);
   // The first call's lazy initialisation, under the exclusive lock.
   void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
 
@@ -246,18 +269,16 @@ class MultiHeadAttention {
   // Buffers of replaced states, for the next call to reuse (no page faults or
   // zeroing of fresh memory: ~10% of a B8 L512 forward).
   std::vector<Tensor> spare_;
-  // Head layout and gates (src/nn/prune.cpp); read under params_mutex_.
-  int64_t head_dim_ = 0, original_num_heads_ = 0;
-  std::vector<int64_t> kept_heads_;
-  std::vector<float> head_gates_;
-  Tensor head_gate_grad_;
-  void init_head_layout();
+  // Kept heads, gates and their gradients (src/nn/head_layout.cpp); read
+  // under params_mutex_.
+  detail::HeadLayout heads_;
   StateDict grads_;
   void ensure_grads();
   // Shared by running forward() calls; exclusive to what changes W_q..W_o.
   mutable detail::CopyableSharedMutex params_mutex_;
   // Guards training_, kernel_, gen_, state_ and spare_.
   mutable detail::CopyableMutex state_mutex_;
+  detail::InstanceId id_;  // recorded by the calls' contexts
 };
 
 }  // namespace mha

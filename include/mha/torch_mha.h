@@ -39,12 +39,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "mha/attention.h"
+#include "mha/context.h"
+#include "mha/detail/head_layout.h"
+#include "mha/detail/instance_id.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/multihead.h"
@@ -89,6 +93,9 @@ struct TorchMhaCall {
   // Weights averaged over the heads (B, L, S'), or per head (B, h, L, S').
   bool average_attn_weights = true;
   Causal causal = Causal::None;  // PyTorch's is_causal=True is Causal::TopLeft
+  // Hand back the call's context (mha/context.h) in the result: its weights
+  // and, in training mode, its backward come from it.
+  bool keep_context = false;
 };
 
 // The outputs of a call, as PyTorch's (attn_output, attn_weights).
@@ -96,6 +103,7 @@ struct TorchMhaResult {
   // Shaped like the query: (B, L, E), (L, B, E) or (L, E).
   Tensor output;
   std::optional<Tensor> weights;  // present iff need_weights
+  ForwardContext context;          // the call's, when keep_context asked for it
 };
 
 // torch.nn.MultiheadAttention with its state dict's parameters: forward with
@@ -151,6 +159,9 @@ class TorchMultiheadAttention {
   // without a training-mode forward since the last eval-mode one, or when
   // the shape differs.
   InputGrads backward(const Tensor& grad_output);
+  // The same for the call of `context` (a result's context, kept with
+  // keep_context, from a training-mode call of this module).
+  InputGrads backward(const ForwardContext& context, const Tensor& grad_output);
   // Sets every accumulated gradient to zero.
   void zero_grad();
   // The accumulated gradients by PyTorch's names, shaped like state_dict()
@@ -190,12 +201,12 @@ class TorchMultiheadAttention {
 
   // E: the width of query and output.
   int64_t embed_dim() const { return embed_dim_; }
-  // h: the query heads.
+  // h: the query heads (those kept, once pruned).
   int64_t num_heads() const { return num_heads_; }
   // The key/value heads (num_heads() without grouping).
   int64_t num_kv_heads() const { return num_kv_heads_; }
-  // E / h: the width of one head.
-  int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  // E / h as built: the width of one head.
+  int64_t head_dim() const { return heads_.head_dim; }
   // The width of key.
   int64_t kdim() const { return k_proj_.in_features(); }
   // The width of value.
@@ -214,6 +225,27 @@ class TorchMultiheadAttention {
   // already saved for backward() keep theirs. Throws mha::Error otherwise.
   void set_dropout(float p);
 
+  // --- Head gates and pruning (src/nn/torch_mha_prune.cpp), as MultiHeadAttention's ---
+  // A gate per head (default 1) multiplies that head's output before
+  // out_proj; backward() adds dL/dgate into head_gate_grad() (zeroed by
+  // zero_grad()), the gradient importance of each head. Gates are not
+  // parameters (not in state_dict(), grads() or parameters()).
+  std::vector<float> head_gates() const { return heads_.gates; }
+  void set_head_gates(const std::vector<float>& gates);  // num_heads() finite values
+  const Tensor& head_gate_grad() const { return heads_.gate_grad; }  // [num_heads]
+  // Removes heads for good (numbered as built, 0 .. original_num_heads()-1):
+  // their rows of the q, k, v projections (and biases, bias_k, bias_v) and
+  // their columns of out_proj. The output stays embed_dim wide; at least one
+  // head must remain; grouped heads (num_kv_heads < num_heads) cannot be
+  // pruned. state_dict() and grads() keep PyTorch's shapes, the pruned heads'
+  // rows and columns zero, so that nn.MultiheadAttention loads the result and
+  // computes what the pruned module computes; a 3-D attn_mask still has one
+  // slice per head as built. Accumulated gradients and the saved call are cleared.
+  void prune_heads(const std::vector<int64_t>& heads);
+  const std::vector<int64_t>& kept_heads() const { return heads_.kept; }  // ascending, as built
+  // h as the module was built, before any pruning.
+  int64_t original_num_heads() const { return heads_.original; }
+
  private:
   TorchMultiheadAttention(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, bool bias,
                           const TorchMhaOptions& options);
@@ -230,6 +262,8 @@ class TorchMultiheadAttention {
   Generator gen_;
   LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;
   Tensor bias_k_, bias_v_;  // (1, 1, E_kv) or empty
+  detail::HeadLayout heads_;  // kept heads, gates and their gradients
+  detail::InstanceId id_;  // recorded by the calls' contexts
 
   // The last training-mode forward's save (null after an eval-mode one).
   std::shared_ptr<const nn::AttentionContext> saved_;
@@ -237,6 +271,14 @@ class TorchMultiheadAttention {
   // "bias_v"), made on first use; grads() packs them by PyTorch's names.
   StateDict grads_;
   void ensure_grads();
+  // The parameters (get(layer name, parameter) = the parameter) or their
+  // gradients by PyTorch's names and shapes (pruned heads as zeros).
+  // attn_mask with the slices of the kept heads when it has one per head as
+  // built (B batch rows), else attn_mask itself.
+  Mask kept_head_slices(const Mask& attn_mask, int64_t B) const;
+  // backward() on a call's record.
+  InputGrads backward_of(const nn::AttentionContext& ctx, const Tensor& grad_output);
+  StateDict by_torch_names(const std::function<Tensor(const char*, const Tensor&)>& get) const;
 };
 
 }  // namespace mha

@@ -371,6 +371,26 @@ Tensor weights_of(const AttentionContext& c, const std::vector<int64_t>& rows,
   return fused_weights(c, rows, heads);
 }
 
+Tensor checked_all_weights(const char* op, const AttentionContext& c) {
+  // The weights, and the copy returned, are this call's allocation.
+  core::MemoryPlan(op).add("attention weights", {c.B(), c.H, c.Q, c.Kt}).check();
+  return all_weights(c);
+}
+
+Tensor checked_weights_of(const char* op, const char* which, const AttentionContext& c,
+                          const std::vector<int64_t>& rows, const std::vector<int64_t>& heads) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || rows[i] >= c.B())
+      fail(op, "batch_rows: entry ", i, " is ", rows[i], "; ", which, " had rows 0..", c.B() - 1, " (batch size ",
+           c.B(), ")");
+  for (size_t i = 0; i < heads.size(); ++i)
+    if (heads[i] < 0 || heads[i] >= c.H) fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", c.H);
+  core::MemoryPlan(op)
+      .add("attention weights", {static_cast<int64_t>(rows.size()), static_cast<int64_t>(heads.size()), c.Q, c.Kt})
+      .check();
+  return weights_of(c, rows, heads);
+}
+
 Tensor dropout_mask(const AttentionContext& c) {
   Tensor mask({c.B(), c.H, c.Q, c.Kt});
   float* m = mask.data();

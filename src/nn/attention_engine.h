@@ -31,6 +31,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/dropout.h"
 #include "mha/attention.h"
+#include "mha/context.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/tensor.h"
@@ -109,6 +110,7 @@ struct AttentionContext {
   std::vector<float> stats;            // [2,B,H,Q]: row_max2 then row_sum of a fused forward
   Tensor queries, keys, values;        // the inputs (for the backward; empty otherwise)
   bool for_backward = false;
+  uint64_t owner = 0;                  // the module that ran the call (detail::InstanceId)
 
   // [B,H,Q,Kt] before dropout, once `have_all`: formed by forward() when it
   // had them anyway, else on the first all_weights(). Guarded by the mutex.
@@ -120,6 +122,12 @@ struct AttentionContext {
   // The heads' outputs as the kernel wrote them (the backward's `out`).
   const Tensor& heads_out() const { return ungated.empty() ? concat : ungated; }
 };
+
+// The record of `context` for the backward of module `owner`, which has H
+// heads now: mha::Error naming `op` when the context is empty, comes from
+// another module, ran in evaluation mode, or has another number of heads.
+const AttentionContext& differentiable_context(const char* op, const ForwardContext& context, uint64_t owner,
+                                               int64_t H);
 
 // Adds everything a call allocates to `plan` (before anything is).
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout);
@@ -166,6 +174,11 @@ Tensor all_weights(const AttentionContext& ctx);
 // from the stored ones or recomputed by the fused kernel. Indices valid.
 Tensor weights_of(const AttentionContext& ctx, const std::vector<int64_t>& rows,
                   const std::vector<int64_t>& heads);
+// The same two after checking the memory limit and the indices (mha::Error
+// naming `op`; `which` names the call in messages, e.g. "the last call").
+Tensor checked_all_weights(const char* op, const AttentionContext& ctx);
+Tensor checked_weights_of(const char* op, const char* which, const AttentionContext& ctx,
+                          const std::vector<int64_t>& rows, const std::vector<int64_t>& heads);
 // [B, H, Q, Kt]: the call's dropout multipliers, 0 or 1/(1-p) (all 1 without).
 Tensor dropout_mask(const AttentionContext& ctx);
 

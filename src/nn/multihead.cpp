@@ -54,7 +54,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
   // Per head: its number, gate and gate gradient (16 bytes); refused above
   // the memory limit before anything is allocated (num_heads = 2^31).
   core::MemoryPlan(op).add("head layout (num_heads numbers, gates and gate gradients)", {num_heads}, 16).check();
-  init_head_layout();
+  heads_.init(num_heads, num_hiddens / num_heads);
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
@@ -64,6 +64,20 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                    const ValidLens& valid_lens, const CallMasks& masks) {
+  return run(queries, keys, values, valid_lens, masks, true).first;
+}
+
+MultiHeadAttention::ForwardResult MultiHeadAttention::forward_with_context(const Tensor& queries, const Tensor& keys,
+                                                                           const Tensor& values,
+                                                                           const ValidLens& valid_lens,
+                                                                           const CallMasks& masks) {
+  auto [out, ctx] = run(queries, keys, values, valid_lens, masks, false);
+  return {std::move(out), ForwardContext(std::move(ctx))};
+}
+
+std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run(
+    const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+    const CallMasks& masks, bool publish) {
   check_rank3(queries, "queries", "(B, Q, Dq)");
   check_rank3(keys, "keys", "(B, K, Dk)");
   check_rank3(values, "values", "(B, K, Dv)");
@@ -90,8 +104,10 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     std::lock_guard state(state_mutex_);
     kernel = kernel_;
     training = training_;
-    spare = std::move(spare_);
-    spare_.clear();
+    if (publish) {
+      spare = std::move(spare_);
+      spare_.clear();
+    }
   }
   // Concurrency (see multihead.h): the parameters are read under a shared
   // lock; the first call initialises them under the exclusive lock, then
@@ -135,7 +151,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   check_width(W_v_, "W_v", values, "values");
 
   nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
-  std::vector<float> gates = head_gates_;  // read under the lock, like the parameters
+  std::vector<float> gates = heads_.gates;  // read under the lock, like the parameters
   layers.head_gates = gates.data();
   call.H = H, call.Hkv = H, call.d = head_dim();
   {
@@ -144,17 +160,19 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   }
   nn::EngineOutput r = nn::attention_forward(queries, keys, values, layers, std::move(call), &spare);
   spare.clear();
+  r.context->owner = id_.value();
+  if (!publish) return {std::move(r.output), std::move(r.context)};
 
   std::lock_guard state(state_mutex_);
   // Publish this call; the context it replaces gives its buffers to the next
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
-  std::shared_ptr<nn::AttentionContext> old = std::exchange(state_, std::move(r.context));
+  std::shared_ptr<nn::AttentionContext> old = std::exchange(state_, r.context);
   if (old && old.use_count() == 1) {
     spare_ = std::move(old->proj.buffers);
     spare_.push_back(std::move(old->concat));
   }
-  return std::move(r.output);
+  return {std::move(r.output), std::move(r.context)};
 }
 
 Tensor MultiHeadAttention::attention_weights() const {
@@ -164,10 +182,7 @@ Tensor MultiHeadAttention::attention_weights() const {
     st = state_;
   }
   if (!st) return Tensor();
-  // The weights, and the copy returned, are this call's allocation.
-  core::MemoryPlan plan("MultiHeadAttention.attention_weights");
-  plan.add("attention weights", {st->B(), st->H, st->Q, st->K}).check();
-  return nn::all_weights(*st);
+  return nn::checked_all_weights("MultiHeadAttention.attention_weights", *st);
 }
 
 int64_t MultiHeadAttention::last_batch_size() const {
@@ -184,18 +199,7 @@ Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_r
     st = state_;
   }
   if (!st) fail(op, "no forward call yet: there are no weights to show");
-  for (size_t i = 0; i < batch_rows.size(); ++i)
-    if (batch_rows[i] < 0 || batch_rows[i] >= st->B())
-      fail(op, "batch_rows: entry ", i, " is ", batch_rows[i], "; the last call had rows 0..",
-           st->B() - 1, " (batch size ", st->B(), ")");
-  for (size_t i = 0; i < heads.size(); ++i)
-    if (heads[i] < 0 || heads[i] >= st->H)
-      fail(op, "heads: entry ", i, " is ", heads[i], "; wanted 0 <= head < ", st->H);
-  core::MemoryPlan plan(op);
-  plan.add("attention weights", {static_cast<int64_t>(batch_rows.size()),
-                                 static_cast<int64_t>(heads.size()), st->Q, st->K})
-      .check();
-  return nn::weights_of(*st, batch_rows, heads);
+  return nn::checked_weights_of(op, "the last call", *st, batch_rows, heads);
 }
 
 void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& keys,
@@ -253,7 +257,7 @@ void MultiHeadAttention::load_state_dict(const StateDict& state) {
     if (w.dim() != 2 || w.size(0) != out || w.size(1) != in || in <= 0)
       fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", out, ", ",
            i == 3 ? std::to_string(in) : std::string("in"), ")",
-           num_heads_ < original_num_heads_ ? " (this module has pruned heads)" : "");
+           heads_.pruned() ? " (this module has pruned heads)" : "");
     if (layers[i]->initialized() && layers[i]->in_features() != in)
       fail(op, n, ".weight: shape ", shape_str(w.shape()), " differs from the initialised ",
            shape_str({out, layers[i]->in_features()}));

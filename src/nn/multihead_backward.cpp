@@ -67,7 +67,7 @@ const StateDict& MultiHeadAttention::grads() {
 void MultiHeadAttention::zero_grad() {
   ensure_grads();
   for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
-  std::fill(head_gate_grad_.values().begin(), head_gate_grad_.values().end(), 0.0f);
+  std::fill(heads_.gate_grad.values().begin(), heads_.gate_grad.values().end(), 0.0f);
 }
 
 void MultiHeadAttention::set_grads(const StateDict& grads) {
@@ -119,7 +119,20 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   if (!state_ || !state_->for_backward)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");
-  const nn::AttentionContext& ctx = *state_;
+  return backward_of(*state_, grad_output);
+}
+
+MultiHeadAttention::InputGrads MultiHeadAttention::backward(const ForwardContext& context,
+                                                            const Tensor& grad_output) {
+  std::shared_lock params(params_mutex_);
+  std::lock_guard state(state_mutex_);
+  return backward_of(nn::differentiable_context("MultiHeadAttention.backward", context, id_.value(), num_heads_),
+                     grad_output);
+}
+
+MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::AttentionContext& ctx,
+                                                               const Tensor& grad_output) {
+  static const char* op = "MultiHeadAttention.backward";
   const int64_t B = ctx.B(), Q = ctx.Q;
   if (grad_output.shape() != Shape{B, Q, num_hiddens_})
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
@@ -130,9 +143,9 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
     return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
   };
   nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
-  layers.head_gates = head_gates_.data();
+  layers.head_gates = heads_.gates.data();
   nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
-  grads.head_gates = &head_gate_grad_;
+  grads.head_gates = &heads_.gate_grad;
   nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
   return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
 }

@@ -87,24 +87,32 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   c.Q = g.Q, c.K = g.K;
   c.H = H, c.Hkv = Hkv, c.d = d;
   c.out_shape = query.shape();
-  c.masks = nn::build_masks(kForward, call.key_padding_mask, call.attn_mask, call.causal, fully_masked_,
-                            {batched, g.B, g.Q, g.K, g.Kt, H});
+  // A per-head attn_mask has a slice for every head as built.
+  if (heads_.pruned() && call.attn_mask.dim() == 3)
+    check_mask_shape(kForward, "attn_mask", call.attn_mask,
+                     {batched ? g.B * heads_.original : heads_.original, g.Q, g.K});
+  c.masks = nn::build_masks(kForward, call.key_padding_mask, kept_head_slices(call.attn_mask, g.B), call.causal,
+                            fully_masked_, {batched, g.B, g.Q, g.K, g.Kt, H});
   c.kernel = kernel_;
   c.need_weights = call.need_weights;
   c.keep_for_backward = training_;  // a training-mode forward keeps what backward() needs
+  c.keep_for_weights = call.keep_context;
   nn::EngineLayers layers{&q_proj_, &k_proj_, &v_proj_, &out_proj_};
   layers.bias_k = has_bias_kv() ? bias_k_.data() : nullptr;
   layers.bias_v = has_bias_kv() ? bias_v_.data() : nullptr;
   layers.zero_row = add_zero_attn_;
+  layers.head_gates = heads_.gates.data();
   core::MemoryPlan plan(kForward);
   nn::add_call_memory(plan, c, layers, E);
   plan.check();
   if (training_ && dropout_ > 0.0f) c.dropout = {dropout_, gen_.next()};
   const kernels::Dropout dropout = c.dropout;
   nn::EngineOutput r = nn::attention_forward(query, key, value, layers, std::move(c));
+  r.context->owner = id_.value();
+  TorchMhaResult result;
+  if (call.keep_context) result.context = ForwardContext(r.context);
   if (training_) saved_ = std::move(r.context);
   else saved_.reset();
-  TorchMhaResult result;
   result.output = std::move(r.output);
   Tensor weights = std::move(r.weights);
   if (!call.need_weights) return result;

@@ -47,6 +47,7 @@ void TorchMultiheadAttention::ensure_grads() {
 void TorchMultiheadAttention::zero_grad() {
   ensure_grads();
   for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
+  std::fill(heads_.gate_grad.values().begin(), heads_.gate_grad.values().end(), 0.0f);
 }
 
 ParamList TorchMultiheadAttention::parameters() {
@@ -80,13 +81,24 @@ Tensor TorchMultiheadAttention::last_dropout_mask() const {
 }
 
 TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tensor& grad_output) {
-  static const char* op = "TorchMultiheadAttention.backward";
   if (!saved_)
-    fail(op, "no training-mode forward to differentiate: call the module in training mode "
-             "(train()) before backward()");
-  if (grad_output.shape() != saved_->queries.shape())
+    fail("TorchMultiheadAttention.backward", "no training-mode forward to differentiate: call the module in training mode "
+         "(train()) before backward()");
+  return backward_of(*saved_, grad_output);
+}
+
+TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const ForwardContext& context,
+                                                                      const Tensor& grad_output) {
+  return backward_of(nn::differentiable_context("TorchMultiheadAttention.backward", context, id_.value(), num_heads_),
+                     grad_output);
+}
+
+TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward_of(const nn::AttentionContext& ctx,
+                                                                         const Tensor& grad_output) {
+  static const char* op = "TorchMultiheadAttention.backward";
+  if (grad_output.shape() != ctx.queries.shape())
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
-         shape_str(saved_->queries.shape()));
+         shape_str(ctx.queries.shape()));
   ensure_grads();
   auto grads_of = [&](int layer) {
     const std::string n = kLayers[layer];
@@ -101,7 +113,9 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tens
     grads.bias_v = &grads_.at("bias_v");
   }
   layers.zero_row = add_zero_attn_;
-  nn::EngineInputGrads g = nn::attention_backward(*saved_, layers, grad_output, grads);
+  layers.head_gates = heads_.gates.data();
+  grads.head_gates = &heads_.gate_grad;
+  nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
   return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
 }
 

@@ -1,5 +1,6 @@
 // TorchMultiheadAttention: construction from PyTorch's state dict, and back.
 // Every check runs before anything is built, so a bad dict builds nothing.
+#include <functional>
 #include <set>
 #include <string>
 
@@ -61,7 +62,9 @@ TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_
       q_proj_(embed_dim, bias),
       k_proj_(embed_dim / num_heads * num_kv_heads, bias),
       v_proj_(embed_dim / num_heads * num_kv_heads, bias),
-      out_proj_(embed_dim, bias) {}
+      out_proj_(embed_dim, bias) {
+  heads_.init(num_heads, embed_dim / num_heads);
+}
 
 void TorchMultiheadAttention::set_dropout(float p) {
   if (!(p >= 0.0f && p <= 1.0f))
@@ -177,36 +180,24 @@ TorchMultiheadAttention TorchMultiheadAttention::from_safetensors(const std::str
   return from_state_dict(load_f32_tensors(path), num_heads, options);
 }
 
-StateDict TorchMultiheadAttention::state_dict() const {
-  StateDict s;
-  if (packed_) {
-    s["in_proj_weight"] = concat_rows(q_proj_.weight(), k_proj_.weight(), v_proj_.weight());
-  } else {
-    s["q_proj_weight"] = q_proj_.weight();
-    s["k_proj_weight"] = k_proj_.weight();
-    s["v_proj_weight"] = v_proj_.weight();
-  }
-  if (bias_) {
-    s["in_proj_bias"] = concat_rows(q_proj_.bias(), k_proj_.bias(), v_proj_.bias());
-    s["out_proj.bias"] = out_proj_.bias();
-  }
-  s["out_proj.weight"] = out_proj_.weight();
-  if (has_bias_kv()) {
-    s["bias_k"] = bias_k_;
-    s["bias_v"] = bias_v_;
-  }
-  return s;
-}
-
-StateDict TorchMultiheadAttention::grads() const {
-  auto grad = [&](const std::string& name, const Tensor& like) {
-    auto it = grads_.find(name);
-    return it != grads_.end() ? it->second : Tensor(like.shape());
+StateDict TorchMultiheadAttention::by_torch_names(const std::function<Tensor(const char*, const Tensor&)>& get) const {
+  // Pruned heads come back as zero rows of the projections and zero columns
+  // of out_proj: PyTorch's shapes, computing what the pruned module computes.
+  const int64_t d = heads_.head_dim, rows = heads_.original * d;
+  const std::vector<int64_t>& kept = heads_.kept;
+  auto rows_of = [&](const char* name, const Tensor& t) {
+    const Tensor x = get(name, t);
+    return heads_.pruned() ? detail::put_row_blocks(x, kept, d, rows) : x;
+  };
+  auto appended = [&](const char* name, const Tensor& t) {  // (1, 1, E_kv)
+    const Tensor x = get(name, t);
+    if (!heads_.pruned()) return x;
+    return detail::put_column_blocks(x.reshape({1, x.numel()}), kept, d, rows).reshape({1, 1, rows});
   };
   StateDict s;
-  const Tensor wq = grad("q_proj.weight", q_proj_.weight());
-  const Tensor wk = grad("k_proj.weight", k_proj_.weight());
-  const Tensor wv = grad("v_proj.weight", v_proj_.weight());
+  const Tensor wq = rows_of("q_proj.weight", q_proj_.weight());
+  const Tensor wk = rows_of("k_proj.weight", k_proj_.weight());
+  const Tensor wv = rows_of("v_proj.weight", v_proj_.weight());
   if (packed_) {
     s["in_proj_weight"] = concat_rows(wq, wk, wv);
   } else {
@@ -215,16 +206,28 @@ StateDict TorchMultiheadAttention::grads() const {
     s["v_proj_weight"] = wv;
   }
   if (bias_) {
-    s["in_proj_bias"] = concat_rows(grad("q_proj.bias", q_proj_.bias()), grad("k_proj.bias", k_proj_.bias()),
-                                    grad("v_proj.bias", v_proj_.bias()));
-    s["out_proj.bias"] = grad("out_proj.bias", out_proj_.bias());
+    s["in_proj_bias"] = concat_rows(rows_of("q_proj.bias", q_proj_.bias()), rows_of("k_proj.bias", k_proj_.bias()),
+                                    rows_of("v_proj.bias", v_proj_.bias()));
+    s["out_proj.bias"] = get("out_proj.bias", out_proj_.bias());
   }
-  s["out_proj.weight"] = grad("out_proj.weight", out_proj_.weight());
+  const Tensor wo = get("out_proj.weight", out_proj_.weight());
+  s["out_proj.weight"] = heads_.pruned() ? detail::put_column_blocks(wo, kept, d, rows) : wo;
   if (has_bias_kv()) {
-    s["bias_k"] = grad("bias_k", bias_k_);
-    s["bias_v"] = grad("bias_v", bias_v_);
+    s["bias_k"] = appended("bias_k", bias_k_);
+    s["bias_v"] = appended("bias_v", bias_v_);
   }
   return s;
+}
+
+StateDict TorchMultiheadAttention::state_dict() const {
+  return by_torch_names([](const char*, const Tensor& t) { return t; });
+}
+
+StateDict TorchMultiheadAttention::grads() const {
+  return by_torch_names([&](const char* name, const Tensor& like) {
+    auto it = grads_.find(name);
+    return it != grads_.end() && !it->second.empty() ? it->second : Tensor(like.shape());
+  });
 }
 
 }  // namespace mha

@@ -129,6 +129,32 @@ Triggers torch_triggers() {
          m.set_grads({{"W_q.weight", ones({4, 8})}});
        }},
       {"mha.dropout_mask", [] { MultiHeadAttention(8, 2).last_dropout_mask(); }},
+      {"prune.grouped", [] {
+         StateDict s{{"in_proj_weight", Tensor({16, 8}, 1.0f)}, {"out_proj.weight", Tensor({8, 8}, 1.0f)}};
+         TorchMhaOptions o;
+         o.num_kv_heads = 2;
+         TorchMultiheadAttention::from_state_dict(s, 4, o).prune_heads({0});
+       }},
+      {"context.empty", [] { ForwardContext().attention_weights(); }},
+      {"context.owner", [] {
+         MultiHeadAttention m(8, 2), other(8, 2);
+         const Tensor X = ones({2, 3, 8});
+         ForwardContext ctx = m.forward_with_context(X, X, X).context;
+         other.backward(ctx, X);
+       }},
+      {"context.eval", [] {
+         MultiHeadAttention m(8, 2);
+         m.eval();
+         const Tensor X = ones({2, 3, 8});
+         m.backward(m.forward_with_context(X, X, X).context, X);
+       }},
+      {"context.heads", [] {
+         MultiHeadAttention m(8, 2);
+         const Tensor X = ones({2, 3, 8});
+         ForwardContext ctx = m.forward_with_context(X, X, X).context;
+         m.prune_heads({0});
+         m.backward(ctx, X);
+       }},
       {"mha.backward_no_forward", [] {
          MultiHeadAttention m(8, 2);
          m.eval();

@@ -112,6 +112,27 @@ def mha_backward_after_eval(t):
     m.backward(ones(2, 3, 8))
 
 
+def context_owner(t):
+    X = ones(2, 3, 8)
+    _, ctx = mha.MultiHeadAttention(8, 2).forward_with_context(X, X, X)
+    mha.MultiHeadAttention(8, 2).backward(ctx, X)
+
+
+def context_eval(t):
+    X = ones(2, 3, 8)
+    m = mha.MultiHeadAttention(8, 2).eval()
+    _, ctx = m.forward_with_context(X, X, X)
+    m.backward(ctx, X)
+
+
+def context_heads(t):
+    X = ones(2, 3, 8)
+    m = mha.MultiHeadAttention(8, 2)
+    _, ctx = m.forward_with_context(X, X, X)
+    m.prune_heads([0])
+    m.backward(ctx, X)
+
+
 def mha_backward_shape(t):
     m = mha.MultiHeadAttention(8, 2)
     m(ones(2, 3, 4), ones(2, 5, 4), ones(2, 5, 4))
@@ -195,6 +216,9 @@ PY = {
     "mha.set_grads_shape": lambda t: initialized().set_grads({"W_q.weight": ones(4, 8)}),
     "mha.dropout_mask": lambda t: mha.MultiHeadAttention(8, 2).last_dropout_mask,
     "mha.backward_no_forward": mha_backward_after_eval,
+    "context.owner": context_owner,
+    "context.eval": context_eval,
+    "context.heads": context_heads,
     "mha.backward_shape": mha_backward_shape,
     # masks
     "mask.additive": lambda t: mha.Mask.additive(np.array([0, np.nan], np.float32)),
@@ -411,6 +435,8 @@ PY.update({
     "py.int_range": lambda t: small_model()(np.array([[0, 2**32 + 1]])),
     "py.int_fraction": lambda t: small_model()(np.array([[1.5, 2.0]])),
     "py.int_list": lambda t: mha.MultiHeadAttention(12, 4).prune_heads("ab"),
+    "prune.grouped": lambda t: mha.TorchMultiheadAttention.from_state_dict(
+        {"in_proj_weight": ones(16, 8), "out_proj.weight": ones(8, 8)}, 4, num_kv_heads=2).prune_heads([0]),
     "py.int_list_shape": lambda t: called_mha().attention_weights_of(None, [[0, 1]]),
     "py.state_dict_type": lambda t: mha.MultiHeadAttention(8, 2).load_state_dict([1]),
     "py.state_dict_key": lambda t: mha.MultiHeadAttention(8, 2).load_state_dict({1: ones(1)}),
