@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 
 namespace mha::nn {
@@ -54,20 +53,17 @@ Tensor fused_weights(const AttentionState& s, const std::vector<int64_t>& rows,
   const int64_t nr = static_cast<int64_t>(rows.size()), nh = static_cast<int64_t>(heads.size());
   Tensor out({nr, nh, s.Q, s.K});
   kernels::AttentionWeightsParams p;
-  p.q = s.proj.q.split_heads(s.H);
-  p.k = s.proj.k.split_heads(s.H);
-  kernels::AttentionForward lengths;
-  kernels::set_lengths(lengths, s.lens);
-  p.length_kind = lengths.length_kind;
-  p.lens = lengths.lens;
-  p.scale_divisor = s.scale_divisor;
+  p.fwd.q = s.proj.q.split_heads(s.H);
+  p.fwd.k = s.proj.k.split_heads(s.H);
+  kernels::set_lengths(p.fwd, s.lens);
+  p.fwd.scale_divisor = s.scale_divisor;
   const size_t n = static_cast<size_t>(s.B * s.H * s.Q);
-  p.row_max2 = s.stats.data();
-  p.row_sum = s.stats.data() + n;
+  float* stats = const_cast<float*>(s.stats.data());  // only read
+  p.fwd.stats = {stats, stats + n};
   p.batch_rows = rows;
   p.heads = heads;
   p.out = out.data();
-  kernels::attention_weights_fused(p);
+  kernels::attention_weights(p);
   return out;
 }
 

@@ -4,7 +4,7 @@
 // A fused forward never forms the (B, h, Q, K) weights. It keeps instead the
 // projected q and k (views into the projection buffers, which it owns), the
 // lengths, and two floats per (b, head, query): the softmax statistics of
-// kernels/attention_fused.h. The weights of any rows and heads are then one
+// kernels/softmax_stats.h. The weights of any rows and heads are then one
 // score product away: 2*Q*K*d multiply-adds and Q*K exponentials per (row,
 // head), about half the forward's attention work, plus the Q*K floats of the
 // result. Paths that form the weights anyway (reference, BLAS) store them

@@ -8,7 +8,6 @@
 
 #include "core/finite.h"
 #include "core/memory.h"
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "nn/attention_state.h"
@@ -92,10 +91,9 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
     spare = std::move(spare_);
     spare_.clear();
   }
-  // This module sets none of the kernel options beyond the seed
-  // (kernels/features.h), so every kernel can run it; past 2^24 keys the
-  // fused kernel's float key indices are inexact, and the BLAS path runs.
-  const bool fused = kernel == AttentionKernel::Fused && K <= kernels::kFusedMaxKeys;
+  // Whether the fused kernel will run (the dispatcher decides: past its key
+  // limit the BLAS path runs instead).
+  const bool fused = kernels::runs_fused(kernel, K);
 
   // Concurrency (see multihead.h): the parameters are read under a shared
   // lock; the first call initialises them under the exclusive lock, then
@@ -164,12 +162,14 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   }
   if (fused) {
     st->stats.resize(static_cast<size_t>(2 * B * H * Q));
-    kernels::attention_forward_fused(p, {st->stats.data(), st->stats.data() + B * H * Q},
-                                     {read_all_keys.empty() ? nullptr : read_all_keys.data()});
+    p.stats = {st->stats.data(), st->stats.data() + B * H * Q};
+    p.read_all_keys = read_all_keys.empty() ? nullptr : read_all_keys.data();
   } else {
     st->weights = Tensor({B, H, Q, K});
     p.weights = st->weights.data();
-    kernels::attention_forward(kernel == AttentionKernel::Fused ? AttentionKernel::Blas : kernel, p);
+  }
+  if (kernels::attention_forward(kernel, p).empty()) {
+    st->stats.clear();  // none saved: the weights are (runs_fused said so)
     st->have_all = true;
     if (!training) st->proj = {};  // the weights are all a later access needs
   }

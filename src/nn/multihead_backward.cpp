@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/multihead.h"
@@ -153,25 +152,27 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   // concat = heads(attention(q, k, v)): the kernel sees (B, h, L, d) views.
   Tensor dq({B, Q, D}), dk({B, K, D}), dv({B, K, D});
   kernels::AttentionBackward p;
-  p.q = st.proj.q.split_heads(H);
-  p.k = st.proj.k.split_heads(H);
-  p.v = st.proj.v.split_heads(H);
+  p.fwd.q = st.proj.q.split_heads(H);
+  p.fwd.k = st.proj.k.split_heads(H);
+  p.fwd.v = st.proj.v.split_heads(H);
   p.grad_out = d_concat.view().split_heads(H);
-  p.out = heads_out.view().split_heads(H);
-  kernels::set_lengths(p, st.lens);
-  p.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
-  p.dropout = {last_dropout_p_, last_dropout_key_};
+  p.fwd.out = heads_out.view().split_heads(H);
+  kernels::set_lengths(p.fwd, st.lens);
+  p.fwd.scale_divisor = std::sqrt(static_cast<float>(head_dim()));
+  p.fwd.dropout = {last_dropout_p_, last_dropout_key_};
   p.grad_q = dq.view().split_heads(H);
   p.grad_k = dk.view().split_heads(H);
   p.grad_v = dv.view().split_heads(H);
   if (!st.stats.empty()) {
-    // The forward ran the fused kernel: the fused backward recomputes the
-    // weights tile by tile from its statistics (linear memory), and reads
-    // only the key rows that forward projected.
-    kernels::attention_backward_fused(p, st.stats.data(), st.stats.data() + B * H * Q);
+    // The forward saved statistics: the fused backward recomputes the
+    // weights tile by tile from them (linear memory), and reads only the key
+    // rows that forward projected. The kernels only read them.
+    float* stats = const_cast<float*>(st.stats.data());
+    p.fwd.stats = {stats, stats + B * H * Q};
+    kernels::attention_backward(kernel_, p);
   } else {
     std::lock_guard weights_lock(st.weights_mutex);
-    p.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
+    p.fwd.weights = st.have_all ? st.weights.data() : nullptr;  // else recomputed from q and k
     kernels::attention_backward(kernel_, p);
   }
 

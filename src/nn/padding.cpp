@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/attention_fused.h"
+#include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
 #include "mha/threads.h"
 

@@ -27,7 +27,7 @@ RowNeeds padding_row_needs(const ValidLens& lens, int64_t B, int64_t Q, int64_t 
 // weighs it. For each batch row whose skipped value rows are not all finite
 // (in `values`, or because W_v / its bias is not), project all its k and v
 // rows, set its needs to K, and flag it in the result ([B], for
-// kernels::FusedForwardOptions::read_all_keys; empty when no row is flagged).
+// kernels::AttentionForward::read_all_keys; empty when no row is flagged).
 // values:[B,K,Dv] keys:[B,K,Dk]
 std::vector<uint8_t> complete_nonfinite_values(Projected& proj, RowNeeds& needs, const Tensor& keys,
                                                const Tensor& values, const LazyLinear& W_k,

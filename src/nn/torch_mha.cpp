@@ -9,10 +9,8 @@
 #include <vector>
 
 #include "core/finite.h"
-#include "kernels/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
-#include "kernels/features.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
 #include "nn/torch_mha_impl.h"
@@ -277,7 +275,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   const Tensor bv = has_bias_kv() ? bias_v_.reshape({Ekv}) : Tensor();
   // The fused kernel skips keys past a key padding mask's last kept key:
   // their projections are skipped too.
-  const bool fused = kernel_ == AttentionKernel::Fused && g.Kt <= kernels::kFusedMaxKeys;
+  const bool fused = kernels::runs_fused(kernel_, g.Kt);
   const std::vector<int64_t> rows =
       fused ? key_rows_read(kpm, am, call.causal, fully_masked_, value, g) : std::vector<int64_t>{};
   std::vector<float> k_proj = project_keys(k_proj_, key, g, bk, rows);
@@ -302,22 +300,23 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   nn::TorchMhaMasks masks = nn::build_masks(kpm, am, call.causal, g, H, fully_masked_);
   p.masks = masks.options();
 
-  // The fused kernel (key axes up to kFusedMaxKeys) keeps the softmax
-  // statistics for the backward instead of the weights.
+  // The fused kernel keeps the softmax statistics for the backward instead
+  // of the weights.
   std::vector<float> stats;
-  if (fused && kernels::supports(AttentionKernel::Fused, p)) {
+  std::vector<uint8_t> read_all;
+  if (fused) {
     const int64_t n = g.B * H * g.Q;
-    if (keep) stats.resize(static_cast<size_t>(2 * n));
+    if (keep) {
+      stats.resize(static_cast<size_t>(2 * n));
+      p.stats = {stats.data(), stats.data() + n};
+    }
     // A value row the kernel would skip (past a row's last live key) still
     // reaches the outputs when it is not finite (0 * NaN), as in PyTorch:
     // such batch rows are read in full.
-    const std::vector<uint8_t> read_all = nonfinite_value_rows(v_proj, g, Ekv);
-    kernels::attention_forward_fused(
-        p, keep ? kernels::SoftmaxStats{stats.data(), stats.data() + n} : kernels::SoftmaxStats{},
-        {read_all.empty() ? nullptr : read_all.data()});
-  } else {
-    kernels::attention_forward(kernels::kernel_for(kernel_, p), p);
+    read_all = nonfinite_value_rows(v_proj, g, Ekv);
+    p.read_all_keys = read_all.empty() ? nullptr : read_all.data();
   }
+  if (kernels::attention_forward(kernel_, p).empty()) stats.clear();  // none saved
 
   TorchMhaResult result;
   result.output = Tensor(query.shape());

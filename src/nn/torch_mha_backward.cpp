@@ -16,7 +16,6 @@
 #include <string>
 
 #include "kernels/attention_backward.h"
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/torch_mha.h"
@@ -171,26 +170,26 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tens
     return nn::head_view(const_cast<float*>(data), g, L, heads, d);
   };
   kernels::AttentionBackward p;
-  p.q = view(s.q.data(), g.Q, H);
-  p.k = view(s.k.data(), g.Kt, Hkv);
-  p.v = view(s.v.data(), g.Kt, Hkv);
+  p.fwd.q = view(s.q.data(), g.Q, H);
+  p.fwd.k = view(s.k.data(), g.Kt, Hkv);
+  p.fwd.v = view(s.v.data(), g.Kt, Hkv);
   p.grad_out = view(d_concat.data(), g.Q, H);
-  p.out = view(s.concat.data(), g.Q, H);
-  p.scale_divisor = std::sqrt(static_cast<float>(d));
-  p.dropout = s.dropout;
-  p.masks = s.masks.options();
-  p.weights = s.weights.empty() ? nullptr : s.weights.data();
+  p.fwd.out = view(s.concat.data(), g.Q, H);
+  p.fwd.scale_divisor = std::sqrt(static_cast<float>(d));
+  p.fwd.dropout = s.dropout;
+  p.fwd.masks = s.masks.options();
+  p.fwd.weights = s.weights.empty() ? nullptr : const_cast<float*>(s.weights.data());
   p.grad_q = view(dq.data(), g.Q, H);
   p.grad_k = view(dk.data(), g.Kt, Hkv);
   p.grad_v = view(dv.data(), g.Kt, Hkv);
   if (!s.stats.empty()) {
-    // The forward ran the fused kernel: its backward recomputes P from the
-    // saved statistics, tile by tile.
+    // The forward saved statistics: the fused backward recomputes P from
+    // them, tile by tile (the kernels only read them).
     const size_t n = s.stats.size() / 2;
-    kernels::attention_backward_fused(p, s.stats.data(), s.stats.data() + n);
-  } else {
-    kernels::attention_backward(kernel_, p);  // falls back to a backward with every option used
+    float* stats = const_cast<float*>(s.stats.data());
+    p.fwd.stats = {stats, stats + n};
   }
+  kernels::attention_backward(kernel_, p);
 
   // bias_k / bias_v: row K of every batch row's keys / values.
   if (has_bias_kv()) {

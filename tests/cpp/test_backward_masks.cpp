@@ -2,7 +2,7 @@
 // against the reference on random combinations of every option (saved
 // weights or recomputed, dropout or not), the two references against each
 // other on the seed's case, fully masked rows (no NaN, the policy's
-// gradients), and the fallback for a backward without an option.
+// gradients).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -10,7 +10,7 @@
 #include "kernels/attention_backward.h"
 #include "kernels/attention_backward_masked.h"
 #include "kernels/dispatch.h"
-#include "kernels/features.h"
+#include "cpu/attention_kernels.h"
 #include "kernels/masked_row.h"
 #include "mha/error.h"
 #include "test_util.h"
@@ -44,9 +44,9 @@ struct Problem {
     k = random_tensor({B, K, Hkv * d}, gen, -2.0f, 2.0f);
     v = random_tensor({B, K, Hkv * dv}, gen);
     grad_out = random_tensor({B, Q, H * dv}, gen);
-    p.scale_divisor = std::sqrt(static_cast<float>(d));
+    p.fwd.scale_divisor = std::sqrt(static_cast<float>(d));
     auto coin = [&](double prob) { return gen.uniform() < prob; };
-    kernels::MaskOptions& m = p.masks;
+    kernels::MaskOptions& m = p.fwd.masks;
     if (coin(0.5)) {
       for (int64_t x = 0; x < B * K; ++x) key_keep.push_back(coin(0.75));
       m.key_keep = key_keep.data();
@@ -71,32 +71,24 @@ struct Problem {
       const bool per_query = coin(0.5);
       for (int64_t x = 0; x < (per_query ? B * Q : B); ++x)
         lens.push_back(static_cast<float>(gen.below(K + 1)) + (coin(0.2) ? 0.5f : 0.0f));
-      p.length_kind = per_query ? kernels::LengthKind::PerQuery : kernels::LengthKind::PerBatch;
-      p.lens = lens.data();
+      p.fwd.length_kind = per_query ? kernels::LengthKind::PerQuery : kernels::LengthKind::PerBatch;
+      p.fwd.lens = lens.data();
     }
     m.causal = static_cast<Causal>(gen.below(3));
     m.fill = coin(0.5) ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
     m.fully_masked = coin(0.5) ? FullyMaskedRows::Uniform : FullyMaskedRows::Zeros;
-    if (trial % 3 == 0) p.dropout = {0.3f, gen.next()};
-    p.q = q.view().split_heads(H);
-    p.k = k.view().split_heads(Hkv);
-    p.v = v.view().split_heads(Hkv);
+    if (trial % 3 == 0) p.fwd.dropout = {0.3f, gen.next()};
+    p.fwd.q = q.view().split_heads(H);
+    p.fwd.k = k.view().split_heads(Hkv);
+    p.fwd.v = v.view().split_heads(Hkv);
     p.grad_out = grad_out.view().split_heads(H);
   }
 
   // The forward's parameter struct for the same call.
   kernels::AttentionForward forward(float* weights, Tensor& out) const {
-    kernels::AttentionForward f;
-    f.q = p.q;
-    f.k = p.k;
-    f.v = p.v;
+    kernels::AttentionForward f = p.fwd;
     f.out = out.view().split_heads(H);
     f.weights = weights;
-    f.length_kind = p.length_kind;
-    f.lens = p.lens;
-    f.scale_divisor = p.scale_divisor;
-    f.dropout = p.dropout;
-    f.masks = p.masks;
     return f;
   }
 
@@ -107,11 +99,12 @@ struct Problem {
   Grads run(AttentionKernel kernel, const float* weights) {
     Grads g{Tensor(q.shape(), NAN), Tensor(k.shape(), NAN), Tensor(v.shape(), NAN)};
     kernels::AttentionBackward b = p;
-    b.weights = weights;
+    b.fwd.weights = const_cast<float*>(weights);
     b.grad_q = g.q.view().split_heads(H);
     b.grad_k = g.k.view().split_heads(Hkv);
     b.grad_v = g.v.view().split_heads(Hkv);
-    kernels::attention_backward(kernel, b);
+    if (kernel == AttentionKernel::Reference) kernels::attention_backward_reference(b);
+    else kernels::attention_backward_blas(b);
     return g;
   }
 
@@ -120,7 +113,7 @@ struct Problem {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < Q; ++i)
-          if (kernels::fully_masked_row(p.masks, p.length(b, i), b, h, i, Q, K)) return true;
+          if (kernels::fully_masked_row(p.fwd.masks, p.length(b, i), b, h, i, Q, K)) return true;
     return false;
   }
 };
@@ -170,7 +163,7 @@ TEST(BackwardMasks, BlasMatchesReferenceOnEveryOptionAndGroupedHeads) {
     EXPECT_TRUE(close_scaled(blas.v, ref.v, worst)) << "grad_v " << where;
     grouped += pr.Hkv < pr.H;
     empty += pr.has_fully_masked_row();
-    dropout += pr.p.dropout.active();
+    dropout += pr.p.fwd.dropout.active();
     saved += use_saved;
   }
   std::printf("worst |blas - reference| / max|reference|: %.2e\n", worst);
@@ -187,15 +180,14 @@ TEST(BackwardMasks, TheTwoReferencesAgreeOnTheSeedsCase) {
   Generator gen(5);
   for (int trial = 0; trial < 40; ++trial) {
     Problem pr(gen, trial);
-    pr.p.masks = kernels::MaskOptions{};
+    pr.p.fwd.masks = kernels::MaskOptions{};
     const int64_t H = pr.H;
     // One kv head per query head: the seed has no grouping.
     pr.k = random_tensor({pr.B, pr.K, H * pr.d}, gen, -2.0f, 2.0f);
     pr.v = random_tensor({pr.B, pr.K, H * pr.dv}, gen);
     pr.Hkv = H;
-    pr.p.k = pr.k.view().split_heads(H);
-    pr.p.v = pr.v.view().split_heads(H);
-    ASSERT_EQ(kernels::features_used(pr.p), 0u);
+    pr.p.fwd.k = pr.k.view().split_heads(H);
+    pr.p.fwd.v = pr.v.view().split_heads(H);
     const auto seed = pr.run(AttentionKernel::Reference, nullptr);
     Tensor gq(pr.q.shape()), gk(pr.k.shape()), gv(pr.v.shape()), out({pr.B, pr.Q, H * pr.dv});
     kernels::attention_backward_masked_reference(pr.forward(nullptr, out), pr.p.grad_out,
@@ -228,35 +220,32 @@ TEST(BackwardMasks, FullyMaskedRowsGiveNoNaNAndFollowThePolicy) {
         for (auto kernel : {AttentionKernel::Reference, AttentionKernel::Blas})
           for (bool use_saved : {false, true}) {
             kernels::AttentionBackward p;
-            p.q = q.view().split_heads(H);
-            p.k = k.view().split_heads(H);
-            p.v = v.view().split_heads(H);
+            p.fwd.q = q.view().split_heads(H);
+            p.fwd.k = k.view().split_heads(H);
+            p.fwd.v = v.view().split_heads(H);
             p.grad_out = dO.view().split_heads(H);
-            p.scale_divisor = 2.0f;
-            p.dropout = {p_drop, 77};
-            p.masks.key_keep = key_keep.data();
-            p.masks.pair_bias = pair_bias.data();
-            p.masks.pair_stride_h = Q * K;
-            p.masks.pair_stride_b = H * Q * K;
-            p.masks.fill = fill;
-            p.masks.fully_masked = policy;
+            p.fwd.scale_divisor = 2.0f;
+            p.fwd.dropout = {p_drop, 77};
+            p.fwd.masks.key_keep = key_keep.data();
+            p.fwd.masks.pair_bias = pair_bias.data();
+            p.fwd.masks.pair_stride_h = Q * K;
+            p.fwd.masks.pair_stride_b = H * Q * K;
+            p.fwd.masks.fill = fill;
+            p.fwd.masks.fully_masked = policy;
             Tensor weights({B, H, Q, K}), out({B, Q, H * d});
             if (use_saved) {
-              kernels::AttentionForward f;
-              f.q = p.q; f.k = p.k; f.v = p.v;
+              kernels::AttentionForward f = p.fwd;
               f.out = out.view().split_heads(H);
               f.weights = weights.data();
-              f.scale_divisor = p.scale_divisor;
-              f.dropout = p.dropout;
-              f.masks = p.masks;
               kernels::attention_forward_blas(f);
-              p.weights = weights.data();
+              p.fwd.weights = weights.data();
             }
             Tensor gq(q.shape(), NAN), gk(k.shape(), NAN), gv(v.shape(), NAN);
             p.grad_q = gq.view().split_heads(H);
             p.grad_k = gk.view().split_heads(H);
             p.grad_v = gv.view().split_heads(H);
-            kernels::attention_backward(kernel, p);
+            if (kernel == AttentionKernel::Reference) kernels::attention_backward_reference(p);
+            else kernels::attention_backward_blas(p);
             const std::string where = std::string(policy == FullyMaskedRows::Zeros ? "zeros" : "uniform") +
                                       (fill == kernels::MaskFill::Seed ? " seed fill" : " -inf fill") +
                                       " dropout " + std::to_string(p_drop) +
@@ -276,28 +265,11 @@ TEST(BackwardMasks, FullyMaskedRowsGiveNoNaNAndFollowThePolicy) {
                   double want = 0.0;
                   if (policy == FullyMaskedRows::Uniform)
                     for (int64_t i = 0; i < Q; ++i)
-                      want += p.dropout.multiplier(static_cast<uint64_t>(((0 * H + h) * Q + i) * K + j)) /
+                      want += p.fwd.dropout.multiplier(static_cast<uint64_t>(((0 * H + h) * Q + i) * K + j)) /
                               K * dO.at({0, i, h * d + c});
                   EXPECT_NEAR(gv.at({0, j, h * d + c}), want, 1e-6) << where;
                 }
             // Batch row 1's other rows are live: some gradient reaches its keys.
             EXPECT_GT(max_abs(gk), 0.0) << where;
           }
-}
-
-TEST(BackwardMasks, AKernelWhoseBackwardLacksAnOptionFallsBackToBlas) {
-  Generator gen(11);
-  const auto unknown = static_cast<AttentionKernel>(41);  // a kernel not in the table
-  for (int trial = 0; trial < 12; ++trial) {
-    Problem pr(gen, trial);
-    const bool uses = kernels::features_used(pr.p) != 0;
-    EXPECT_EQ(kernels::kernel_for(unknown, pr.p), uses ? AttentionKernel::Blas : unknown);
-    EXPECT_EQ(kernels::kernel_for(AttentionKernel::Reference, pr.p), AttentionKernel::Reference);
-    const auto a = pr.run(unknown, nullptr);
-    const auto b = pr.run(AttentionKernel::Blas, nullptr);
-    EXPECT_TRUE(a.q == b.q && a.k == b.k && a.v == b.v) << trial;
-  }
-  // Every option is listed for the reference and BLAS backwards.
-  EXPECT_EQ(kernels::kernel_backward_features(AttentionKernel::Blas), kernels::kAllFeatures);
-  EXPECT_EQ(kernels::kernel_backward_features(AttentionKernel::Reference), kernels::kAllFeatures);
 }

@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_fused.h"
+#include "cpu/attention_kernels.h"
+#include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
@@ -164,18 +165,12 @@ TEST_P(FusedIsaTest, WeightsOfAnySubsetComeFromTheSavedStatistics) {
     attention_forward_reference(pr.params(pr.out_ref, pr.w_ref.data(), 0));
     std::vector<float> stats(static_cast<size_t>(2 * c.B * c.H * c.Q));
     const int64_t n = c.B * c.H * c.Q;
-    attention_forward_fused(pr.params(pr.out_fused, nullptr, 0), {stats.data(), stats.data() + n});
+    { AttentionForward f = pr.params(pr.out_fused, nullptr, 0); f.stats = {stats.data(), stats.data() + n}; attention_forward_fused(f); }
     expect_close(pr.out_fused.data(), pr.out_ref.data(), pr.out_ref.numel(), "output");
 
     AttentionWeightsParams w;
-    const AttentionForward p = pr.params(pr.out_fused, nullptr, 0);
-    w.q = p.q;
-    w.k = p.k;
-    w.length_kind = p.length_kind;
-    w.lens = p.lens;
-    w.scale_divisor = p.scale_divisor;
-    w.row_max2 = stats.data();
-    w.row_sum = stats.data() + n;
+    w.fwd = pr.params(pr.out_fused, nullptr, 0);
+    w.fwd.stats = {stats.data(), stats.data() + n};
     w.batch_rows = {c.B - 1, 0};  // any order, any subset
     w.heads = {c.H - 1};
     if (c.H > 1) w.heads.push_back(0);
@@ -205,9 +200,9 @@ TEST_P(FusedIsaTest, BitwiseTheSameAtOneAndTwoThreads) {
     std::vector<float> s1(2 * n), s2(2 * n);
     Tensor w1({c.B, c.H, c.Q, c.K}), w2({c.B, c.H, c.Q, c.K});
     omp_set_num_threads(1);
-    attention_forward_fused(pr.params(pr.out_ref, w1.data(), 5), {s1.data(), s1.data() + n});
+    { AttentionForward f = pr.params(pr.out_ref, w1.data(), 5); f.stats = {s1.data(), s1.data() + n}; attention_forward_fused(f); }
     omp_set_num_threads(2);
-    attention_forward_fused(pr.params(pr.out_fused, w2.data(), 5), {s2.data(), s2.data() + n});
+    { AttentionForward f = pr.params(pr.out_fused, w2.data(), 5); f.stats = {s2.data(), s2.data() + n}; attention_forward_fused(f); }
     EXPECT_TRUE(pr.out_ref == pr.out_fused) << "outputs differ between 1 and 2 threads";
     EXPECT_TRUE(w1 == w2) << "weights differ between 1 and 2 threads";
     EXPECT_EQ(s1, s2) << "softmax statistics differ between 1 and 2 threads";

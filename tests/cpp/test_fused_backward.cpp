@@ -18,7 +18,8 @@
 #include <vector>
 
 #include "kernels/attention_backward.h"
-#include "kernels/attention_fused.h"
+#include "cpu/attention_kernels.h"
+#include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
@@ -96,17 +97,15 @@ struct Problem {
     f.dropout = {c.dropout, g.next()};
     const int64_t bhq = c.B * c.H * c.Q;
     stats.resize(static_cast<size_t>(2 * bhq));
-    attention_forward_fused(f, {stats.data(), stats.data() + bhq});
-    p.q = f.q; p.k = f.k; p.v = f.v;
+    f.stats = {stats.data(), stats.data() + bhq};
+    attention_forward_fused(f);
+    p.fwd = f;
     p.grad_out = dO.view().split_heads(c.H);
-    p.out = f.out;
-    p.length_kind = f.length_kind; p.lens = f.lens; p.scale_divisor = f.scale_divisor;
-    p.dropout = f.dropout;
   }
   void fused(Grads& g) {
     AttentionBackward b = p;
     g.attach(b, c.H);
-    attention_backward_fused(b, stats.data(), stats.data() + c.B * c.H * c.Q);
+    attention_backward_fused(b);
   }
   void reference(Grads& g) {
     AttentionBackward b = p;

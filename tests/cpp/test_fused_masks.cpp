@@ -1,4 +1,4 @@
-// The fused attention kernel with every mask option (kernels/features.h),
+// The fused attention kernel with every mask option,
 // against the reference kernel: outputs, weights (from the saved statistics,
 // any subset) and, when the fused backward lists the options, gradients; on
 // shapes that straddle the tiles (Q, K not multiples of them, K over two key
@@ -21,9 +21,9 @@
 
 #include "kernels/attention_backward.h"
 #include "kernels/attention_backward_masked.h"
-#include "kernels/attention_fused.h"
+#include "cpu/attention_kernels.h"
+#include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
-#include "kernels/features.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -50,8 +50,17 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
-// Options a case may draw (beyond the MaskOptions features).
-enum Extra : uint32_t {
+// Options a case may draw: the MaskOptions fields and grouped heads, then
+// the rest.
+enum Option : uint32_t {
+  kKeyKeep = 1u << 0,
+  kKeyBias = 1u << 1,
+  kPairKeep = 1u << 2,
+  kPairBias = 1u << 3,
+  kCausal = 1u << 4,
+  kNegInfFill = 1u << 5,
+  kZerosForMasked = 1u << 6,
+  kGroupedHeads = 1u << 7,
   kLensPerBatch = 1u << 8,
   kLensPerQuery = 1u << 9,
   kDropout = 1u << 10,
@@ -210,15 +219,6 @@ class FusedMasks : public ::testing::TestWithParam<FusedIsa> {
   void TearDown() override { set_fused_isa(fused_best_isa()); }
 };
 
-TEST(FusedMasksFeatures, TheFusedForwardListsEveryOption) {
-  EXPECT_EQ(kernel_features(AttentionKernel::Fused), kAllFeatures);
-  // So a module preferring Fused keeps it for a call using every option.
-  Generator gen(1);
-  MaskProblem pr(gen, kAllFeatures | kLensPerQuery | kDropout);
-  EXPECT_EQ(features_used(pr.p), kAllFeatures);
-  EXPECT_EQ(kernel_for(AttentionKernel::Fused, pr.p), AttentionKernel::Fused);
-}
-
 TEST_P(FusedMasks, ForwardAndWeightsMatchTheReference) {
   Generator gen(77);
   int fully_masked_rows = 0;
@@ -230,7 +230,7 @@ TEST_P(FusedMasks, ForwardAndWeightsMatchTheReference) {
     attention_forward_reference(pr.with(out_ref, w_ref.data()));
     const int64_t n = pr.B * pr.H * pr.Q;
     std::vector<float> stats(static_cast<size_t>(2 * n));
-    attention_forward_fused(pr.with(out, w.data()), {stats.data(), stats.data() + n});
+    { AttentionForward f = pr.with(out, w.data()); f.stats = {stats.data(), stats.data() + n}; attention_forward_fused(f); }
     ASSERT_TRUE(all_finite(out_ref) && all_finite(w_ref));
     // Fully masked rows get the policy, never NaN.
     ASSERT_TRUE(all_finite(out)) << "NaN or inf in the output";
@@ -241,14 +241,8 @@ TEST_P(FusedMasks, ForwardAndWeightsMatchTheReference) {
 
     // The weights of a subset of rows and heads, from the statistics.
     AttentionWeightsParams wp;
-    wp.q = pr.p.q;
-    wp.k = pr.p.k;
-    wp.length_kind = pr.p.length_kind;
-    wp.lens = pr.p.lens;
-    wp.scale_divisor = pr.p.scale_divisor;
-    wp.masks = pr.p.masks;
-    wp.row_max2 = stats.data();
-    wp.row_sum = stats.data() + n;
+    wp.fwd = pr.p;
+    wp.fwd.stats = {stats.data(), stats.data() + n};
     wp.batch_rows = {pr.B - 1};
     wp.heads = {pr.H - 1, 0};
     Tensor sub({1, 2, pr.Q, pr.K});
@@ -276,9 +270,9 @@ TEST_P(FusedMasks, BitwiseTheSameAtOneAndTwoThreads) {
     Tensor o1 = pr.new_out(), o2 = pr.new_out();
     Tensor w1({pr.B, pr.H, pr.Q, pr.K}), w2({pr.B, pr.H, pr.Q, pr.K});
     omp_set_num_threads(1);
-    attention_forward_fused(pr.with(o1, w1.data()), {s1.data(), s1.data() + n});
+    { AttentionForward f = pr.with(o1, w1.data()); f.stats = {s1.data(), s1.data() + n}; attention_forward_fused(f); }
     omp_set_num_threads(2);
-    attention_forward_fused(pr.with(o2, w2.data()), {s2.data(), s2.data() + n});
+    { AttentionForward f = pr.with(o2, w2.data()); f.stats = {s2.data(), s2.data() + n}; attention_forward_fused(f); }
     EXPECT_TRUE(o1 == o2) << "outputs differ between 1 and 2 threads";
     EXPECT_TRUE(w1 == w2) << "weights differ between 1 and 2 threads";
     EXPECT_EQ(s1, s2) << "statistics differ between 1 and 2 threads";
@@ -323,23 +317,17 @@ Gradients fused_gradients(const MaskProblem& pr, const Tensor& grad_out) {
   Tensor out = pr.new_out();
   const int64_t n = pr.B * pr.H * pr.Q;
   std::vector<float> stats(static_cast<size_t>(2 * n));
-  attention_forward_fused(pr.with(out, nullptr), {stats.data(), stats.data() + n});
+  { AttentionForward f = pr.with(out, nullptr); f.stats = {stats.data(), stats.data() + n}; attention_forward_fused(f); }
   Gradients g(pr);
   AttentionBackward bp;
-  bp.q = pr.p.q;
-  bp.k = pr.p.k;
-  bp.v = pr.p.v;
+  bp.fwd = pr.p;
+  bp.fwd.out = out.view().split_heads(pr.H);
+  bp.fwd.stats = {stats.data(), stats.data() + n};
   bp.grad_out = grad_out.view().split_heads(pr.H);
-  bp.out = out.view().split_heads(pr.H);
-  bp.length_kind = pr.p.length_kind;
-  bp.lens = pr.p.lens;
-  bp.scale_divisor = pr.p.scale_divisor;
-  bp.dropout = pr.p.dropout;
-  bp.masks = pr.p.masks;
   bp.grad_q = g.q.view().split_heads(pr.H);
   bp.grad_k = g.k.view().split_heads(pr.Hkv);
   bp.grad_v = g.v.view().split_heads(pr.Hkv);
-  attention_backward_fused(bp, stats.data(), stats.data() + n);
+  attention_backward_fused(bp);
   return g;
 }
 
@@ -353,10 +341,6 @@ double max_error(const Tensor& got, const Tensor& want) {
   for (int64_t i = 0; i < want.numel(); ++i)
     err = std::fmax(err, std::fabs(static_cast<double>(got.data()[i]) - want.data()[i]));
   return err;
-}
-
-TEST(FusedMasksFeatures, TheFusedBackwardListsEveryOption) {
-  EXPECT_EQ(kernel_backward_features(AttentionKernel::Fused), kAllFeatures);
 }
 
 TEST_P(FusedMasks, BackwardMatchesTheReference) {
