@@ -72,7 +72,7 @@ def main():
                 missing.append(f"{path.relative_to(ROOT)}:{line}: \"{key}\"")
     if missing:
         print("check-error-catalogue: these errors have no row in docs/errors.md "
-              "(add one, with a trigger in tests/cpp/test_error_catalogue.cpp or "
+              "(add one, with a trigger in tests/cpp/errors/test_error_catalogue.cpp or "
               "tests/python/test_error_catalogue.py):", file=sys.stderr)
         print("\n".join(missing), file=sys.stderr)
         return 1

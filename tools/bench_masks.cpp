@@ -2,7 +2,7 @@
 // kernel, which skips the key tiles past each query's last visible key.
 //
 // Two levels, each timed with and without the mask in one run:
-// - the attention kernel alone (kernels::attention_forward_fused on (B, h,
+// - the attention kernel alone (kernels::attention_forward on (B, h,
 //   L, d) views): the part masks can save;
 // - TorchMultiheadAttention (eval, need_weights=False, as a caller runs it
 //   for inference), projections included, on the Fused kernel, and on the
@@ -19,8 +19,8 @@
 #include <functional>
 #include <vector>
 
-#include "kernels/attention_fused.h"
-#include "kernels/attention_params.h"
+#include "kernels/case_data.h"
+#include "kernels/cases.h"
 #include "kernels/dispatch.h"
 #include "mha/mha.h"
 
@@ -65,28 +65,31 @@ std::vector<uint8_t> padding_keep(int64_t B, int64_t K) {
 
 enum class MaskKind { None, Causal, Padding };
 
-// The fused kernel alone on (B, h, L, d) self-attention views.
+// The kernel alone on (B, h, L, d) self-attention views: the shared kernel
+// case (kernels/cases.h) of this shape and mask, its buffers drawn by
+// kernels/case_data.h.
 double kernel_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, AttentionKernel kernel,
                    double budget) {
-  Generator g(1);
-  const int64_t d = D / h;
-  Tensor q = normal({B, L, D}, g), k = normal({B, L, D}, g), v = normal({B, L, D}, g), out({B, L, D});
-  const std::vector<uint8_t> keep = padding_keep(B, L);
-  kernels::AttentionForward p;
-  p.q = q.view().split_heads(h);
-  p.k = k.view().split_heads(h);
-  p.v = v.view().split_heads(h);
+  kernels::Case c;
+  c.family = "bench";
+  c.B = B, c.H = c.Hkv = h, c.Q = c.K = L, c.d = c.dv = D / h;
+  c.fill = kernels::MaskFill::NegInf;  // as PyTorch's masks
+  if (kind == MaskKind::Causal) c.causal = Causal::TopLeft;
+  if (kind == MaskKind::Padding) {
+    c.key_keep = true;
+    c.key_keep_values = padding_keep(B, L);
+  }
+  c.seed = 1;
+  const kernels::CaseData data(c);
+  Tensor out = data.new_out();
+  kernels::AttentionForward p = data.forward();
   p.out = out.view().split_heads(h);
-  p.scale_divisor = std::sqrt(static_cast<float>(d));
-  p.masks.fill = kernels::MaskFill::NegInf;  // as PyTorch's masks
-  if (kind == MaskKind::Causal) p.masks.causal = Causal::TopLeft;
-  if (kind == MaskKind::Padding) p.masks.key_keep = keep.data();
   Tensor weights;
   if (kernel == AttentionKernel::Blas) {  // the BLAS kernel forms the weights
-    weights = Tensor({B, h, L, L});
+    weights = data.new_weights();
     p.weights = weights.data();
   }
-  return median_time([&] { kernels::attention_forward(kernel, p); }, budget);
+  return median_time([&] { (void)kernels::attention_forward(kernel, p); }, budget);
 }
 
 // TorchMultiheadAttention (E = D, h heads, biases), eval, no weights.

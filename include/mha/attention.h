@@ -9,19 +9,12 @@
 #include <mutex>
 
 #include "mha/detail/copyable_mutex.h"
+#include "mha/kernel.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
 
 namespace mha {
-
-// Which implementation computes attention. All take the same parameters and
-// give the same results within float32 rounding; tests hold them together.
-enum class AttentionKernel {
-  Reference,  // plain loops, double accumulation: the yardstick
-  Blas,       // per-head BLAS products through a (Q, K) score matrix
-  Fused,      // online softmax over key tiles: linear memory, padding skipped (default)
-};
 
 // X:[N,Q,K], valid_lens none, (N,) or (N,Q) -> softmax over the last axis,
 // keys k with float(k) >= length replaced by -1e6 first. Throws mha::Error

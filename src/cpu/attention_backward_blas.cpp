@@ -4,7 +4,7 @@
 //   grad_v = (P*M)^T dO,  dP = (dO v^T) * M,  grad_q = dS k,  grad_k = dS^T q.
 // Scratch is two (Q, K) matrices per thread, reused across heads.
 //
-// Masks (p.masks): the weights are recomputed by masked_softmax_row, the
+// Masks (p.fwd.masks): the weights are recomputed by masked_softmax_row, the
 // forward's own row rule, and dS is zeroed on every pair that does not take
 // part and on every fully masked row. Grouped heads: the query heads of one
 // kv head are consecutive, so the first of them writes grad_k/grad_v and the
@@ -21,9 +21,8 @@
 #include <vector>
 
 #include "cpu/blas.h"
-#include "kernels/attention_backward.h"
+#include "cpu/attention_kernels.h"
 #include "mha/threads.h"
-#include "kernels/features.h"
 #include "kernels/masked_row.h"
 
 namespace mha::kernels {
@@ -31,18 +30,21 @@ namespace mha::kernels {
 namespace {
 
 // Whether p uses a mask option (grouped heads alone change no weight).
-bool uses_masks(const AttentionBackward& p) { return (features_used(p) & ~kGroupedHeads) != 0; }
+bool uses_masks(const AttentionBackward& p) {
+  const MaskOptions& m = p.fwd.masks;
+  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.causal != Causal::None ||
+         m.fill != MaskFill::Seed || m.fully_masked != FullyMaskedRows::Uniform;
+}
 
 // s:[Q,K] <- the softmax weights of head (b, h), recomputed from q and k:
-// by the forward's row rule when masks are set, else from the saved
-// log-sum-exp when there is one, else by a full softmax.
+// by the forward's row rule when masks are set, else by a full softmax.
 void recompute_weights(const AttentionBackward& p, int64_t b, int64_t h, float* s) {
   const int64_t Q = p.Q(), K = p.K(), hk = p.kv_head(h);
-  cpu::sgemm(false, true, Q, K, p.d(), 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, hk),
-             p.k.stride[2], 0.0f, s, K);
+  cpu::sgemm(false, true, Q, K, p.d(), 1.0f, p.fwd.q.ptr(b, h), p.fwd.q.stride[2], p.fwd.k.ptr(b, hk),
+             p.fwd.k.stride[2], 0.0f, s, K);
   if (uses_masks(p)) {
     for (int64_t i = 0; i < Q; ++i)
-      masked_softmax_row(p.masks, p.length(b, i), p.scale_divisor, b, h, i, Q, K, s + i * K);
+      masked_softmax_row(p.fwd.masks, p.length(b, i), p.fwd.scale_divisor, b, h, i, Q, K, s + i * K);
     return;
   }
   for (int64_t i = 0; i < Q; ++i) {
@@ -50,15 +52,10 @@ void recompute_weights(const AttentionBackward& p, int64_t b, int64_t h, float* 
     const float len = p.length(b, i);
     float row_max = -INFINITY;
     for (int64_t j = 0; j < K; ++j) {
-      float x = row[j] / p.scale_divisor;
+      float x = row[j] / p.fwd.scale_divisor;
       if (!(static_cast<float>(j) < len)) x = kMaskFill;
       row[j] = x;
       row_max = std::fmax(row_max, x);
-    }
-    if (p.lse) {
-      const float lse = p.lse[(b * p.H() + h) * Q + i];
-      for (int64_t j = 0; j < K; ++j) row[j] = std::exp(row[j] - lse);
-      continue;
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < K; ++j) sum += (row[j] = std::exp(row[j] - row_max));
@@ -73,7 +70,7 @@ void softmax_backward_row(const AttentionBackward& p, bool masked, int64_t b, in
                           int64_t i, const float* w, float* row) {
   const int64_t Q = p.Q(), K = p.K();
   const float len = p.length(b, i);
-  if (masked && fully_masked_row(p.masks, len, b, h, i, Q, K)) {
+  if (masked && fully_masked_row(p.fwd.masks, len, b, h, i, Q, K)) {
     for (int64_t j = 0; j < K; ++j) row[j] = 0.0f;
     return;
   }
@@ -81,8 +78,8 @@ void softmax_backward_row(const AttentionBackward& p, bool masked, int64_t b, in
   for (int64_t j = 0; j < K; ++j) row_dot += static_cast<double>(row[j]) * w[j];
   const float rd = static_cast<float>(row_dot);
   for (int64_t j = 0; j < K; ++j) {
-    const bool part = masked ? takes_part(p.masks, len, b, h, i, j, Q, K) : static_cast<float>(j) < len;
-    row[j] = part ? w[j] * (row[j] - rd) / p.scale_divisor : 0.0f;
+    const bool part = masked ? takes_part(p.fwd.masks, len, b, h, i, j, Q, K) : static_cast<float>(j) < len;
+    row[j] = part ? w[j] * (row[j] - rd) / p.fwd.scale_divisor : 0.0f;
   }
 }
 
@@ -97,7 +94,7 @@ void attention_backward_blas(const AttentionBackward& p) {
   const int threads = B * Hkv > 1 ? num_threads() : 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-  std::vector<float> weights_scratch(p.weights ? 0 : QK), dropped(p.dropout.active() ? QK : 0), dS(QK);
+  std::vector<float> weights_scratch(p.fwd.weights ? 0 : QK), dropped(p.fwd.dropout.active() ? QK : 0), dS(QK);
 #pragma omp for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t g = 0; g < Hkv; ++g) {
@@ -106,12 +103,12 @@ void attention_backward_blas(const AttentionBackward& p) {
       // The first query head of a kv head writes its gradients, the rest add.
       const float beta = h % group == 0 ? 0.0f : 1.0f;
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
-      const float* P = p.weights ? p.weights + base : weights_scratch.data();
-      if (!p.weights) recompute_weights(p, b, h, weights_scratch.data());
+      const float* P = p.fwd.weights ? p.fwd.weights + base : weights_scratch.data();
+      if (!p.fwd.weights) recompute_weights(p, b, h, weights_scratch.data());
       // The weights the forward multiplied v by: P * M.
       const float* Pd = P;
-      if (p.dropout.active()) {
-        for (size_t x = 0; x < QK; ++x) dropped[x] = P[x] * p.dropout.multiplier(base + x);
+      if (p.fwd.dropout.active()) {
+        for (size_t x = 0; x < QK; ++x) dropped[x] = P[x] * p.fwd.dropout.multiplier(base + x);
         Pd = dropped.data();
       }
       const float* dO = p.grad_out.ptr(b, h);
@@ -120,18 +117,18 @@ void attention_backward_blas(const AttentionBackward& p) {
       cpu::sgemm(true, false, K, dv, Q, 1.0f, Pd, K, dO, ld_dO, beta, p.grad_v.ptr(b, hk),
                  p.grad_v.stride[2]);
       // dS:[Q,K] <- dO:[Q,dv] @ v^T:[dv,K], then * M, then the softmax's Jacobian.
-      cpu::sgemm(false, true, Q, K, dv, 1.0f, dO, ld_dO, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
+      cpu::sgemm(false, true, Q, K, dv, 1.0f, dO, ld_dO, p.fwd.v.ptr(b, hk), p.fwd.v.stride[2], 0.0f,
                  dS.data(), K);
       for (int64_t i = 0; i < Q; ++i) {
         float* row = dS.data() + i * K;
-        if (p.dropout.active())
-          for (int64_t j = 0; j < K; ++j) row[j] *= p.dropout.multiplier(base + i * K + j);
+        if (p.fwd.dropout.active())
+          for (int64_t j = 0; j < K; ++j) row[j] *= p.fwd.dropout.multiplier(base + i * K + j);
         softmax_backward_row(p, masked, b, h, i, P + i * K, row);
       }
       // grad_q:[Q,d] = dS:[Q,K] @ k:[K,d];  grad_k:[K,d] (+)= dS^T:[K,Q] @ q:[Q,d]
-      cpu::sgemm(false, false, Q, d, K, 1.0f, dS.data(), K, p.k.ptr(b, hk), p.k.stride[2], 0.0f,
+      cpu::sgemm(false, false, Q, d, K, 1.0f, dS.data(), K, p.fwd.k.ptr(b, hk), p.fwd.k.stride[2], 0.0f,
                  p.grad_q.ptr(b, h), p.grad_q.stride[2]);
-      cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.q.ptr(b, h), p.q.stride[2], beta,
+      cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.fwd.q.ptr(b, h), p.fwd.q.stride[2], beta,
                  p.grad_k.ptr(b, hk), p.grad_k.stride[2]);
     }
     }

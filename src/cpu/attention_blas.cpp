@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cpu/blas.h"
-#include "kernels/attention_params.h"
+#include "cpu/attention_kernels.h"
 #include "kernels/masked_row.h"
 
 namespace mha::kernels {

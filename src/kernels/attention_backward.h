@@ -23,14 +23,13 @@
 // whose weight underflowed to 0 in every row therefore gets exactly zero
 // grad_k and grad_v.
 //
-// `masks` carries the forward's MaskOptions (kernels/attention_params.h):
+// `fwd.masks` carries the forward's MaskOptions (kernels/attention_params.h):
 // dS is 0 on every pair that does not take part, and on every fully masked
 // row (its weights are the policy's constant, not a function of the scores),
 // so such a row passes gradient to v alone (uniform) or nowhere (zeros), and
 // never NaN. kernels/attention_backward_masked.h writes the formulas out.
-// Which kernel honours which option: kernels/features.h.
 //
-// The dropout mask is not stored: `dropout` carries the forward call's key and
+// The dropout mask is not stored: `fwd.dropout` carries the forward call's key and
 // the kernel recomputes each multiplier from it (kernels/dropout.h).
 //
 // Outputs are overwritten, not accumulated; the module accumulates parameter
@@ -46,49 +45,31 @@
 namespace mha::kernels {
 
 struct AttentionBackward {
-  // What the forward was called with.
-  TensorView q, k, v;   // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv] (hkv = h: the seed)
+  // The forward call being differentiated, as it was made: q, k, v, lengths,
+  // scale, dropout (p and key), masks, and its results, now read-only inputs:
+  //   fwd.out     [B,h,Q,dv] the forward's output (gives rowsum(dP * P));
+  //               the fused backward needs it
+  //   fwd.weights [B,h,Q,K] or null: the saved weights before dropout (the
+  //               BLAS backward uses them instead of recomputing)
+  //   fwd.stats   the statistics kernels::attention_forward returned, or
+  //               empty: given, the fused backward runs from them
+  // The reference backward recomputes everything from q, k and v.
+  AttentionForward fwd;
   TensorView grad_out;  // [B,h,Q,dv]: dL/d(out), may be a view into a (B, Q, h*dv) buffer
-  LengthKind length_kind = LengthKind::None;
-  const float* lens = nullptr;  // [B] or [B,Q]
-  float scale_divisor = 1.0f;   // sqrt(d), as in the forward
-  Dropout dropout;              // the forward call's p and key
-  MaskOptions masks;            // the forward call's (all off by default: the seed)
-
-  // Optional saves of the forward; a kernel uses those it can and recomputes
-  // the rest from q and k. Null (or a view with data == nullptr) when absent.
-  const float* weights = nullptr;  // [B,h,Q,K] contiguous softmax weights, before dropout
-  TensorView out;                  // [B,h,Q,dv] the forward's output (gives rowsum(dP * P))
-  const float* lse = nullptr;      // [B,h,Q] contiguous log-sum-exp of each masked, scaled score row
-                                   // (not read when a mask option is set: fully masked rows have none)
 
   // Outputs, overwritten.
   TensorView grad_q, grad_k, grad_v;  // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv]
 
-  int64_t B() const { return q.shape[0]; }
-  int64_t H() const { return q.shape[1]; }
-  int64_t Q() const { return q.shape[2]; }
-  int64_t K() const { return k.shape[2]; }
-  int64_t d() const { return q.shape[3]; }
-  int64_t dv() const { return v.shape[3]; }
-  int64_t Hkv() const { return k.shape[1]; }  // kv heads, dividing H()
-  int64_t kv_head(int64_t h) const { return h / (H() / Hkv()); }
-  // The length seen by query i of batch row b; +inf when unmasked.
-  float length(int64_t b, int64_t i) const {
-    switch (length_kind) {
-      case LengthKind::None: return __builtin_inff();
-      case LengthKind::PerBatch: return lens[b];
-      case LengthKind::PerQuery: return lens[b * Q() + i];
-    }
-    return __builtin_inff();
-  }
+  // The forward's shapes (methods, not copies).
+  int64_t B() const { return fwd.B(); }
+  int64_t H() const { return fwd.H(); }
+  int64_t Q() const { return fwd.Q(); }
+  int64_t K() const { return fwd.K(); }
+  int64_t d() const { return fwd.d(); }
+  int64_t dv() const { return fwd.dv(); }
+  int64_t Hkv() const { return fwd.Hkv(); }
+  int64_t kv_head(int64_t h) const { return fwd.kv_head(h); }
+  float length(int64_t b, int64_t i) const { return fwd.length(b, i); }
 };
-
-// Plain loops in double, recomputing everything from q, k and v (it ignores
-// the optional saves): the yardstick for the others.
-void attention_backward_reference(const AttentionBackward& p);
-// Per (batch row, head): the (Q, K) weights (saved or recomputed) and four
-// BLAS products.
-void attention_backward_blas(const AttentionBackward& p);
 
 }  // namespace mha::kernels

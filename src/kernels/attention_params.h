@@ -1,30 +1,33 @@
 // src/kernels/attention_params.h: the one interface every attention kernel takes.
 //
 // A plain struct of strided views, shapes and options. The module validates
-// its inputs once, then fills this struct; kernels assume it is valid (the
-// innermost dimension of every view is contiguous, shapes agree).
+// its inputs once, then fills this struct and calls kernels::attention_forward
+// (kernels/dispatch.h), which checks the struct in debug builds
+// (kernels/validate.h) and runs the kernel.
 //
-//   q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv]   (+ weights:[B,h,Q,K])
+//   q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv]
+//     (+ weights:[B,h,Q,K], + stats:[B,h,Q] twice)
 //
 // Scores are (q . k) / sqrt(d); key k of query q in row b is masked when
-// float(k) >= length(b, q) and its score then becomes -1e6, the seed's fill,
-// so a row with every key masked gets uniform weights 1/K.
+// float(k) >= length(b, q) and its score then becomes -1e6, the d2l
+// chapter's fill, so a row with every key masked gets uniform weights 1/K.
 //
-// Options beyond the seed (all additive; their defaults are the seed's
-// behaviour, so a kernel that ignores them is right whenever they are unset;
-// kernels/features.h tells which kernel honours which; docs/masks.md has the
-// table of fields):
+// Options beyond the chapter (all additive; their defaults are the chapter's
+// behaviour; every kernel honours every option; docs/masks.md has the table
+// of fields):
 // - grouped heads: k and v may have Hkv = k.shape[1] heads, Hkv dividing H;
 //   query head h reads kv head h / (H / Hkv) (Hkv = 1: multi-query);
 // - in `masks` (MaskOptions): boolean masks (1 = the key takes part) and
 //   additive masks per key [B,K] or per (query, key) pair, causal masking,
-//   the fill of masked scores (the seed's -1e6, or -inf: the key drops out)
+//   the fill of masked scores (the chapter's -1e6, or -inf: the key drops out)
 //   and the policy for rows in which no key is live (uniform or zeros).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/dropout.h"
+#include "kernels/softmax_stats.h"
 #include "mha/masks.h"
 #include "mha/tensor.h"
 
@@ -32,7 +35,7 @@ namespace mha::kernels {
 
 enum class LengthKind { None, PerBatch, PerQuery };
 
-// The seed's masked_softmax replaces masked scores by this value.
+// The chapter's masked_softmax replaces masked scores by this value.
 inline constexpr float kMaskFill = -1e6f;
 
 // What a masked score becomes before the softmax.
@@ -82,12 +85,24 @@ struct AttentionForward {
   TensorView out;       // [B,h,Q,dv], may be a view into a (B, Q, h*d) buffer
   // Optional [B,h,Q,K] contiguous: the softmax weights before dropout.
   float* weights = nullptr;
+  // Optional: where the fused kernel writes its softmax statistics
+  // (kernels/softmax_stats.h). Only the fused kernel writes them, so
+  // kernels::attention_forward returns them when it did and an empty
+  // SoftmaxStats otherwise: what a backward may then be given.
+  SoftmaxStats stats;
   LengthKind length_kind = LengthKind::None;
   const float* lens = nullptr;  // [B] or [B,Q]
-  float scale_divisor = 1.0f;   // sqrt(d), applied as the seed does: scores / sqrt(d)
+  float scale_divisor = 1.0f;   // sqrt(d), applied as the chapter does: scores / sqrt(d)
   Dropout dropout;
 
-  MaskOptions masks;  // beyond the seed (all off by default)
+  MaskOptions masks;  // beyond the chapter (all off by default)
+
+  // [B] or null: batch rows whose every key the fused kernel must read,
+  // masked or not, because some value row past the lengths is not finite:
+  // the chapter multiplies it by weight 0, and 0 * NaN reaches the row's
+  // outputs. All their k and v rows must be valid. (The other kernels read
+  // every row anyway.)
+  const uint8_t* read_all_keys = nullptr;
 
   int64_t B() const { return q.shape[0]; }
   int64_t H() const { return q.shape[1]; }
@@ -108,9 +123,9 @@ struct AttentionForward {
   }
 };
 
-// Plain loops, written to be obviously right; the tests hold the others to it.
-void attention_forward_reference(const AttentionForward& p);
-// Materialises each head's (Q, K) scores with BLAS products.
-void attention_forward_blas(const AttentionForward& p);
+// n[b*Q + q] = #{k < K : float(k) < length(b, q)}: how many keys query q of
+// row b sees (K when unmasked). K must be at most 2^24.
+std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_t B, int64_t Q,
+                                      int64_t K);
 
 }  // namespace mha::kernels

@@ -31,7 +31,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/attention_fused.h"
+#include "cpu/fused/isa.h"
+#include "cpu/fused/limits.h"
 
 namespace mha::kernels {
 

@@ -1,30 +1,64 @@
 #include "kernels/dispatch.h"
 
-#include "kernels/attention_fused.h"
-#include "kernels/features.h"
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cpu/attention_kernels.h"
+#include "cpu/fused/attention_fused.h"
+#include "cpu/fused/limits.h"
+#include "kernels/validate.h"
 
 namespace mha::kernels {
 
-void attention_forward(AttentionKernel kernel, const AttentionForward& p) {
-  switch (kernel) {
-    case AttentionKernel::Reference: attention_forward_reference(p); return;
-    case AttentionKernel::Blas: attention_forward_blas(p); return;
-    case AttentionKernel::Fused:
-      // Key axes below 2^24 (float key indices); the BLAS path otherwise.
-      if (p.K() <= kFusedMaxKeys && supports(AttentionKernel::Fused, p)) attention_forward_fused(p);
-      else attention_forward_blas(p);
-      return;
+namespace {
+
+// Debug builds: a module that filled a struct wrong stops here, naming the
+// field, rather than reading out of bounds in a kernel.
+template <class Params>
+void check_in_debug([[maybe_unused]] const char* entry, [[maybe_unused]] const Params& p) {
+#ifndef NDEBUG
+  if (const std::string why = validate(p); !why.empty()) {
+    std::fprintf(stderr, "kernels::%s: inconsistent parameters: %s\n", entry, why.c_str());
+    std::abort();
   }
+#endif
+}
+
+}  // namespace
+
+bool runs_fused(AttentionKernel kernel, int64_t keys) {
+  // Key axes up to kFusedMaxKeys (float key indices); the BLAS path otherwise.
+  return kernel == AttentionKernel::Fused && keys <= kFusedMaxKeys;
+}
+
+SoftmaxStats attention_forward(AttentionKernel kernel, const AttentionForward& p) {
+  check_in_debug("attention_forward", p);
+  if (runs_fused(kernel, p.K())) {
+    attention_forward_fused(p);
+    return p.stats;
+  }
+  switch (kernel) {
+    case AttentionKernel::Reference: attention_forward_reference(p); break;
+    case AttentionKernel::Blas:
+    case AttentionKernel::Fused: attention_forward_blas(p); break;
+  }
+  return {};
 }
 
 void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
-  // Never a backward that would drop one of p's options (kernels/features.h).
-  switch (kernel_for(kernel, p)) {
-    case AttentionKernel::Reference: attention_backward_reference(p); return;
-    case AttentionKernel::Blas: attention_backward_blas(p); return;
-    case AttentionKernel::Fused: break;  // its backward needs the fused forward's statistics: BLAS
+  check_in_debug("attention_backward", p);
+  if (!p.fwd.stats.empty()) {
+    attention_backward_fused(p);
+    return;
   }
-  attention_backward_blas(p);
+  if (kernel == AttentionKernel::Reference) attention_backward_reference(p);
+  else attention_backward_blas(p);
+}
+
+void attention_weights(const AttentionWeightsParams& p) {
+  check_in_debug("attention_weights", p);
+  attention_weights_fused(p);
 }
 
 }  // namespace mha::kernels

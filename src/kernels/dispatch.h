@@ -1,19 +1,50 @@
-// src/kernels/dispatch.h: runs the kernel a module chose.
+// src/kernels/dispatch.h: the only way into the attention kernels.
+//
+// A module fills a parameter struct (kernels/attention_params.h,
+// attention_backward.h, attention_weights.h) and calls one of the three
+// functions below with the kernel its user chose. Each decides in one place
+// which code runs: the fused kernel takes key axes up to its limit (longer
+// ones run the BLAS kernel), saves softmax statistics when asked, and its
+// backward runs iff the statistics are given. In debug builds each checks
+// its struct first (kernels/validate.h) and aborts naming the problem.
 #pragma once
+
+#include <cstdint>
 
 #include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
-#include "kernels/features.h"
-#include "mha/attention.h"
+#include "kernels/attention_weights.h"
+#include "kernels/softmax_stats.h"
+#include "mha/kernel.h"
 #include "mha/valid_lens.h"
 
 namespace mha::kernels {
 
-void attention_forward(AttentionKernel kernel, const AttentionForward& p);
-// A kernel without a backward of its own uses the BLAS one: all kernels
-// compute the same function, so any backward differentiates any forward.
-// So does a kernel whose backward lacks an option p uses (kernels/features.h).
+// Whether attention_forward(kernel, p) with p.K() == keys runs the fused
+// kernel: the one that saves statistics when p.stats asks, and that reads key
+// and value rows only up to each batch row's last live key (plus the rows
+// p.read_all_keys flags). A module that skips projecting the other rows
+// (nn/row_plan.h), or plans memory for statistics instead of weights, asks
+// this first.
+bool runs_fused(AttentionKernel kernel, int64_t keys);
+
+// q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv] (+ p.weights
+// [B,h,Q,K]). Returns p.stats when the kernel wrote the statistics there,
+// else an empty SoftmaxStats (p.stats unset, or a kernel other than the
+// fused one ran): exactly what the backward and attention_weights may be
+// given later, so a module keeps the result, not p.stats.
+[[nodiscard]] SoftmaxStats attention_forward(AttentionKernel kernel, const AttentionForward& p);
+
+// grad_out:[B,h,Q,dv] -> grad_q:[B,h,Q,d] grad_k:[B,hkv,K,d] grad_v:[B,hkv,K,dv].
+// With p.fwd.stats given (what attention_forward returned) the fused
+// backward runs from them, whatever `kernel`; without, the Reference kernel
+// runs its own backward and the others the BLAS one (all kernels compute the
+// same function, so any backward differentiates any forward).
 void attention_backward(AttentionKernel kernel, const AttentionBackward& p);
+
+// out:[rows, heads, Q, K] <- the weights of the requested (batch row, head)
+// pairs, from the statistics in p.fwd.stats (required).
+void attention_weights(const AttentionWeightsParams& p);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.
 inline void set_lengths(AttentionForward& p, const ValidLens& lens) {
@@ -23,12 +54,6 @@ inline void set_lengths(AttentionForward& p, const ValidLens& lens) {
     case ValidLens::Kind::PerQuery: p.length_kind = LengthKind::PerQuery; break;
   }
   p.lens = lens.data();
-}
-inline void set_lengths(AttentionBackward& p, const ValidLens& lens) {
-  AttentionForward f;
-  set_lengths(f, lens);
-  p.length_kind = f.length_kind;
-  p.lens = f.lens;
 }
 
 }  // namespace mha::kernels

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "core/finite.h"
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "nn/linear_backward.h"
@@ -29,12 +28,6 @@ kernels::MaskOptions AttentionMasks::options() const {
 }
 
 namespace {
-
-// The fused kernel runs the call: the module chose it, and its key axis is
-// short enough for float key indices (past that the BLAS path runs).
-bool runs_fused(AttentionKernel kernel, int64_t Kt) {
-  return kernel == AttentionKernel::Fused && Kt <= kernels::kFusedMaxKeys;
-}
 
 bool all_ones(const float* gates, int64_t H) {
   if (!gates) return true;
@@ -114,6 +107,11 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
   p.scale_divisor = ctx.scale_divisor;
   p.dropout = ctx.dropout;
   p.masks = ctx.masks.options();
+  p.read_all_keys = ctx.read_all_keys.empty() ? nullptr : ctx.read_all_keys.data();
+  if (!ctx.stats.empty()) {
+    const size_t n = ctx.stats.size() / 2;
+    p.stats = {const_cast<float*>(ctx.stats.data()), const_cast<float*>(ctx.stats.data()) + n};  // read only
+  }
   return p;
 }
 
@@ -121,7 +119,7 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
 
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout) {
   const int64_t B = call.layout.B, Kt = call.Kt(layers);
-  const bool fused = runs_fused(call.kernel, Kt);
+  const bool fused = kernels::runs_fused(call.kernel, Kt);
   // The fused kernel forms no (B, h, Q, K) weights unless asked, only two
   // floats per query (and per thread, one head's keys and values, packed).
   if (fused)
@@ -140,7 +138,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   const RowLayout& layout = call.layout;
   const int64_t B = layout.B, Q = call.Q, K = call.K, Kt = call.Kt(layers);
   const int64_t H = call.H, Hkv = call.Hkv, d = call.d, E = H * d;
-  const bool fused = runs_fused(call.kernel, Kt);
+  const bool fused = kernels::runs_fused(call.kernel, Kt);
   const bool keep = call.keep_for_backward || call.keep_for_weights;
   auto ctx = std::make_shared<AttentionContext>();
   AttentionContext& c = *ctx;
@@ -180,15 +178,14 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
     c.weights = Tensor({B, H, Q, Kt});
     p.weights = c.weights.data();
   }
-  if (fused) {
-    if (keep) c.stats.resize(static_cast<size_t>(2 * B * H * Q));
+  // The fused kernel keeps its softmax statistics when the call is kept:
+  // the weights and the backward are recomputed from them.
+  if (fused && keep) {
+    c.stats.resize(static_cast<size_t>(2 * B * H * Q));
     const size_t n = static_cast<size_t>(B * H * Q);
-    kernels::attention_forward_fused(
-        p, keep ? kernels::SoftmaxStats{c.stats.data(), c.stats.data() + n} : kernels::SoftmaxStats{},
-        {c.read_all_keys.empty() ? nullptr : c.read_all_keys.data()});
-  } else {
-    kernels::attention_forward(call.kernel, p);
+    p.stats = {c.stats.data(), c.stats.data() + n};
   }
+  if (kernels::attention_forward(call.kernel, p).empty()) c.stats.clear();
   c.have_all = form_weights;
 
   // Head gates, then W_o.
@@ -278,26 +275,18 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // masks and dropout key.
   Tensor dq({B * c.Q, E}), dk({B * c.Kt, Ekv}), dv({B * c.Kt, Ekv});
   kernels::AttentionBackward p;
-  const kernels::AttentionForward f = forward_params(c);
-  p.q = f.q, p.k = f.k, p.v = f.v;
-  p.length_kind = f.length_kind, p.lens = f.lens;
-  p.scale_divisor = f.scale_divisor;
-  p.dropout = f.dropout;
-  p.masks = f.masks;
+  p.fwd = forward_params(c);
+  p.fwd.out = layout.heads(const_cast<float*>(heads_out.data()), c.Q, H, d, E);
   p.grad_out = layout.heads(d_concat.data(), c.Q, H, d, E);
-  p.out = layout.heads(const_cast<float*>(heads_out.data()), c.Q, H, d, E);
   p.grad_q = layout.heads(dq.data(), c.Q, H, d, E);
   p.grad_k = layout.heads(dk.data(), c.Kt, Hkv, d, Ekv);
   p.grad_v = layout.heads(dv.data(), c.Kt, Hkv, d, Ekv);
-  if (!c.stats.empty()) {
-    // The forward ran the fused kernel: its backward recomputes the weights
-    // tile by tile from the statistics (linear memory) and reads only the
-    // key rows that forward projected.
-    const size_t n = c.stats.size() / 2;
-    kernels::attention_backward_fused(p, c.stats.data(), c.stats.data() + n);
-  } else {
+  // With the forward's statistics the fused backward recomputes the weights
+  // tile by tile (linear memory) and reads only the key rows that forward
+  // projected; else the saved weights, or none (recomputed from q and k).
+  {
     std::lock_guard lock(c.weights_mutex);
-    p.weights = c.have_all ? c.weights.data() : nullptr;  // else recomputed from q and k
+    p.fwd.weights = c.have_all && c.stats.empty() ? c.weights.data() : nullptr;
     kernels::attention_backward(c.kernel, p);
   }
 
@@ -320,21 +309,12 @@ Tensor fused_weights(const AttentionContext& c, const std::vector<int64_t>& rows
                      const std::vector<int64_t>& heads) {
   const int64_t nr = static_cast<int64_t>(rows.size()), nh = static_cast<int64_t>(heads.size());
   Tensor out({nr, nh, c.Q, c.Kt});
-  const kernels::AttentionForward f = forward_params(c);
   kernels::AttentionWeightsParams p;
-  p.q = f.q;
-  p.k = f.k;
-  p.length_kind = f.length_kind;
-  p.lens = f.lens;
-  p.scale_divisor = f.scale_divisor;
-  p.masks = f.masks;
-  const size_t n = static_cast<size_t>(c.B() * c.H * c.Q);
-  p.row_max2 = c.stats.data();
-  p.row_sum = c.stats.data() + n;
+  p.fwd = forward_params(c);
   p.batch_rows = rows;
   p.heads = heads;
   p.out = out.data();
-  kernels::attention_weights_fused(p);
+  kernels::attention_weights(p);
   return out;
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/attention_fused.h"
 #include "kernels/dispatch.h"
 #include "mha/threads.h"
 #include "nn/attention_engine.h"

@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_targets.h: what the fuzzers run on each input, shared with
-// the regression test (tests/cpp/test_fuzz_corpus.cpp) that replays the seed
+// the regression test (tests/cpp/tools/test_fuzz_corpus.cpp) that replays the seed
 // corpus and every input a fuzzer ever crashed on.
 //
 // Each function accepts any bytes. Returning normally (with or without an

@@ -6,7 +6,7 @@
 corpus/safetensors/ seeds the reader's fuzzer, corpus/run_inputs/ the one for
 `mha run`'s inputs file. Files are written by hand (struct + json), not by
 mha, so that the broken ones can be broken in every way the reader checks.
-The regression test (tests/cpp/test_fuzz_corpus.cpp) replays all of them.
+The regression test (tests/cpp/tools/test_fuzz_corpus.cpp) replays all of them.
 """
 import json
 import pathlib

@@ -5,7 +5,7 @@ one in CLI (below, and in catalogue_triggers.py for the newer parts:
 training, the PyTorch drop-in, pictures, `mha viz` and `mha train`); each
 must raise (Python: ValueError) or print (CLI: `mha <command>: error:
 <message>`, exit status 1) the row's message, where <placeholders> match any
-text. tests/cpp/test_error_catalogue.cpp does the same for the C++ API.
+text. tests/cpp/errors/test_error_catalogue.cpp does the same for the C++ API.
 """
 import json
 import pathlib

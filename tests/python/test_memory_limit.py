@@ -1,5 +1,5 @@
 """The memory limit from Python and from the tool (docs/errors.md has the
-messages; tests/cpp/test_memory_limit.cpp the C++ side)."""
+messages; tests/cpp/core/test_memory_limit.cpp the C++ side)."""
 import os
 import subprocess
 

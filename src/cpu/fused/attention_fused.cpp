@@ -20,8 +20,7 @@
 #include <vector>
 
 #include "cpu/fused/fused_job.h"
-#include "kernels/features.h"
-#include "kernels/attention_fused.h"
+#include "cpu/fused/attention_fused.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 
@@ -191,18 +190,18 @@ bool set_fused_isa(FusedIsa isa) {
 
 const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 
-void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
-                             FusedForwardOptions options) {
+void attention_forward_fused(const AttentionForward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   // Callers pick another kernel for longer keys (kernels/dispatch.cpp).
-  assert(K <= kFusedMaxKeys && supports(AttentionKernel::Fused, p));
+  assert(K <= kFusedMaxKeys);
   const IsaKernels& isa = kernels_for(g_isa);
   std::vector<uint8_t> tile_mask;
   const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
 
   // The weights need the statistics; keep them here if the caller did not ask.
+  SoftmaxStats stats = p.stats;
   std::vector<float> own_stats;
-  if (p.weights && !stats.row_max2) {
+  if (p.weights && stats.empty()) {
     own_stats.resize(static_cast<size_t>(2 * B * H * Q));
     stats = {own_stats.data(), own_stats.data() + B * H * Q};
   }
@@ -216,12 +215,12 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
-  if (options.read_all_keys)
+  if (p.read_all_keys)
     for (int64_t b = 0; b < B; ++b)
-      if (options.read_all_keys[b]) kv_rows[static_cast<size_t>(b)] = K;
+      if (p.read_all_keys[b]) kv_rows[static_cast<size_t>(b)] = K;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
-  job.read_all = options.read_all_keys;
+  job.read_all = p.read_all_keys;
   double work = 0;
   for (int32_t n : n_valid) work += n;
   work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);
@@ -252,18 +251,19 @@ void attention_forward_fused(const AttentionForward& p, SoftmaxStats stats,
 }
 
 void attention_weights_fused(const AttentionWeightsParams& p) {
-  const int64_t B = p.q.shape[0], Q = p.q.shape[2], K = p.k.shape[2], d = p.q.shape[3];
+  const AttentionForward& f = p.fwd;
+  const int64_t B = f.B(), Q = f.Q(), K = f.K(), d = f.d();
   assert(K <= kFusedMaxKeys);
   std::vector<uint8_t> tile_mask;
-  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
+  const std::vector<int32_t> n_valid = key_limits(f.length_kind, f.lens, f.masks, B, Q, K, &tile_mask);
   fused::WeightsJob w;
-  w.mask = mask_job(p.masks, K, tile_mask);
-  w.q = p.q;
-  w.k = p.k;
+  w.mask = mask_job(f.masks, K, tile_mask);
+  w.q = f.q;
+  w.k = f.k;
   w.n_valid = n_valid.data();
-  w.row_max2 = p.row_max2;
-  w.row_sum = p.row_sum;
-  w.c2 = (w.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;
+  w.row_max2 = f.stats.row_max2;
+  w.row_sum = f.stats.row_sum;
+  w.c2 = (w.mask.natural ? 1.0f : kLog2e) / f.scale_divisor;
   w.batch_rows = p.batch_rows.data();
   w.heads = p.heads.data();
   w.n_rows = static_cast<int64_t>(p.batch_rows.size());
@@ -276,21 +276,20 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
   run_weights(w, Q, K, d);
 }
 
-void attention_backward_fused(const AttentionBackward& p, const float* row_max2,
-                              const float* row_sum) {
+void attention_backward_fused(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  assert(K <= kFusedMaxKeys && p.out.data && row_max2 && row_sum);
+  assert(K <= kFusedMaxKeys && p.fwd.out.data && !p.fwd.stats.empty());
   const IsaKernels& isa = kernels_for(g_isa);
   std::vector<uint8_t> tile_mask;
-  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
+  const std::vector<int32_t> n_valid = key_limits(p.fwd.length_kind, p.fwd.lens, p.fwd.masks, B, Q, K, &tile_mask);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   fused::BackwardJob job;
-  job.mask = mask_job(p.masks, K, tile_mask);
+  job.mask = mask_job(p.fwd.masks, K, tile_mask);
   job.p = &p;
   job.n_valid = n_valid.data();
-  job.row_max2 = row_max2;
-  job.row_sum = row_sum;
-  job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;
+  job.row_max2 = p.fwd.stats.row_max2;
+  job.row_sum = p.fwd.stats.row_sum;
+  job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.fwd.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
   double work = 0;

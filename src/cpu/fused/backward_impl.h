@@ -8,7 +8,7 @@
 // head order: no two chunks write the same gradient rows, so no atomics, and
 // the result does not depend on the thread count. Per query head h of the
 // chunk, with the forward's statistics (row_max2 m, row_sum l;
-// kernels/attention_fused.h) and key limits n (fused_job.h):
+// kernels/softmax_stats.h) and key limits n (fused_job.h):
 //   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
 //   for each key tile J below the longest n, for each query tile I:
 //     P^T  = 2^(S^T - m) / l                   S^T as in the forward, with its masking pass;
@@ -192,12 +192,12 @@ struct BackwardKernel {
     // dP^T = v_J dO^T (times M below).
     F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv,
                                   V::set1(1.0f), fill, s.dst, nullptr);
-    const bool drop = p.dropout.active();
+    const bool drop = p.fwd.dropout.active();
     if (drop) {
       const uint64_t row0 = static_cast<uint64_t>(((b * p.H() + h) * Q + i0) * K);
       for (int64_t r = 0; r < nk; ++r)
         for (int64_t i = 0; i < mq; ++i) {
-          const float mult = p.dropout.multiplier(row0 + i * K + j0 + r);
+          const float mult = p.fwd.dropout.multiplier(row0 + i * K + j0 + r);
           s.mt[r * MQ + i] = mult;
           s.dst[r * MQ + i] *= mult;
         }
@@ -207,7 +207,7 @@ struct BackwardKernel {
     // with a single live key and weightless masked keys: that key's weight
     // is 1 whatever its score, so the exact gradient is 0 (dP - D would
     // leave float32 rounding).
-    const Reg inv_scale = V::set1(1.0f / p.scale_divisor), one_and_half = V::set1(1.5f);
+    const Reg inv_scale = V::set1(1.0f / p.fwd.scale_divisor), one_and_half = V::set1(1.5f);
     const bool single = kv_min <= 1;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
@@ -251,8 +251,8 @@ struct BackwardKernel {
     const Shape sh = shape_of(Q, d, dv, job.pack_rows);
     const Scratch s = carve(scratch, sh);
 
-    pack(p.k.ptr(b, hk), p.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
-    pack(p.v.ptr(b, hk), p.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
+    pack(p.fwd.k.ptr(b, hk), p.fwd.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
+    pack(p.fwd.v.ptr(b, hk), p.fwd.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
     for (int64_t x = 0; x < rows * sh.dpad; ++x) s.dk[x] = 0.0f;
     for (int64_t x = 0; x < rows * sh.dvpad; ++x) s.dv[x] = 0.0f;
     // Keys past every key limit: no gradient through their (assigned)
@@ -269,7 +269,7 @@ struct BackwardKernel {
 
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hk * G + g;
-      pack(p.q.ptr(b, h), p.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
+      pack(p.fwd.q.ptr(b, h), p.fwd.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
       pack(p.grad_out.ptr(b, h), p.grad_out.stride[2], Q, dv, sh.dvpad, s.dor, sh.qpad, s.doT, sh.qpad);
       const int64_t base = (b * H + h) * Q;
       for (int64_t i = 0; i < sh.qpad; ++i) {
@@ -279,7 +279,7 @@ struct BackwardKernel {
         // (O = v exactly), dP - D is then exactly 0, as the true gradient.
         Reg dot = V::zero();
         if (real) {
-          const float* o = p.out.ptr(b, h, i);
+          const float* o = p.fwd.out.ptr(b, h, i);
           const float* gr = s.dor + i * sh.dvpad;
           for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
         }
@@ -324,7 +324,7 @@ struct BackwardKernel {
       // Values past every limit: from the rows whose masked keys carry weight.
       const uint64_t row0 = static_cast<uint64_t>(base * K);
       float* acc = s.dvj;  // [dv]
-      if (rows < K && !p.dropout.active()) {
+      if (rows < K && !p.fwd.dropout.active()) {
         for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
         for (int64_t i = 0; i < Q; ++i)
           if (s.w[i] != 0.0f)
@@ -332,11 +332,11 @@ struct BackwardKernel {
       }
       for (int64_t j = rows; j < K; ++j) {
         float* gv = p.grad_v.ptr(b, hk, j);
-        if (p.dropout.active()) {
+        if (p.fwd.dropout.active()) {
           for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
           for (int64_t i = 0; i < Q; ++i) {
             if (s.w[i] == 0.0f) continue;
-            const float wm = s.w[i] * p.dropout.multiplier(row0 + i * K + j);
+            const float wm = s.w[i] * p.fwd.dropout.multiplier(row0 + i * K + j);
             for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
           }
         }

@@ -7,7 +7,7 @@
 
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/traits.h"
-#include "kernels/attention_fused.h"
+#include "cpu/fused/attention_fused.h"
 
 // Everything below is compiled for AVX2 + FMA; the headers above are not
 // (GCC: a target pragma; clang: a target attribute on every function).

@@ -8,7 +8,7 @@
 
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/traits.h"
-#include "kernels/attention_fused.h"
+#include "cpu/fused/attention_fused.h"
 
 // Everything below is compiled for AVX-512F (with AVX2 and FMA, which every
 // AVX-512 CPU has); the headers above are not (GCC: a target pragma; clang: a

@@ -7,7 +7,7 @@
 
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/traits.h"
-#include "kernels/attention_fused.h"
+#include "cpu/fused/attention_fused.h"
 
 // Compiled for the baseline x86-64 target (no pragma: plain loops).
 #include "cpu/fused/simd_scalar.h"

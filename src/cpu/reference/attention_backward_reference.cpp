@@ -5,27 +5,19 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_backward.h"
+#include "cpu/attention_kernels.h"
 #include "kernels/attention_backward_masked.h"
-#include "kernels/features.h"
 
 namespace mha::kernels {
 
 namespace {
 
-// The forward's parameter struct for the same call: what the masked
-// reference reads (its out and weights stay unset).
-AttentionForward forward_of(const AttentionBackward& p) {
-  AttentionForward f;
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
-  f.length_kind = p.length_kind;
-  f.lens = p.lens;
-  f.scale_divisor = p.scale_divisor;
-  f.dropout = p.dropout;
-  f.masks = p.masks;
-  return f;
+// Whether p uses a mask option or grouped heads: the chapter's loops below
+// take neither.
+bool beyond_the_chapter(const AttentionBackward& p) {
+  const MaskOptions& m = p.fwd.masks;
+  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.causal != Causal::None ||
+         m.fill != MaskFill::Seed || m.fully_masked != FullyMaskedRows::Uniform || p.Hkv() != p.H();
 }
 
 }  // namespace
@@ -34,12 +26,12 @@ void attention_backward_reference(const AttentionBackward& p) {
   // Masks and grouped heads: the reference written with every option
   // (cpu/reference/attention_backward_masked.cpp). The loops below are the
   // seed's case alone, kept as its plainest statement.
-  if (features_used(p) != 0) {
-    attention_backward_masked_reference(forward_of(p), p.grad_out, p.grad_q, p.grad_k, p.grad_v);
+  if (beyond_the_chapter(p)) {
+    attention_backward_masked_reference(p.fwd, p.grad_out, p.grad_q, p.grad_k, p.grad_v);
     return;
   }
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  const double scale = p.scale_divisor;
+  const double scale = p.fwd.scale_divisor;
   std::vector<double> P(static_cast<size_t>(Q * K)), M(static_cast<size_t>(Q * K)),
       dS(static_cast<size_t>(Q * K));
   std::vector<char> masked(static_cast<size_t>(Q * K));
@@ -52,7 +44,7 @@ void attention_backward_reference(const AttentionBackward& p) {
         double row_max = -INFINITY;
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
-          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(p.q.ptr(b, h, i)[c]) * p.k.ptr(b, h, j)[c];
+          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(p.fwd.q.ptr(b, h, i)[c]) * p.fwd.k.ptr(b, h, j)[c];
           const bool m = !(static_cast<float>(j) < len);
           masked[i * K + j] = m;
           P[i * K + j] = m ? kMaskFill : dot / scale;
@@ -62,7 +54,7 @@ void attention_backward_reference(const AttentionBackward& p) {
         for (int64_t j = 0; j < K; ++j) sum += (P[i * K + j] = std::exp(P[i * K + j] - row_max));
         for (int64_t j = 0; j < K; ++j) {
           P[i * K + j] /= sum;
-          M[i * K + j] = p.dropout.multiplier(base + i * K + j);
+          M[i * K + j] = p.fwd.dropout.multiplier(base + i * K + j);
         }
       }
       // grad_v[j] = sum_i P[i,j] M[i,j] grad_out[i].
@@ -80,7 +72,7 @@ void attention_backward_reference(const AttentionBackward& p) {
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < dv; ++c)
-            dot += static_cast<double>(p.grad_out.ptr(b, h, i)[c]) * p.v.ptr(b, h, j)[c];
+            dot += static_cast<double>(p.grad_out.ptr(b, h, i)[c]) * p.fwd.v.ptr(b, h, j)[c];
           dP[j] = dot * M[i * K + j];
           row_dot += dP[j] * P[i * K + j];
         }
@@ -91,14 +83,14 @@ void attention_backward_reference(const AttentionBackward& p) {
       for (int64_t i = 0; i < Q; ++i) {
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0.0;
-          for (int64_t j = 0; j < K; ++j) acc += dS[i * K + j] * p.k.ptr(b, h, j)[c];
+          for (int64_t j = 0; j < K; ++j) acc += dS[i * K + j] * p.fwd.k.ptr(b, h, j)[c];
           p.grad_q.ptr(b, h, i)[c] = static_cast<float>(acc);
         }
       }
       for (int64_t j = 0; j < K; ++j) {
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0.0;
-          for (int64_t i = 0; i < Q; ++i) acc += dS[i * K + j] * p.q.ptr(b, h, i)[c];
+          for (int64_t i = 0; i < Q; ++i) acc += dS[i * K + j] * p.fwd.q.ptr(b, h, i)[c];
           p.grad_k.ptr(b, h, j)[c] = static_cast<float>(acc);
         }
       }

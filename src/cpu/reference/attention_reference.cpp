@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_params.h"
+#include "cpu/attention_kernels.h"
 
 namespace mha::kernels {
 

@@ -1,4 +1,4 @@
-// tests/cpp/test_prune_plot.cpp: what `mha prune --plot` draws
+// tests/cpp/plot/test_prune_plot.cpp: what `mha prune --plot` draws
 // (tools/prune_plot.h): no measure's line hidden under another's, one legend
 // entry for the random orders, both panels along heads removed.
 #include <gtest/gtest.h>

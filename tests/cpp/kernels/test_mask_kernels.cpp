@@ -1,18 +1,16 @@
-// The kernel options beyond the seed (masks, causal, fill, fully masked rows,
-// grouped heads): small cases worked out by hand, run on every kernel, then
-// the BLAS path held to the reference on random combinations of all of them.
+// The kernel options beyond the d2l chapter (masks, causal, fill, fully
+// masked rows, grouped heads): small cases worked out by hand, run on every
+// kernel. (Every kernel against the reference on random combinations of all
+// of them: test_kernel_cases.cpp.)
 #include <cmath>
 #include <optional>
 
 #include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
-#include "kernels/features.h"
 #include "mha/error.h"
 #include "test_util.h"
 
 using namespace mha;
-using mha::test::all_close;
-using mha::test::random_tensor;
 
 namespace {
 
@@ -43,7 +41,7 @@ struct Tiny {
     p.weights = w.data();
     p.masks.fill = kernels::MaskFill::NegInf;
   }
-  void run(AttentionKernel kernel) { kernels::attention_forward(kernel, p); }
+  void run(AttentionKernel kernel) { (void)kernels::attention_forward(kernel, p); }
   // Checks query row i's weights against `expected` (unnormalised; all zero
   // means "a row of zeros") and its output against the weighted values.
   void expect_row(int64_t i, std::vector<double> expected, const char* what) {
@@ -107,7 +105,7 @@ TEST(MaskKernels, PairMasksBroadcastAndPerHead) {
     p.masks.pair_bias = bias;
     p.masks.pair_stride_h = 2;
     p.masks.pair_stride_b = 4;
-    kernels::attention_forward(kernel, p);
+    (void)kernels::attention_forward(kernel, p);
     EXPECT_NEAR(w.at({0, 0, 0, 1}), e / (1 + e), 1e-6);    // head 0: scores 0, 1
     EXPECT_NEAR(w.at({0, 1, 0, 1}), 0.5, 1e-6);            // head 1: scores 0, 1 - 1
     EXPECT_NEAR(out.at({0, 0, 1}), 0.5, 1e-6);
@@ -228,7 +226,7 @@ TEST(MaskKernels, GroupedHeadsReadTheirKvHead) {
     p.v = v.view().split_heads(2);
     p.out = out.view().split_heads(4);
     p.weights = w.data();
-    kernels::attention_forward(kernel, p);
+    (void)kernels::attention_forward(kernel, p);
     const double a = 1 / (1 + e), b = e / (1 + e);  // softmax(0, 1)
     for (int64_t h = 0; h < 4; ++h) {
       const bool first = h < 2;
@@ -236,140 +234,4 @@ TEST(MaskKernels, GroupedHeadsReadTheirKvHead) {
       EXPECT_NEAR(out.at({0, 0, h}), first ? a * 1 + b * 2 : b * 3 + a * 5, 1e-6) << "head " << h;
     }
   }
-}
-
-namespace {
-
-// Every option at once, drawn at random; returns (out, weights).
-struct RandomCase {
-  int64_t B, H, Hkv, Q, K, d;
-  Tensor q, k, v;
-  std::vector<uint8_t> key_keep, pair_keep;
-  std::vector<float> key_bias, pair_bias, lens;
-  kernels::AttentionForward p;
-
-  RandomCase(Generator& gen, int trial) {
-    const int64_t sizes[] = {1, 2, 3, 5, 7, 16, 17, 31, 33};
-    B = 1 + static_cast<int64_t>(gen.below(3));
-    Hkv = 1 + static_cast<int64_t>(gen.below(3));
-    H = Hkv * (1 + static_cast<int64_t>(gen.below(3)));
-    Q = sizes[gen.below(9)];
-    K = sizes[gen.below(9)];
-    d = 1 + static_cast<int64_t>(gen.below(9));
-    q = random_tensor({B, Q, H * d}, gen, -2, 2);
-    k = random_tensor({B, K, Hkv * d}, gen, -2, 2);
-    v = random_tensor({B, K, Hkv * d}, gen);
-    p.q = q.view().split_heads(H);
-    p.k = k.view().split_heads(Hkv);
-    p.v = v.view().split_heads(Hkv);
-    p.scale_divisor = std::sqrt(static_cast<float>(d));
-    auto coin = [&](double prob) { return gen.uniform() < prob; };
-    auto bias_value = [&] { return coin(0.2) ? -INFINITY : gen.uniform(-3, 3); };
-    if (coin(0.5)) {
-      for (int64_t x = 0; x < B * K; ++x) key_keep.push_back(coin(0.7));
-      p.masks.key_keep = key_keep.data();
-    }
-    if (coin(0.4)) {
-      for (int64_t x = 0; x < B * K; ++x) key_bias.push_back(bias_value());
-      p.masks.key_bias = key_bias.data();
-    }
-    const int pair_kind = static_cast<int>(gen.below(3));  // none, (Q,K), (B*H,Q,K)
-    if (pair_kind) {
-      const int64_t n = pair_kind == 1 ? Q * K : B * H * Q * K;
-      if (pair_kind == 2) {
-        p.masks.pair_stride_h = Q * K;
-        p.masks.pair_stride_b = H * Q * K;
-      }
-      if (coin(0.5)) {
-        for (int64_t x = 0; x < n; ++x) pair_keep.push_back(coin(0.8));
-        p.masks.pair_keep = pair_keep.data();
-      } else {
-        for (int64_t x = 0; x < n; ++x) pair_bias.push_back(bias_value());
-        p.masks.pair_bias = pair_bias.data();
-      }
-    }
-    if (coin(0.3)) {
-      for (int64_t x = 0; x < B * Q; ++x) lens.push_back(gen.uniform(0, K + 1.0f));
-      p.length_kind = kernels::LengthKind::PerQuery;
-      p.lens = lens.data();
-    }
-    p.masks.causal = static_cast<Causal>(gen.below(3));
-    p.masks.fill = coin(0.5) ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
-    p.masks.fully_masked = coin(0.5) ? FullyMaskedRows::Uniform : FullyMaskedRows::Zeros;
-    if (trial % 4 == 0) p.dropout = {0.25f, gen.next()};
-  }
-
-  std::pair<Tensor, Tensor> run(AttentionKernel kernel) {
-    Tensor out({B, Q, H * d}), w({B, H, Q, K});
-    kernels::AttentionForward r = p;
-    r.out = out.view().split_heads(H);
-    r.weights = w.data();
-    kernels::attention_forward(kernel, r);
-    return {out, w};
-  }
-};
-
-bool finite(const Tensor& t) {
-  for (float x : t.values())
-    if (!std::isfinite(x)) return false;
-  return true;
-}
-
-}  // namespace
-
-TEST(MaskKernels, BlasAndFusedMatchReferenceOnEveryOptionCombined) {
-  Generator gen(41);
-  int grouped = 0, fully_masked_rows = 0;
-  for (int trial = 0; trial < 300; ++trial) {
-    RandomCase c(gen, trial);
-    auto [ref_out, ref_w] = c.run(AttentionKernel::Reference);
-    ASSERT_TRUE(finite(ref_out) && finite(ref_w)) << "trial " << trial;
-    for (AttentionKernel kernel : {AttentionKernel::Blas, AttentionKernel::Fused}) {
-      auto [out, w] = c.run(kernel);
-      ASSERT_TRUE(finite(out) && finite(w)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
-      EXPECT_TRUE(all_close(w, ref_w, 1e-5, 1e-6)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
-      EXPECT_TRUE(all_close(out, ref_out, 1e-5, 1e-5)) << "trial " << trial << " kernel " << static_cast<int>(kernel);
-    }
-    grouped += c.Hkv != c.H;
-    for (int64_t r = 0; r < c.B * c.H * c.Q; ++r) {
-      float s = 0;
-      for (int64_t j = 0; j < c.K; ++j) s += ref_w.data()[r * c.K + j];
-      fully_masked_rows += s == 0.0f;
-    }
-  }
-  // The draw must exercise the options it claims to.
-  EXPECT_GT(grouped, 50);
-  EXPECT_GT(fully_masked_rows, 50);
-}
-
-TEST(KernelFeatures, UsedOptionsAndFallback) {
-  Tensor q({1, 2, 4}), kv({1, 2, 4}), kv1({1, 2, 2});  // d = 2
-  kernels::AttentionForward p;
-  p.q = q.view().split_heads(2);
-  p.k = kv.view().split_heads(2);
-  p.v = kv.view().split_heads(2);
-  EXPECT_EQ(kernels::features_used(p), 0u);
-  p.k = p.v = kv1.view().split_heads(1);
-  EXPECT_EQ(kernels::features_used(p), uint32_t{kernels::kGroupedHeads});
-  const uint8_t keep[2] = {1, 1};
-  const float bias[2] = {0, 0};
-  p.masks.key_keep = keep;
-  p.masks.pair_bias = bias;
-  p.masks.causal = Causal::BottomRight;
-  p.masks.fill = kernels::MaskFill::NegInf;
-  p.masks.fully_masked = FullyMaskedRows::Zeros;
-  EXPECT_EQ(kernels::features_used(p),
-            uint32_t{kernels::kGroupedHeads | kernels::kKeyKeep | kernels::kPairBias |
-                     kernels::kCausal | kernels::kNegInfFill | kernels::kZerosForMasked});
-  for (AttentionKernel k : kKernels) EXPECT_TRUE(kernels::supports(k, p));
-  // A kernel the table does not know (as a new fused kernel is until it
-  // lists its options) supports none: the module falls back to BLAS for any
-  // option, and keeps the kernel for the seed's plain case.
-  const auto unknown = static_cast<AttentionKernel>(99);
-  EXPECT_FALSE(kernels::supports(unknown, p));
-  EXPECT_EQ(kernels::kernel_for(unknown, p), AttentionKernel::Blas);
-  kernels::AttentionForward plain;
-  plain.q = q.view().split_heads(2);
-  plain.k = plain.v = kv.view().split_heads(2);
-  EXPECT_EQ(kernels::kernel_for(unknown, plain), unknown);
 }

@@ -1,8 +1,7 @@
-// The BLAS path held to the plain reference, and masked_softmax's rules.
+// masked_softmax's rules and DotProductAttention's dropout. (Every kernel
+// against the reference: tests/cpp/kernels/test_kernel_cases.cpp.)
 #include <cmath>
 
-#include "kernels/attention_params.h"
-#include "kernels/dispatch.h"
 #include "mha/attention.h"
 #include "mha/error.h"
 #include "test_util.h"
@@ -11,73 +10,6 @@ using namespace mha;
 using mha::test::all_close;
 using mha::test::random_tensor;
 using mha::test::throws_with;
-
-namespace {
-
-struct Case {
-  int64_t B, H, Q, K, d;
-  ValidLens lens;
-  float dropout;
-};
-
-// Runs `kernel` on (B, L, H*d) buffers viewed as heads; returns (out, weights).
-std::pair<Tensor, Tensor> run(AttentionKernel kernel, const Case& c, const Tensor& q,
-                              const Tensor& k, const Tensor& v, uint64_t key) {
-  Tensor out({c.B, c.Q, c.H * c.d}), w({c.B, c.H, c.Q, c.K});
-  kernels::AttentionForward p;
-  p.q = q.view().split_heads(c.H);
-  p.k = k.view().split_heads(c.H);
-  p.v = v.view().split_heads(c.H);
-  p.out = out.view().split_heads(c.H);
-  p.weights = w.data();
-  kernels::set_lengths(p, c.lens);
-  p.scale_divisor = std::sqrt(static_cast<float>(c.d));
-  p.dropout = {c.dropout, key};
-  kernels::attention_forward(kernel, p);
-  return {out, w};
-}
-
-}  // namespace
-
-TEST(AttentionKernels, BlasMatchesReferenceOnAwkwardShapes) {
-  Generator gen(7);
-  const int64_t sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 64};
-  int cases = 0;
-  for (int trial = 0; trial < 60; ++trial) {
-    Case c;
-    c.B = 1 + static_cast<int64_t>(gen.below(3));
-    c.H = 1 + static_cast<int64_t>(gen.below(4));
-    c.Q = sizes[gen.below(10)];
-    c.K = sizes[gen.below(10)];
-    c.d = 1 + static_cast<int64_t>(gen.below(12));
-    c.dropout = trial % 3 == 0 ? 0.3f : 0.0f;
-    std::vector<float> lens;
-    switch (trial % 4) {
-      case 0: break;
-      case 1:
-        for (int64_t b = 0; b < c.B; ++b) lens.push_back(static_cast<float>(gen.below(c.K + 3)));
-        c.lens = ValidLens::per_batch(lens);
-        break;
-      case 2:
-        for (int64_t i = 0; i < c.B * c.Q; ++i) lens.push_back(gen.uniform(0.0f, c.K + 1.0f));
-        c.lens = ValidLens::per_query(c.B, c.Q, lens);
-        break;
-      case 3:
-        c.lens = ValidLens::per_batch(std::vector<float>(c.B, 0.0f));  // everything masked
-        break;
-    }
-    const Tensor q = random_tensor({c.B, c.Q, c.H * c.d}, gen, -2, 2);
-    const Tensor k = random_tensor({c.B, c.K, c.H * c.d}, gen, -2, 2);
-    const Tensor v = random_tensor({c.B, c.K, c.H * c.d}, gen);
-    const uint64_t key = gen.next();
-    auto [ref_out, ref_w] = run(AttentionKernel::Reference, c, q, k, v, key);
-    auto [out, w] = run(AttentionKernel::Blas, c, q, k, v, key);
-    EXPECT_TRUE(all_close(w, ref_w, 1e-5, 1e-6)) << "trial " << trial;
-    EXPECT_TRUE(all_close(out, ref_out, 1e-5, 1e-5)) << "trial " << trial;
-    ++cases;
-  }
-  EXPECT_EQ(cases, 60);
-}
 
 TEST(MaskedSoftmax, SeedRules) {
   // One row of 4 keys with lengths 0 (uniform over all keys), 2.5 (keys

@@ -1,4 +1,4 @@
-// tests/cpp/test_gemm.cpp: mha's own product (src/cpu/gemm) against a
+// tests/cpp/kernels/test_gemm.cpp: mha's own product (src/cpu/gemm) against a
 // double-precision product, OpenBLAS and its plain reference loop, on every
 // instruction set the CPU has; bitwise the same at any thread count and any
 // row blocking.

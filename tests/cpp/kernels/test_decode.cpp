@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_fused.h"
+#include "cpu/attention_kernels.h"
+#include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"

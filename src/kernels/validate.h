@@ -1,0 +1,29 @@
+// src/kernels/validate.h: whether a kernel parameter struct is consistent.
+//
+// Modules check their users' inputs (and throw mha::Error); the kernels then
+// trust the struct the module filled. These checks catch a module that
+// filled it wrong: kernels::attention_forward / attention_backward /
+// attention_weights (kernels/dispatch.h) run them in debug builds and abort
+// on the first problem. They are compiled in every build, so tests call them.
+//
+// Checked: every view's innermost stride is 1 and its rank is 4; q, k, v,
+// out, grad_out and the gradients agree on B, h, hkv, Q, K, d and dv; Hkv
+// divides H; the lengths pointer is set iff length_kind != None; the two
+// statistics pointers are both set or both null; the scale divisor is
+// positive; dropout p is in [0, 1].
+#pragma once
+
+#include <string>
+
+#include "kernels/attention_backward.h"
+#include "kernels/attention_params.h"
+#include "kernels/attention_weights.h"
+
+namespace mha::kernels {
+
+// The first problem found, in words; empty when the struct is consistent.
+std::string validate(const AttentionForward& p);
+std::string validate(const AttentionBackward& p);
+std::string validate(const AttentionWeightsParams& p);
+
+}  // namespace mha::kernels
