@@ -1,4 +1,4 @@
-// mha/attention.h: the seed's two helpers, masked_softmax and DotProductAttention.
+// mha/attention.h: the d2l chapter's two helpers, masked_softmax and DotProductAttention.
 //
 // Both follow d2l's PyTorch code exactly: masked scores are replaced by -1e6
 // (not -inf) before an ordinary softmax, so a row whose every key is masked
@@ -17,10 +17,15 @@ namespace mha {
 
 // Which implementation computes attention. All take the same parameters and
 // give the same results within float32 rounding; tests hold them together.
+// The default differs by class: Fused for DotProductAttention and
+// MultiHeadAttention, Blas for TorchMultiheadAttention (mha/torch_mha.h),
+// which runs Fused only when set_kernel asks for it. With Fused chosen, the
+// modules still take the BLAS path past kernels::kFusedMaxKeys (2^24) keys,
+// where the fused kernel's float key indices would be inexact.
 enum class AttentionKernel {
   Reference,  // plain loops, double accumulation: the yardstick
   Blas,       // per-head BLAS products through a (Q, K) score matrix
-  Fused,      // online softmax over key tiles: linear memory, padding skipped (default)
+  Fused,      // online softmax over key tiles: linear memory, padding skipped
 };
 
 // X:[N,Q,K], valid_lens none, (N,) or (N,Q) -> softmax over the last axis,
@@ -28,7 +33,7 @@ enum class AttentionKernel {
 // when X is not rank 3 or the lengths do not fit.
 Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens = {});
 
-// The seed's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
+// The d2l chapter's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
 // dropout on the weights (training mode only), weighted sum of values.
 // forward() may run on many threads at once; the mode, kernel, generator
 // and last weights are guarded by a lock.
