@@ -47,7 +47,7 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
   py::array a = py::array::ensure(as_numpy(obj));
   if (!a) {
     PyErr_Clear();
-    mha::fail(op, arg, ": cannot be read as an array");
+    mha::python::fail(mha::python::kType, op, arg, ": cannot be read as an array");
   }
   const char kind = a.dtype().kind();
   if (kind == 'f') return mha::Mask::additive(to_tensor(a, op, arg));
@@ -58,7 +58,7 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
       case Convention::Keep: return mha::Mask::keep(shape_of(a), bits_of(a));
     }
   }
-  mha::fail(op, arg, ": dtype ", std::string(py::str(a.dtype())),
+  mha::python::fail(mha::python::kType, op, arg, ": dtype ", std::string(py::str(a.dtype())),
             " is neither bool nor floating (use .astype(bool) for a boolean mask)");
 }
 
@@ -66,7 +66,8 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
 mha::Causal to_causal(const py::object& is_causal, const char* op) {
   if (py::isinstance<mha::Causal>(is_causal)) return is_causal.cast<mha::Causal>();
   if (py::isinstance<py::bool_>(is_causal)) return is_causal.cast<bool>() ? mha::Causal::TopLeft : mha::Causal::None;
-  mha::fail(op, "is_causal: ", std::string(py::str(is_causal.get_type())), " is neither a bool nor an mha.Causal");
+  mha::python::fail(mha::python::kType, op, "is_causal: ", std::string(py::str(is_causal.get_type())),
+                    " is neither a bool nor an mha.Causal");
 }
 
 // kdim, vdim, num_kv_heads: None (0 inside: "not given") or a positive
@@ -74,8 +75,11 @@ mha::Causal to_causal(const py::object& is_causal, const char* op) {
 int64_t optional_positive(const py::object& v, const char* name) {
   const char* op = "TorchMultiheadAttention.from_state_dict";
   if (v.is_none()) return 0;
-  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()))
-    mha::fail(op, name, ": ", std::string(py::repr(v)), " is not an integer (None: as the state dict says)");
+  const bool array = py::hasattr(v, "ndim") && py::hasattr(v, "dtype");  // numpy: only a 0-d integer
+  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr()) ||
+      (array && (v.attr("ndim").cast<int>() != 0 || v.attr("dtype").attr("kind").cast<std::string>() == "b")))
+    mha::python::fail(mha::python::kType, op, name, ": ", std::string(py::repr(v)),
+                      " is not an integer (None: as the state dict says)");
   int64_t n = 0;
   try {
     n = v.cast<int64_t>();
@@ -103,12 +107,13 @@ mha::TorchMhaOptions make_options(bool batch_first, const py::object& kdim, cons
 
 mha::StateDict to_state_dict(const py::handle& d, const char* op) {
   if (!py::isinstance<py::dict>(d))
-    mha::fail(op, "state_dict: ", std::string(py::str(py::type::of(d))), " is not a dict");
+    mha::python::fail(mha::python::kType, op, "state_dict: ", std::string(py::str(py::type::of(d))), " is not a dict");
   mha::StateDict s;
   for (auto [k, v] : py::reinterpret_borrow<py::dict>(d)) {
-    if (!py::isinstance<py::str>(k)) mha::fail(op, "state_dict: key ", std::string(py::repr(k)), " is not a string");
+    if (!py::isinstance<py::str>(k))
+      mha::python::fail(mha::python::kType, op, "state_dict: key ", std::string(py::repr(k)), " is not a string");
     const std::string name = py::cast<std::string>(k);
-    s[name] = to_tensor(v, op, name);
+    s[name] = to_tensor(v, op, "state_dict['" + name + "']");
   }
   return s;
 }
@@ -376,12 +381,4 @@ Rows with every key masked get fully_masked_rows, never NaN.
           "last_dropout_mask", [](const TMHA& s) { return to_numpy(s.last_dropout_mask()); },
           "(B, num_heads, L, S') dropout multipliers of the last training-mode call:\n"
           "0 or 1/(1-p), all 1 without dropout (batch-major, whatever the layout)");
-  auto cls = py::reinterpret_borrow<py::class_<TMHA>>(m.attr("TorchMultiheadAttention"));
-  mha::python::add_argument_help(cls, "__call__", "TorchMultiheadAttention.forward",
-                                 {"query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                                  "average_attn_weights", "is_causal"});
-  mha::python::add_argument_help(cls, "backward", "TorchMultiheadAttention.backward", {"grad_output"});
-  mha::python::add_static_argument_help(cls, "from_state_dict", "TorchMultiheadAttention.from_state_dict",
-                                        {"state_dict", "num_heads", "batch_first", "kdim", "vdim", "add_zero_attn",
-                                         "num_kv_heads", "dropout", "fully_masked_rows", "seed"});
 }

@@ -4,10 +4,17 @@
 // Every value a binding reads as numbers goes through real_array(): numpy
 // arrays, nested lists and CPU torch tensors (detached, without a copy, so a
 // tensor that requires grad is read as its data) of bool, integer or floating
-// dtype. Anything else is a ValueError naming the operation and the argument,
-// never a crash and never a silent conversion: strings, bytes, objects,
-// ragged lists (nothing to read), complex numbers (the imaginary part would be
-// dropped), dates and durations, structured records.
+// dtype. Anything else is an mha.ArgumentTypeError naming the operation and
+// the argument, never a crash and never a silent conversion: strings, bytes,
+// dicts, None, objects, ragged lists (nothing to read), complex numbers (the
+// imaginary part would be dropped), dates and durations, structured records.
+//
+// mha.ArgumentTypeError derives from both TypeError (the argument is of the
+// wrong kind) and ValueError (mha's one error type, docs/errors.md), so code
+// that catches either keeps working. Arguments that pybind11 converts itself
+// (int, float, bool) get the same error, naming the argument, through
+// add_type_help(), which every binding file's functions pass through at the
+// end of the module's set-up.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -27,6 +34,30 @@
 #include "mha/tensor.h"
 
 namespace mha::python {
+
+// Thrown for an argument of the wrong kind; Python sees mha.ArgumentTypeError,
+// a TypeError and a ValueError.
+class ArgumentTypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// fail(kType, op, parts...): as mha::fail, but throws ArgumentTypeError.
+struct TypeMismatch {};
+inline constexpr TypeMismatch kType{};
+
+template <typename... Parts>
+[[noreturn]] void fail(TypeMismatch, const std::string& op, const Parts&... parts) {
+  try {
+    mha::fail(op, parts...);
+  } catch (const Error& e) {
+    throw ArgumentTypeError(e.what());
+  }
+}
+using mha::fail;
+
+// The Python class of ArgumentTypeError (module.cpp creates it).
+inline PyObject* argument_type_error_class = nullptr;
 
 // A real number argument (dropout, learning rates): a Python int or float or
 // a numpy scalar or 0-d array of bool, integer or floating dtype; anything
@@ -84,7 +115,15 @@ inline Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + 
 
 // `obj` as a numpy array of bool, integer or floating dtype (not converted
 // yet). `what` names the argument in messages ("queries", "'W_q.weight'").
+inline std::string type_name(const py::handle& obj) {
+  return obj.is_none() ? std::string("None") : py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
+}
+
 inline py::array real_array(const py::handle& obj, const std::string& op, const std::string& what) {
+  // What numpy would read as a 0-d array of characters or objects, or not at all.
+  if (obj.is_none() || PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr()) ||
+      PyDict_Check(obj.ptr()))
+    fail(kType, op, what, ": got ", type_name(obj), ", wanted an array of numbers (bool, integer or floating)");
   py::array a;
   try {
     a = py::array::ensure(as_numpy(obj));
@@ -92,12 +131,12 @@ inline py::array real_array(const py::handle& obj, const std::string& op, const 
   }
   if (!a) {
     PyErr_Clear();
-    fail(op, what, ": cannot be read as a numeric array");
+    fail(kType, op, what, ": cannot be read as a numeric array");
   }
   const char kind = a.dtype().kind();
-  if (kind == 'O') fail(op, what, ": cannot be read as a numeric array");
+  if (kind == 'O') fail(kType, op, what, ": cannot be read as a numeric array");
   if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f')
-    fail(op, what, ": dtype ", std::string(py::str(a.dtype())),
+    fail(kType, op, what, ": dtype ", std::string(py::str(a.dtype())),
          " is not a real number type; wanted bool, integer or floating");
   return a;
 }
@@ -106,7 +145,7 @@ inline FloatArray float_array(const py::handle& obj, const std::string& op, cons
   FloatArray f = FloatArray::ensure(real_array(obj, op, what));
   if (!f) {
     PyErr_Clear();
-    fail(op, what, ": cannot be read as a numeric array");
+    fail(kType, op, what, ": cannot be read as a numeric array");
   }
   return f;
 }
@@ -124,11 +163,11 @@ inline Tensor to_tensor(const py::handle& obj, const std::string& op, const std:
 inline double real_number(const py::handle& obj, const std::string& op, const std::string& what) {
   if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || obj.is_none() ||
       !PyNumber_Check(obj.ptr()) || PyComplex_Check(obj.ptr()))
-    fail(op, what, ": ", std::string(py::repr(obj)), " is not a real number");
+    fail(kType, op, what, ": ", std::string(py::repr(obj)), " is not a real number");
   const double v = PyFloat_AsDouble(obj.ptr());
   if (v == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    fail(op, what, ": ", std::string(py::repr(obj)), " is not a real number");
+    fail(kType, op, what, ": ", std::string(py::repr(obj)), " is not a real number");
   }
   return v;
 }
@@ -178,7 +217,7 @@ inline IntValues int_values(const py::handle& obj, const std::string& op, const 
 // integers, nothing else.
 inline std::vector<int64_t> int_list(const py::handle& obj, const std::string& op, const std::string& what) {
   if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj))
-    fail(op, what, ": a string is not a list of integers");
+    fail(kType, op, what, ": a string is not a list of integers");
   const IntValues v = int_values(obj, op, what);
   if (v.shape.size() != 1) fail(op, what, ": shape ", shape_str(v.shape), " is not a flat list of integers");
   return std::vector<int64_t>(v.values.begin(), v.values.end());
@@ -190,14 +229,17 @@ inline py::array_t<float> to_numpy(const Tensor& t) {
   return out;
 }
 
-// A dict of arrays by name; the values are named "'<name>'" in messages.
-inline std::map<std::string, Tensor> to_tensors(const py::handle& obj, const std::string& op) {
-  if (!py::isinstance<py::dict>(obj)) fail(op, "state_dict: ", std::string(py::str(py::type::of(obj))), " is not a dict");
+// A dict of arrays by name, the argument `arg` ("state_dict", "grads"); its
+// values are named "<arg>['<name>']" in messages.
+inline std::map<std::string, Tensor> to_tensors(const py::handle& obj, const std::string& op,
+                                                const std::string& arg = "state_dict") {
+  if (!py::isinstance<py::dict>(obj))
+    fail(kType, op, arg, ": ", std::string(py::str(py::type::of(obj))), " is not a dict");
   std::map<std::string, Tensor> s;
   for (auto [k, v] : py::reinterpret_borrow<py::dict>(obj)) {
-    if (!py::isinstance<py::str>(k)) fail(op, "state_dict: key ", std::string(py::repr(k)), " is not a string");
+    if (!py::isinstance<py::str>(k)) fail(kType, op, arg, ": key ", std::string(py::repr(k)), " is not a string");
     const std::string name = py::cast<std::string>(k);
-    s[name] = to_tensor(v, op, "'" + name + "'");
+    s[name] = to_tensor(v, op, arg + "['" + name + "']");
   }
   return s;
 }
@@ -208,13 +250,174 @@ inline py::dict to_dict(const std::map<std::string, Tensor>& s) {
   return d;
 }
 
-// The overload pybind11 tries when a call's arguments do not match the
-// real one: a short TypeError naming the unknown keyword (or the count or
-// types given) instead of pybind11's, which prints every argument's repr,
-// whole tensors included. Register it after the real overload:
-//   cls.def("__call__", real, ...);  add_argument_help(cls, "__call__", op, {"queries", ...});
-[[noreturn]] inline void argument_error(const std::string& op, const std::vector<std::string>& names,
+// ---- arguments pybind11 could not convert -----------------------------------
+//
+// When no overload of a bound function accepts a call's arguments, pybind11
+// raises a TypeError that prints every argument's repr (whole tensors
+// included) and does not say which one is wrong. add_type_help() gives every
+// function, method, constructor, static method and property setter of a
+// module one more overload, tried last, that names the operation and the
+// argument: "[MultiHeadAttention] num_heads: got str, wanted an integer"
+// (mha.ArgumentTypeError), or the unknown keyword or the count of arguments
+// (TypeError). The wanted types are read from pybind11's own signature of the
+// first overload, so a new binding is covered without a line here.
+
+struct Param {
+  std::string name, type;
+};
+
+// Splits `text` at the commas outside brackets.
+inline std::vector<std::string> split_top(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string cur;
+  int depth = 0;
+  for (const char c : text) {
+    if (c == '(' || c == '[' || c == '{' || c == '<') ++depth;
+    if (c == ')' || c == ']' || c == '}' || c == '>') --depth;
+    if (c == ',' && depth == 0) {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) parts.push_back(cur);
+  for (std::string& p : parts) {
+    const size_t a = p.find_first_not_of(' '), b = p.find_last_not_of(' ');
+    p = a == std::string::npos ? std::string() : p.substr(a, b - a + 1);
+  }
+  return parts;
+}
+
+// The arguments of the first overload in a pybind11 docstring:
+// "name(a: int, b: float = 0.0) -> None" -> {a: int}, {b: float}.
+inline std::vector<Param> signature_params(const std::string& doc) {
+  size_t line_start = 0;
+  while (line_start < doc.size()) {
+    size_t line_end = doc.find('\n', line_start);
+    if (line_end == std::string::npos) line_end = doc.size();
+    const std::string line = doc.substr(line_start, line_end - line_start);
+    line_start = line_end + 1;
+    const size_t open = line.find('(');
+    if (open == std::string::npos || line.find("*args") != std::string::npos) continue;
+    int depth = 0;
+    size_t close = std::string::npos;
+    for (size_t i = open; i < line.size() && close == std::string::npos; ++i) {
+      if (line[i] == '(' || line[i] == '[' || line[i] == '{' || line[i] == '<') ++depth;
+      if (line[i] == ')' || line[i] == ']' || line[i] == '}' || line[i] == '>')
+        if (--depth == 0) close = i;
+    }
+    if (close == std::string::npos) continue;
+    std::vector<Param> out;
+    for (const std::string& part : split_top(line.substr(open + 1, close - open - 1))) {
+      const size_t colon = part.find(':');
+      Param p;
+      p.name = part.substr(0, colon);
+      if (colon != std::string::npos) {
+        std::string type = part.substr(colon + 1);
+        const size_t eq = type.find(" = ");
+        if (eq != std::string::npos) type = type.substr(0, eq);
+        p.type = split_top(type).empty() ? std::string() : type.substr(type.find_first_not_of(' '));
+      }
+      out.push_back(p);
+    }
+    return out;
+  }
+  return {};
+}
+
+inline bool is_string(const py::handle& v) { return PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()); }
+
+// Whether pybind11 could read `v` as `type` (a signature's type), as far as
+// the kind goes: a value of the right kind that does not fit (an integer past
+// 64 bits) is left to pybind11's message.
+inline bool fits_kind(const std::string& type, const py::handle& v);
+inline bool fits(const std::string& type, const py::handle& v) {
+  try {
+    return fits_kind(type, v);
+  } catch (const py::error_already_set&) {
+    return true;  // left to pybind11
+  } catch (const py::cast_error&) {
+    return true;
+  }
+}
+inline bool fits_kind(const std::string& type, const py::handle& v) {
+  auto inner = [&](const char* prefix) { return split_top(type.substr(std::strlen(prefix), type.size() - std::strlen(prefix) - 1)); };
+  if (type.empty() || type == "object" || type.rfind("numpy.", 0) == 0) return true;
+  if (type == "int" || type == "float") {
+    if (v.is_none() || is_string(v) || PyComplex_Check(v.ptr()) || !PyNumber_Check(v.ptr())) return false;
+    if (type == "int" && PyFloat_Check(v.ptr())) return false;
+    if (py::hasattr(v, "dtype") && py::hasattr(v.attr("dtype"), "kind")) {  // numpy scalars and arrays
+      const std::string kind = v.attr("dtype").attr("kind").cast<std::string>();
+      const bool real = kind == "b" || kind == "i" || kind == "u" || (type == "float" && kind == "f");
+      return real && (!py::hasattr(v, "ndim") || v.attr("ndim").cast<int>() == 0);
+    }
+    return true;
+  }
+  if (type == "bool") return PyBool_Check(v.ptr()) || type_name(v) == "bool_" || type_name(v) == "bool";
+  if (type == "str") return is_string(v);
+  if (type == "list") return PyList_Check(v.ptr());
+  if (type == "dict") return PyDict_Check(v.ptr());
+  if (type.rfind("List[", 0) == 0 || type.rfind("Tuple[", 0) == 0) {
+    if (is_string(v) || !PySequence_Check(v.ptr())) return false;
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+    const bool list = type[0] == 'L';
+    const std::vector<std::string> types = inner(list ? "List[" : "Tuple[");
+    if (!list && types.size() != seq.size()) return false;
+    for (size_t i = 0; i < seq.size(); ++i)
+      if (!fits(list ? types.at(0) : types.at(i), seq[i])) return false;
+    return true;
+  }
+  if (type.rfind("Dict[", 0) == 0) {
+    if (!PyDict_Check(v.ptr())) return false;
+    const std::vector<std::string> types = inner("Dict[");
+    for (auto [k, x] : py::reinterpret_borrow<py::dict>(v))
+      if (!fits(types.at(0), k) || !fits(types.at(1), x)) return false;
+    return true;
+  }
+  if (type.rfind("mha._core.", 0) == 0) {  // a class or enum of this module
+    py::object cls = py::module_::import("mha._core");
+    for (const std::string& part : split_top(type.substr(10))) {
+      size_t from = 0;
+      for (size_t dot = part.find('.'); ; dot = part.find('.', from)) {
+        const std::string name = part.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+        if (!py::hasattr(cls, name.c_str())) return true;
+        cls = cls.attr(name.c_str());
+        if (dot == std::string::npos) break;
+        from = dot + 1;
+      }
+    }
+    return py::isinstance(v, cls);
+  }
+  return true;
+}
+
+// What a signature's type means, for a message.
+inline std::string wanted_of(const std::string& type) {
+  if (type == "int") return "an integer";
+  if (type == "float") return "a real number (int, float or a numpy number)";
+  if (type == "bool") return "True or False";
+  if (type == "str") return "a string";
+  if (type == "Tuple[float, float]") return "a pair of real numbers";
+  if (type == "List[Tuple[int, int]]") return "a list of (int, int) pairs";
+  if (type == "List[str]") return "a list of strings";
+  if (type == "Dict[str, str]") return "a dict of strings by string";
+  std::string t = type;
+  if (t.rfind("mha._core.", 0) == 0) t = "mha." + t.substr(10);
+  return t;
+}
+
+// The last overload's body: the unknown keyword, the count of arguments, or
+// the argument that is not of the kind wanted.
+//
+// pybind11 tries every overload without conversions first, this one
+// included, then the others with conversions: this one lets a call whose
+// arguments are all of the right kind go on to that second pass (an int
+// where a float is wanted).
+[[noreturn]] inline void argument_error(const std::string& op, const std::vector<Param>& params,
                                         const py::args& args, const py::kwargs& kwargs) {
+  std::vector<std::string> names;
+  for (const Param& p : params) names.push_back(p.name);
   const py::list wanted_list = py::cast(names);
   const std::string wanted = py::str(", ").attr("join")(wanted_list).cast<std::string>();
   for (auto [k, v] : kwargs) {
@@ -226,27 +429,92 @@ inline py::dict to_dict(const std::map<std::string, Tensor>& s) {
   if (args.size() > names.size())
     throw py::type_error(py::str("[{}] {} positional arguments given; it takes at most {} ({})")
                              .format(op, args.size(), names.size(), wanted).cast<std::string>());
-  py::list given;
-  for (size_t i = 0; i < args.size(); ++i)
-    given.append(py::str("{}: {}").format(names[i], py::type::of(args[i]).attr("__name__")));
-  for (auto [k, v] : kwargs) given.append(py::str("{}: {}").format(k, py::type::of(v).attr("__name__")));
-  throw py::type_error(py::str("[{}] arguments ({}) do not match ({}); see help() for their types")
-                           .format(op, py::str(", ").attr("join")(given), wanted).cast<std::string>());
+  auto check = [&](const Param& p, const py::handle& v) {
+    if (!fits(p.type, v))
+      fail(kType, op, p.name, ": got ", type_name(v), ", wanted ", wanted_of(p.type));
+  };
+  for (size_t i = 0; i < args.size(); ++i) check(params[i], args[i]);
+  for (auto [k, v] : kwargs)
+    for (const Param& p : params)
+      if (p.name == py::str(k).cast<std::string>()) check(p, v);
+  // Every argument is of a kind the real overload reads: pybind11 tried it
+  // without conversions only (its first pass); let it try again with them.
+  // (If that fails too, pybind11's own message follows: e.g. an integer past
+  // 64 bits.)
+  throw py::reference_cast_error();
 }
 
-template <typename Class>
-void add_static_argument_help(Class& cls, const char* name, std::string op, std::vector<std::string> names) {
-  cls.def_static(name, [op, names](const py::args& args, const py::kwargs& kwargs) { argument_error(op, names, args, kwargs); });
+inline std::vector<Param> params_of(const py::handle& f, bool method) {
+  std::vector<Param> p = signature_params(py::getattr(f, "__doc__", py::str("")).is_none()
+                                              ? std::string()
+                                              : py::str(f.attr("__doc__")).cast<std::string>());
+  if (method && !p.empty()) p.erase(p.begin());  // self
+  return p;
 }
 
-template <typename Target>
-void add_argument_help(Target& target, const char* name, std::string op, std::vector<std::string> names) {
-  if constexpr (std::is_same_v<Target, py::module_>)
-    target.def(name, [op, names](const py::args& args, const py::kwargs& kwargs) { argument_error(op, names, args, kwargs); });
-  else
-    target.def(name, [op, names](const py::object&, const py::args& args, const py::kwargs& kwargs) {
-      argument_error(op, names, args, kwargs);
-    });
+// Gives every function of `m` and every constructor, method, static method
+// and property setter of its classes the last overload above; `prefix` goes
+// before the names in messages ("mha.optim."). Call once, after every binding.
+inline void add_type_help(py::module_ m, const std::string& prefix = "") {
+  const py::list entries = m.attr("__dict__").attr("items")();  // a copy: the loop adds overloads
+  for (const py::handle item : entries) {
+    const py::object key = item[py::int_(0)], obj = item[py::int_(1)];
+    const std::string name = py::str(key);
+    if (name.rfind("__", 0) == 0) continue;
+    if (PyCFunction_Check(obj.ptr())) {
+      const std::string op = prefix + name;
+      m.def(name.c_str(), [op, params = params_of(obj, false)](const py::args& args, const py::kwargs& kwargs) {
+        argument_error(op, params, args, kwargs);
+      });
+    } else if (PyType_Check(obj.ptr()) && !py::hasattr(obj, "__members__") &&
+               py::str(obj.attr("__module__")).cast<std::string>().rfind("mha", 0) == 0) {
+      const py::object cls = py::reinterpret_borrow<py::object>(obj);
+      const std::string cls_op = prefix + py::str(cls.attr("__name__")).cast<std::string>();
+      const py::list members = cls.attr("__dict__").attr("items")();
+      for (const py::handle mitem : members) {
+        const py::object member = mitem[py::int_(1)];
+        const std::string attr = py::str(mitem[py::int_(0)]);
+        if (attr.rfind("__", 0) == 0 && attr != "__init__" && attr != "__call__") continue;
+        if (PyInstanceMethod_Check(member.ptr())) {
+          const std::string op = attr == "__init__" ? cls_op : cls_op + "." + (attr == "__call__" ? "forward" : attr);
+          const py::handle f = PyInstanceMethod_GET_FUNCTION(member.ptr());
+          if (py::str(f.attr("__doc__")).cast<std::string>().find("No constructor defined") != std::string::npos)
+            continue;
+          py::cpp_function cf(
+              [op, params = params_of(f, true)](const py::handle&, const py::args& args, const py::kwargs& kwargs) {
+                argument_error(op, params, args, kwargs);
+              },
+              py::name(attr.c_str()), py::is_method(cls), py::sibling(py::getattr(cls, attr.c_str(), py::none())));
+          cls.attr(attr.c_str()) = cf;
+        } else if (py::isinstance<py::staticmethod>(member)) {
+          const std::string op = cls_op + "." + attr;
+          const py::object f = cls.attr(attr.c_str());
+          py::cpp_function cf(
+              [op, params = params_of(f, false)](const py::args& args, const py::kwargs& kwargs) {
+                argument_error(op, params, args, kwargs);
+              },
+              py::name(attr.c_str()), py::scope(cls), py::sibling(f));
+          cls.attr(attr.c_str()) = py::staticmethod(cf);
+        } else if (py::isinstance(member, py::module_::import("builtins").attr("property")) &&
+                   !member.attr("fset").is_none() && PyCFunction_Check(member.attr("fset").ptr())) {
+          const std::string op = cls_op + "." + attr;
+          const py::object fset = member.attr("fset");
+          std::vector<Param> params = params_of(fset, true);
+          if (!params.empty()) params[0].name = attr;
+          py::cpp_function cf(
+              [op, params](const py::handle&, const py::args& args, const py::kwargs& kwargs) {
+                argument_error(op, params, args, kwargs);
+              },
+              py::is_method(cls), py::sibling(fset));
+          cls.attr(attr.c_str()) = py::module_::import("builtins").attr("property")(
+              member.attr("fget"), cf, py::none(), member.attr("__doc__"));
+        }
+      }
+    } else if (py::isinstance<py::module_>(obj) &&
+               py::str(obj.attr("__name__")).cast<std::string>().rfind("mha", 0) == 0) {
+      add_type_help(py::reinterpret_borrow<py::module_>(obj), "mha." + name + ".");
+    }
+  }
 }
 
 }  // namespace mha::python

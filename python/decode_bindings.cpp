@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "convert.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"
 
@@ -23,15 +24,17 @@ using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using BF16 = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
 using Lengths = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-std::vector<int64_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
-
 void want_rank4(const py::array& a, const char* name, const char* wanted) {
   if (a.ndim() != 4) fail(kOp, name, ": shape ", shape_str(shape_of(a)), "; wanted ", wanted);
 }
 
 // q:[B,Hq,Qn,d] k_cache:[B,Hkv,capacity,d] v_cache:[B,Hkv,capacity,dv] lengths:[B] -> [B,Hq,Qn,dv]
-py::array_t<float> decode_attention(const F32& q, const py::array& k_cache, const py::array& v_cache,
-                                    const Lengths& lengths, bool causal) {
+py::array_t<float> decode_attention(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
+                                    const py::object& lengths_obj, bool causal) {
+  // Numbers only: forcecast would read the strings "1.5" as 1.5.
+  const F32 q = F32::ensure(real_array(q_obj, kOp, "q"));
+  const py::array k_cache = real_array(k_obj, kOp, "k_cache"), v_cache = real_array(v_obj, kOp, "v_cache");
+  const Lengths lengths = Lengths::ensure(real_array(lengths_obj, kOp, "lengths"));
   want_rank4(q, "q", "(B, Hq, Qn, d)");
   want_rank4(k_cache, "k_cache", "(B, Hkv, capacity, d)");
   want_rank4(v_cache, "v_cache", "(B, Hkv, capacity, dv)");
@@ -77,7 +80,7 @@ py::array_t<float> decode_attention(const F32& q, const py::array& k_cache, cons
 
 void bind_decode(py::module_& m) {
   m.def("_decode_attention", &decode_attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
-        py::arg("lengths"), py::arg("causal") = true,
+        py::arg("lengths"), py::arg("causal").noconvert() = true,
         "_decode_attention(q (B,Hq,Qn,d), k_cache (B,Hkv,capacity,d), v_cache (B,Hkv,capacity,dv),\n"
         "lengths (B,), causal=True) -> (B,Hq,Qn,dv)\n\n"
         "The decode kernel, private for now: Qn new queries over the first lengths[b] cached\n"

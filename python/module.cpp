@@ -1,7 +1,8 @@
 // python/module.cpp: the mha Python module (mha._core), a thin layer over the
 // C++ library. Arrays come in as numpy arrays of any real dtype (converted to
 // float32, C order) and go out as new float32 numpy arrays. mha::Error becomes
-// ValueError.
+// ValueError; an argument of the wrong kind, mha.ArgumentTypeError (a
+// TypeError and a ValueError).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -108,11 +109,32 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "mha: multi-head attention from Dive into Deep Learning (d2l.ai, chapter 11.5) in C++";
   m.attr("__version__") = mha::kVersion;
 
+  // An argument of the wrong kind (a string for an array, a float for a
+  // count): a TypeError, and a ValueError as every mha error is.
+  {
+    const py::tuple bases = py::make_tuple(py::handle(PyExc_TypeError), py::handle(PyExc_ValueError));
+    mha::python::argument_type_error_class = PyErr_NewExceptionWithDoc(
+        "mha.ArgumentTypeError",
+        "An argument of the wrong kind: a string, None or an object where numbers are wanted.\n"
+        "Both a TypeError and a ValueError (mha's error for every bad input).",
+        bases.ptr(), nullptr);
+    if (!mha::python::argument_type_error_class) throw py::error_already_set();
+    m.attr("ArgumentTypeError") = py::handle(mha::python::argument_type_error_class);
+    py::register_exception_translator([](std::exception_ptr p) {
+      try {
+        if (p) std::rethrow_exception(p);
+      } catch (const mha::python::ArgumentTypeError& e) {
+        PyErr_SetString(mha::python::argument_type_error_class, e.what());
+      }
+    });
+  }
+
   py::enum_<mha::AttentionKernel>(m, "Kernel", "Which implementation computes attention.")
       .value("REFERENCE", mha::AttentionKernel::Reference, "plain loops, the yardstick")
       .value("BLAS", mha::AttentionKernel::Blas, "per-head BLAS products through a (Q, K) matrix")
       .value("FUSED", mha::AttentionKernel::Fused,
-             "online softmax over key tiles: linear memory, padding skipped (the default)");
+             "online softmax over key tiles: linear memory, padding skipped (MultiHeadAttention's and "
+             "DotProductAttention's default; TorchMultiheadAttention's is BLAS)");
 
   m.def("set_num_threads", &mha::set_num_threads, py::arg("n"),
         "Threads for attention (OpenMP) and projections (OpenBLAS, process-wide).");
@@ -272,7 +294,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   m.def(
       "save_safetensors",
       [](const std::string& path, const py::object& tensors, const std::map<std::string, std::string>& meta) {
-        mha::save_safetensors(path, mha::python::to_tensors(tensors, "save_safetensors"), meta);
+        mha::save_safetensors(path, mha::python::to_tensors(tensors, "save_safetensors", "tensors"), meta);
       },
       py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
       "Write a dict of arrays (stored as float32) to a safetensors file, atomically.");
@@ -294,21 +316,13 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
 
-  {
-    using mha::python::add_argument_help;
-    add_argument_help(m, "masked_softmax", "masked_softmax", {"X", "valid_lens"});
-    auto dpa = py::reinterpret_borrow<py::class_<mha::DotProductAttention>>(m.attr("DotProductAttention"));
-    add_argument_help(dpa, "__call__", "DotProductAttention.forward", {"queries", "keys", "values", "valid_lens"});
-    auto mh = py::reinterpret_borrow<py::class_<mha::MultiHeadAttention>>(m.attr("MultiHeadAttention"));
-    add_argument_help(mh, "__call__", "MultiHeadAttention.forward",
-                      {"queries", "keys", "values", "valid_lens", "key_padding_mask", "attn_mask", "is_causal"});
-    add_argument_help(mh, "load_state_dict", "MultiHeadAttention.load_state_dict", {"state_dict"});
-    add_argument_help(m, "save_safetensors", "save_safetensors", {"path", "tensors", "metadata"});
-  }
   bind_torch(m);
   mha::python::bind_training(m);
   mha::python::bind_pruning(m);
   mha::python::bind_inspect(m);
   mha::python::bind_decode(m);
   mha::python::bind_contexts(m);
+  // Last: every function, method and setter above gets the overload that
+  // names an argument pybind11 could not convert (python/convert.h).
+  mha::python::add_type_help(m);
 }

@@ -105,7 +105,8 @@ void add_plot_bindings(py::module_& m) {
       "write_png", [](const std::string& path, const py::object& image) {
         const py::array a = mha::python::real_array(image, "write_png", "image");
         if (!a.dtype().is(py::dtype::of<uint8_t>()))
-          mha::fail("write_png", "image: dtype ", std::string(py::str(a.dtype())), ", wanted uint8");
+          mha::python::fail(mha::python::kType, "write_png", "image: dtype ", std::string(py::str(a.dtype())),
+                            ", wanted uint8");
         mha::plot::write_png(path, image_from_numpy(ByteArray::ensure(a)));
       },
       py::arg("path"), py::arg("image"),

@@ -14,7 +14,8 @@ TokenBatch batch_from_dict(const py::dict& d, size_t index) {
   static const char* op = "importance";
   for (const char* key : {"tokens", "targets", "valid_lens"})
     if (!d.contains(key))
-      fail(op, "batches: entry ", index, " has no '", key, "' (wanted a dict as OffsetPairTask.sample returns)");
+      fail(kType, op, "batches: entry ", index, " has no '", key,
+           "' (wanted a dict as OffsetPairTask.sample returns)");
   const std::string entry = "batches: entry " + std::to_string(index);
   IntValues tokens = int_values(d["tokens"], op, entry + " 'tokens'");
   IntValues targets = int_values(d["targets"], op, entry + " 'targets'");
@@ -38,9 +39,13 @@ std::vector<TokenBatch> batches_from(const py::object& obj) {
     out.push_back(batch_from_dict(obj.cast<py::dict>(), 0));
     return out;
   }
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj))
+    fail(kType, "importance", "batches: got ", type_name(obj),
+         ", wanted a dict or a list of dicts as OffsetPairTask.sample returns");
   size_t i = 0;
   for (const py::handle item : obj) {
-    if (!py::isinstance<py::dict>(item)) fail("importance", "batches: entry ", i, " is not a dict");
+    if (!py::isinstance<py::dict>(item))
+      fail(kType, "importance", "batches: entry ", i, " is ", type_name(item), ", not a dict");
     out.push_back(batch_from_dict(item.cast<py::dict>(), i++));
   }
   return out;

@@ -17,9 +17,8 @@ ParamList params_of(py::object module) {
   if (py::isinstance<AttentionModel>(module)) return module.cast<AttentionModel&>().parameters();
   if (py::isinstance<TorchMultiheadAttention>(module))
     return module.cast<TorchMultiheadAttention&>().parameters();
-  throw Error("[mha.optim] module: expected mha.MultiHeadAttention, mha.AttentionModel or "
-              "mha.TorchMultiheadAttention, got " +
-              std::string(py::str(py::type::of(module))));
+  fail(kType, "mha.optim", "module: expected mha.MultiHeadAttention, mha.AttentionModel or ",
+       "mha.TorchMultiheadAttention, got ", std::string(py::str(py::type::of(module))));
 }
 
 // tokens (B, T) of integers (any dtype; floats only with integral values) -> ids, B, T.
@@ -53,9 +52,20 @@ py::dict task_config_dict(const OffsetPairTaskConfig& c) {
 }
 
 // Adam and AdamW share their arguments; AdamW's weight_decay defaults to 1e-2.
+// betas: a tuple or list of two real numbers (pybind11's pair caster would
+// read bytes b"12" as (49, 50)).
+std::pair<double, double> real_pair(const py::object& obj, const std::string& op, const char* what) {
+  if (is_string(obj) || !(py::isinstance<py::tuple>(obj) || py::isinstance<py::list>(obj)) || py::len(obj) != 2)
+    fail(kType, op, what, ": got ", type_name(obj), ", wanted a pair of real numbers");
+  return {real_number(obj[py::int_(0)], op, std::string(what) + "[0]"),
+          real_number(obj[py::int_(1)], op, std::string(what) + "[1]")};
+}
+
 template <typename Opt>
-std::unique_ptr<Opt> make_adam(py::object module, Real lr, std::pair<Real, Real> betas, Real eps,
+std::unique_ptr<Opt> make_adam(py::object module, Real lr, const py::object& betas_obj, Real eps,
                                Real weight_decay, bool amsgrad) {
+  const std::string op = std::is_same_v<Opt, optim::AdamW> ? "mha.optim.AdamW" : "mha.optim.Adam";
+  const std::pair<double, double> betas = real_pair(betas_obj, op, "betas");
   return std::make_unique<Opt>(params_of(module),
                                optim::AdamOptions{lr, betas.first, betas.second, eps, weight_decay, amsgrad});
 }
@@ -98,20 +108,49 @@ void bind_torch_module_support(py::module_& m) {
   m.def(
       "_render_line_chart",
       [](const py::list& panels, const std::string& title, int plot_width, int plot_height) {
+        const char* op = "plot.render_line_chart";
         std::vector<plot::LinePanel> ps;
-        for (const py::handle& h : panels) {
-          const py::dict d = py::reinterpret_borrow<py::dict>(h);
+        // Each value checked before it is read: a panel that is not a dict, a
+        // series that is not (name, x, y), x and y that are not numbers.
+        auto text = [&](const py::dict& d, const char* key, const std::string& where) {
+          if (!d.contains(key)) return std::string();
+          const py::object v = d[key];
+          if (!py::isinstance<py::str>(v)) fail(kType, op, where, "['", key, "']: got ", type_name(v), ", wanted a string");
+          return v.cast<std::string>();
+        };
+        auto numbers = [&](const py::handle& v, const std::string& where) {
+          const DoubleArray a = DoubleArray::ensure(real_array(v, op, where));
+          if (a.ndim() != 1) fail(op, where, ": shape ", shape_str(shape_of(a)), " is not a flat list of numbers");
+          return std::vector<double>(a.data(), a.data() + a.size());
+        };
+        for (size_t i = 0; i < panels.size(); ++i) {
+          const std::string where = "panels[" + std::to_string(i) + "]";
+          if (!py::isinstance<py::dict>(panels[i]))
+            fail(kType, op, where, ": got ", type_name(panels[i]), ", wanted a dict");
+          const py::dict d = py::reinterpret_borrow<py::dict>(panels[i]);
           plot::LinePanel p;
-          p.title = d.contains("title") ? py::cast<std::string>(d["title"]) : "";
-          p.xlabel = d.contains("xlabel") ? py::cast<std::string>(d["xlabel"]) : "";
-          p.ylabel = d.contains("ylabel") ? py::cast<std::string>(d["ylabel"]) : "";
-          p.log_y = d.contains("log_y") && py::cast<bool>(d["log_y"]);
-          for (const py::handle& sh : py::reinterpret_borrow<py::list>(d["series"])) {
-            const auto t = py::cast<std::tuple<std::string, std::vector<double>, std::vector<double>>>(sh);
+          p.title = text(d, "title", where);
+          p.xlabel = text(d, "xlabel", where);
+          p.ylabel = text(d, "ylabel", where);
+          if (d.contains("log_y")) {
+            if (!PyBool_Check(py::object(d["log_y"]).ptr()))
+              fail(kType, op, where, "['log_y']: got ", type_name(d["log_y"]), ", wanted True or False");
+            p.log_y = py::cast<bool>(d["log_y"]);
+          }
+          const py::object series = d.contains("series") ? py::object(d["series"]) : py::object(py::list());
+          if (!py::isinstance<py::list>(series) && !py::isinstance<py::tuple>(series))
+            fail(kType, op, where, "['series']: got ", type_name(series), ", wanted a list of (name, x, y)");
+          const py::sequence seq = py::reinterpret_borrow<py::sequence>(series);
+          for (size_t j = 0; j < seq.size(); ++j) {
+            const std::string sw = where + "['series'][" + std::to_string(j) + "]";
+            const py::object item = seq[j];
+            if (!(py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) || py::len(item) != 3 ||
+                !py::isinstance<py::str>(item[py::int_(0)]))
+              fail(kType, op, sw, ": got ", type_name(item), ", wanted (name, x, y)");
             plot::Series s;
-            s.name = std::get<0>(t);
-            s.x = std::get<1>(t);
-            s.y = std::get<2>(t);
+            s.name = item[py::int_(0)].cast<std::string>();
+            s.x = numbers(item[py::int_(1)], sw + " x");
+            s.y = numbers(item[py::int_(2)], sw + " y");
             p.series.push_back(std::move(s));
           }
           ps.push_back(std::move(p));
@@ -155,7 +194,7 @@ void bind_training(py::module_& m) {
       .def("zero_grad", &MultiHeadAttention::zero_grad, "Set every accumulated gradient to zero.")
       .def("grads", [](MultiHeadAttention& s) { return to_dict(s.grads()); },
            "The accumulated parameter gradients by state-dict name.")
-      .def("set_grads", [](MultiHeadAttention& s, const py::object& d) { s.set_grads(to_tensors(d, "MultiHeadAttention.set_grads")); },
+      .def("set_grads", [](MultiHeadAttention& s, const py::object& d) { s.set_grads(to_tensors(d, "MultiHeadAttention.set_grads", "grads")); },
            py::arg("grads"), "Replace accumulated gradients by name (shapes as the parameters').")
       .def("initialize", &MultiHeadAttention::initialize, py::arg("dq"), py::arg("dk"), py::arg("dv"),
            "Fix the lazy input widths as a first call with these widths would.")
@@ -289,13 +328,6 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
       "load_checkpoint(path) -> (model, task, metadata): a checkpoint written by `mha train`,\n"
       "the model in evaluation mode.");
 
-  add_argument_help(mha_class, "backward", "MultiHeadAttention.backward", {"grad_output"});
-  add_argument_help(mha_class, "set_grads", "MultiHeadAttention.set_grads", {"grads"});
-  auto model_class = py::reinterpret_borrow<py::class_<AttentionModel>>(m.attr("AttentionModel"));
-  add_argument_help(model_class, "__call__", "AttentionModel.forward", {"tokens", "valid_lens"});
-  add_argument_help(model_class, "backward", "AttentionModel.backward", {"grad_logits"});
-  add_argument_help(model_class, "load_state_dict", "AttentionModel.load_state_dict", {"state_dict"});
-  add_argument_help(m, "cross_entropy", "cross_entropy", {"logits", "targets"});
 
   py::module_ optim = m.def_submodule("optim", "Optimisers with PyTorch's update rules.");
   py::class_<optim::Optimizer>(optim, "Optimizer")
@@ -315,11 +347,11 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
            py::arg("weight_decay") = 0.0, py::arg("nesterov").noconvert() = false, py::keep_alive<1, 2>());
   py::class_<optim::Adam, optim::Optimizer>(optim, "Adam", "torch.optim.Adam's update rule.")
       .def(py::init(&make_adam<optim::Adam>), py::arg("module"), py::arg("lr") = 1e-3,
-           py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("betas") = py::make_tuple(0.9, 0.999), py::arg("eps") = 1e-8,
            py::arg("weight_decay") = 0.0, py::arg("amsgrad").noconvert() = false, py::keep_alive<1, 2>());
   py::class_<optim::AdamW, optim::Adam>(optim, "AdamW", "torch.optim.AdamW's update rule.")
       .def(py::init(&make_adam<optim::AdamW>), py::arg("module"), py::arg("lr") = 1e-3,
-           py::arg("betas") = std::pair<double, double>{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("betas") = py::make_tuple(0.9, 0.999), py::arg("eps") = 1e-8,
            py::arg("weight_decay") = 1e-2, py::arg("amsgrad").noconvert() = false, py::keep_alive<1, 2>());
   optim.def(
       "clip_grad_norm",

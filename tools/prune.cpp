@@ -161,7 +161,7 @@ void run_prune(PruneOptions& opt) {
   if (opt.latency_batch <= 0) fail(kOp, "--latency-batch: ", opt.latency_batch, " is not positive");
   if (opt.latency_repeats <= 0) fail(kOp, "--latency-repeats: ", opt.latency_repeats, " is not positive");
   if (opt.keep_given && opt.keep <= 0) fail(kOp, "--keep: ", opt.keep, " is not a positive number of heads");
-  set_num_threads(opt.threads);  // mha's count, which the products use too (see mha train)
+  mha::set_num_threads(opt.threads);  // mha's count, which the products use too (see mha train)
   const AttentionKernel kernel = kernel_of(opt.kernel);
   // Every output checked before any work: a failing command leaves no file.
   check_outputs(kOp, {{"--csv", opt.csv}, {"--plot", opt.plot}, {"--pruned-out", opt.pruned_out},
@@ -193,7 +193,7 @@ void run_prune(PruneOptions& opt) {
               opt.checkpoint.empty() ? "trained model" : opt.checkpoint.c_str(), (long long)cfg.model.num_layers,
               (long long)cfg.model.num_heads, (long long)cfg.model.num_hiddens, (long long)ck->step, (long long)heads,
               (long long)cfg.eval_size, (unsigned long long)cfg.held_out_seed, (long long)opt.importance_size,
-              (unsigned long long)opt.importance_seed, opt.kernel.c_str(), opt.threads);
+              (unsigned long long)opt.importance_seed, opt.kernel.c_str(), num_threads());
 
   std::printf("scoring heads: gradient\n");
   const GradientImportance grad = gradient_importance(*model, importance_set);

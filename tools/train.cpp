@@ -122,11 +122,12 @@ bool finite_parameters(const AttentionModel& model) {
 void run_train(TrainOptions& opt) {
   TrainConfig& cfg = opt.config;
   if (opt.threads <= 0) fail(kOp, "--threads: ", opt.threads, " is not positive");
-  // One owner of parallelism: mha's own thread count, which both the
-  // attention kernels and the projections' products (cpu/parallel_gemm,
-  // which run OpenBLAS single-threaded inside) use; a fixed count gives the
-  // same loss curve from run to run.
-  set_num_threads(opt.threads);
+  // One owner of parallelism: mha's own thread count (mha::set_num_threads),
+  // which the attention kernels and the projections' and gradients' products
+  // (mha's packed GEMM, cpu/parallel_gemm) run on; OpenBLAS computes none of
+  // them. A fixed count gives the same loss curve from run to run; the header
+  // line reports mha::num_threads(), the count in effect.
+  mha::set_num_threads(opt.threads);
   if (!(opt.target > 0 && opt.target <= 1)) fail(kOp, "--target: ", opt.target, " is not in (0, 1]");
   // --steps 0 writes an untrained model (a starting point, a test fixture):
   // never over an existing file, and without a plot, which would have no

@@ -1,4 +1,4 @@
-// mha/attention.h: the seed's two helpers, masked_softmax and DotProductAttention.
+// mha/attention.h: the d2l chapter's two helpers, masked_softmax and DotProductAttention.
 //
 // Both follow d2l's PyTorch code exactly: masked scores are replaced by -1e6
 // (not -inf) before an ordinary softmax, so a row whose every key is masked
@@ -21,7 +21,7 @@ namespace mha {
 // when X is not rank 3 or the lengths do not fit.
 Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens = {});
 
-// The seed's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
+// The d2l chapter's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
 // dropout on the weights (training mode only), weighted sum of values.
 // forward() may run on many threads at once; the mode, kernel, generator
 // and last weights are guarded by a lock.

@@ -9,6 +9,7 @@
 """
 from ._core import (  # noqa: F401
     __version__,
+    ArgumentTypeError,
     Causal,
     FullyMaskedRows,
     Mask,

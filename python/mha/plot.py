@@ -15,13 +15,12 @@ masked cells (NaN weights, or True in `mask`) are mha.MASK_COLOR grey.
 """
 import numpy as np
 
-from . import _core
+from . import _checks, _core
 
 
 def _as_float_array(x):
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
-    return np.array(x, dtype=np.float32, copy=True)
+    """A float32 copy of numbers (never of strings: float("2.5") is not taken)."""
+    return np.array(_checks.real_array(x, "show_heatmaps", "matrices"), dtype=np.float32, copy=True)
 
 
 def render_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, *, mask=None,
@@ -39,9 +38,16 @@ def render_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, *, m
         raise ValueError(f"[show_heatmaps] matrices: shape {tuple(w.shape)}, "
                          "wanted 4 dimensions (rows, cols, Q, K) as d2l's show_heatmaps")
     if mask is not None:
-        m = np.asarray(mask)
+        if hasattr(mask, "detach") and hasattr(mask, "numpy"):  # a torch tensor
+            mask = mask.detach().cpu().numpy()
+        if isinstance(mask, (str, bytes, dict)):
+            raise _checks.wrong_kind("show_heatmaps", "mask", mask, "a bool array (True = masked)")
+        try:
+            m = np.asarray(mask)
+        except (TypeError, ValueError):  # ragged nested lists
+            raise _core.ArgumentTypeError("[show_heatmaps] mask: cannot be read as a numeric array") from None
         if m.dtype != np.bool_:
-            raise ValueError(f"[show_heatmaps] mask: dtype {m.dtype}, wanted bool (True = masked)")
+            raise _core.ArgumentTypeError(f"[show_heatmaps] mask: dtype {m.dtype}, wanted bool (True = masked)")
         try:
             m = np.broadcast_to(m, w.shape)
         except ValueError:
@@ -58,7 +64,8 @@ def render_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, *, m
     return _core._render_heatmaps(
         w, xlabel or "", ylabel or "", [str(t) for t in titles],
         [str(r) for r in (row_labels or [])], title or "", colorbar_label or "", note or "",
-        vmin, vmax, int(max_cells), int(panel_size))
+        vmin, vmax, _checks.integer(max_cells, "show_heatmaps", "max_cells"),
+        _checks.integer(panel_size, "show_heatmaps", "panel_size"))
 
 
 # matplotlib's sequential colour maps (ColorBrewer's 9 classes, light to dark),
@@ -168,13 +175,18 @@ def show_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, figsiz
     """
     if isinstance(figsize, (str, bytes)) or hasattr(figsize, "__fspath__"):
         path, figsize = figsize, None  # mha 0.1's positional path
+    dpi = _checks.real(dpi, "show_heatmaps", "dpi")
+    matrices = _checks.real_array(matrices, "show_heatmaps", "matrices")
     if panel_size is None:
         panel_size = 0
         if figsize is not None:
             try:
-                w_in, h_in = (float(x) for x in figsize)
+                w_in, h_in = figsize
             except (TypeError, ValueError):
-                raise ValueError(f"[show_heatmaps] figsize: {figsize!r}, wanted (width, height) in inches") from None
+                raise _core.ArgumentTypeError(f"[show_heatmaps] figsize: {figsize!r}, wanted (width, height) "
+                                              "in inches") from None
+            w_in = _checks.real(w_in, "show_heatmaps", "figsize[0]")
+            h_in = _checks.real(h_in, "show_heatmaps", "figsize[1]")
             if not (w_in > 0 and h_in > 0):
                 raise ValueError(f"[show_heatmaps] figsize: {figsize!r}, wanted positive inches")
             shape = np.shape(matrices)
@@ -194,6 +206,10 @@ def show_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, figsiz
 
 def cell_center(layout, row, col, q, k):
     """(x, y) pixel at the centre of the cell that shows element (q, k) of panel (row, col)."""
+    if not isinstance(layout, dict):
+        raise _checks.wrong_kind("plot.cell_center", "layout", layout, "the layout dict of render_heatmaps")
+    row, col, q, k = (_checks.integer(v, "plot.cell_center", n) for v, n in ((row, "row"), (col, "col"),
+                                                                              (q, "q"), (k, "k")))
     x, y, _, _ = layout["panels"][row * layout["cols"] + col]
     cw, ch, gap = layout["cell_w"], layout["cell_h"], layout["gap"]
     return (x + (k // layout["k_block"]) * cw + (cw - gap) // 2,
@@ -203,5 +219,6 @@ def cell_center(layout, row, col, q, k):
 def colormap_inverse(rgb):
     """The fraction of the colour scale (0..1) whose colour is nearest to rgb."""
     table = _core.colormap_table().astype(np.int64)
-    d = ((table - np.asarray(rgb[:3], dtype=np.int64)) ** 2).sum(axis=1)
+    rgb = np.atleast_1d(_checks.real_array(rgb, "plot.colormap_inverse", "rgb"))
+    d = ((table - rgb[:3].astype(np.int64)) ** 2).sum(axis=1)
     return int(np.argmin(d)) / (len(table) - 1)

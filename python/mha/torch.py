@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _core
+from . import _checks, _core
 
 __all__ = ["MultiHeadAttention", "MultiheadAttention"]
 
@@ -283,6 +283,11 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, num_hiddens, num_heads, dropout, bias=False, **kwargs):
         super().__init__()
+        op = "mha.torch.MultiHeadAttention"
+        num_hiddens = _checks.integer(num_hiddens, op, "num_hiddens")
+        num_heads = _checks.integer(num_heads, op, "num_heads")
+        dropout = _checks.real(dropout, op, "dropout")
+        bias = _checks.flag(bias, op, "bias")
         kernel = kwargs.pop("kernel", None)
         self.num_heads = num_heads
         self.num_hiddens = num_hiddens
@@ -366,7 +371,7 @@ class MultiHeadAttention(nn.Module):
                     raise _not_on_cpu(op, "valid_lens", valid_lens.device)
                 lens = valid_lens.detach().numpy()
             else:
-                lens = np.asarray(valid_lens)
+                lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._ensure_link(queries, keys, values)
         p = float(self.attention.dropout.p)
         call = _Call(self._runner, lens, _dropout_seed(self.training, p), p if self.training else 0.0)
@@ -430,6 +435,15 @@ class MultiheadAttention(nn.Module):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
                  dtype=None, *, fully_masked_rows=None, kernel=None):
         super().__init__()
+        op = "mha.torch.MultiheadAttention"
+        embed_dim = _checks.integer(embed_dim, op, "embed_dim")
+        num_heads = _checks.integer(num_heads, op, "num_heads")
+        dropout = _checks.real(dropout, op, "dropout")
+        bias, add_bias_kv, add_zero_attn, batch_first = (
+            _checks.flag(v, op, n) for v, n in ((bias, "bias"), (add_bias_kv, "add_bias_kv"),
+                                                (add_zero_attn, "add_zero_attn"), (batch_first, "batch_first")))
+        kdim = None if kdim is None else _checks.integer(kdim, op, "kdim")
+        vdim = None if vdim is None else _checks.integer(vdim, op, "vdim")
         if dtype is not None and dtype != torch.float32:
             raise TypeError(f"[mha.torch.MultiheadAttention] dtype {dtype}: mha computes in float32")
         if device is not None and torch.device(device).type != "cpu":
@@ -539,8 +553,8 @@ class MultiheadAttention(nn.Module):
         a = _TorchCallArgs()
         a.key_padding_mask = _mask_numpy(key_padding_mask, "key_padding_mask")
         a.attn_mask = _mask_numpy(attn_mask, "attn_mask")
-        a.need_weights = bool(need_weights)
-        a.average_attn_weights = bool(average_attn_weights)
+        a.need_weights = _checks.flag(need_weights, op, "need_weights")
+        a.average_attn_weights = _checks.flag(average_attn_weights, op, "average_attn_weights")
         a.is_causal = is_causal
         p = float(self.dropout)
         call = _Call(self._runner, a, _dropout_seed(self.training, p), p if self.training else 0.0)

@@ -460,6 +460,18 @@ PY.update({
     "py.image_dtype": lambda t: mha.write_png(str(t / "o.png"), np.zeros((2, 2, 3))),
     "py.real_number": lambda t: mha._core._render_heatmaps(ones(1, 1, 2, 2), "", "", [], [], "", "", "", "a", None,
                                                           10, 0),
+    # Arguments of the wrong kind (tests/python/test_bad_types.py walks them all).
+    "py.not_array": lambda t: called_mha().set_grads({"W_q.weight": "abc"}),
+    "py.argument_kind": lambda t: mha.MultiHeadAttention(8, "2"),
+    "py.betas": lambda t: mha.optim.Adam(called_mha(), betas=b"12"),
+    "py.line_panel": lambda t: mha._core._render_line_chart(["abc"]),
+    "py.line_text": lambda t: mha._core._render_line_chart([{"title": 3}]),
+    "py.line_log_y": lambda t: mha._core._render_line_chart([{"log_y": "yes"}]),
+    "py.line_series": lambda t: mha._core._render_line_chart([{"series": "abc"}]),
+    "py.line_item": lambda t: mha._core._render_line_chart([{"series": [("a", [1.0])]}]),
+    "py.line_numbers": lambda t: mha._core._render_line_chart([{"series": [("a", [[1.0, 2.0]], [1.0, 2.0])]}]),
+    "py.importance_batches": lambda t: mha.gradient_importance(small_model(), 3),
+    "py.importance_entry": lambda t: mha.gradient_importance(small_model(), ["abc"]),
 })
 
 

@@ -133,6 +133,8 @@ WALK = textwrap.dedent(r'''
         if isinstance(obj, type):
             if issubclass(obj, int) or name in ("Kernel", "Positions", "Causal", "FullyMaskedRows"):
                 continue  # enums
+            if issubclass(obj, BaseException):
+                continue  # mha.ArgumentTypeError
             if name not in ("HeadOffsets",):
                 walk(name, obj)
             make = INSTANCES.get(name)
