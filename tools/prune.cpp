@@ -29,7 +29,7 @@
 
 #include "commands.h"
 #include "core/memory.h"
-#include "io/atomic_file.h"
+#include "mha/atomic_file.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
 #include "outputs.h"
