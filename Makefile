@@ -1,8 +1,9 @@
 # The two commands of the README:
 #   make demo   installs what is missing, builds, runs `mha demo`
-#   make test   installs what is missing, builds, runs every test: the C++ and
-#               Python tests, the install checks, the API reference, the
-#               sanitizer builds (build-asan, build-tsan) and the fuzzers
+#   make test   installs what is missing, builds (warnings are errors), runs
+#               every test: the C++ and Python tests, the install checks, the
+#               API reference, the sanitizer builds (build-asan, build-tsan)
+#               and the fuzzers
 # and the parts of `make test`, each runnable alone:
 #   make docs          API reference -> build/docs/html (warnings fail)
 #   make test-install  cmake --install + examples/consumer + pkg-config; pip install into a venv
@@ -15,6 +16,11 @@ JOBS ?= 2
 # Debian's Python: it has numpy, pytest and torch (the PATH python3 may not).
 PYTHON ?= /usr/bin/python3
 FUZZ_SECONDS ?= 30
+# Compiler warnings as errors (CMake's MHA_WERROR, cmake/warnings.cmake): `make
+# test`, hence CI (.ci/run), turns it ON; `make demo` and `make build` leave the
+# build folder's setting as it is (OFF unless set). `make test WERROR=OFF` opts out.
+WERROR ?=
+CMAKE_WERROR = $(if $(WERROR),-DMHA_WERROR=$(WERROR))
 
 .PHONY: deps build demo test test-cpp test-python clean docs test-install test-asan test-tsan test-fuzz lint
 
@@ -22,7 +28,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PYTHON)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PYTHON) $(CMAKE_WERROR)
 	cmake --build $(BUILD) -j$(JOBS)
 
 # The demo builds only what it runs (the tool) and the Python module the
@@ -32,6 +38,7 @@ demo: deps
 	cmake --build $(BUILD) -j$(JOBS) --target mha_tool mha_python
 	./$(BUILD)/mha demo
 
+test: WERROR = ON
 test: build
 	$(MAKE) --no-print-directory test-cpp test-python lint test-install docs test-asan test-fuzz test-tsan
 

@@ -208,7 +208,7 @@ Build one with the function named after the convention of your array:
             if (s.is_keep()) {
               BoolArray out(std::vector<py::ssize_t>(s.shape().begin(), s.shape().end()));
               for (size_t i = 0; i < s.keep_values().size(); ++i) out.mutable_data()[i] = s.keep_values()[i];
-              return std::move(out);
+              return out;
             }
             if (s.is_additive()) return to_numpy(mha::Tensor(s.shape(), s.bias_values()));
             return py::none();

@@ -33,6 +33,8 @@
 #include "bench_decode.h"
 #include "bench_masks.h"
 #include "commands.h"
+// Internal (the bench part, CMakeLists.txt mha_tool_bench): the GEMM is timed
+// by instruction set, which the public API does not expose.
 #include "cpu/gemm/gemm.h"
 #include "cpu/parallel_gemm.h"
 #include "mha/mha.h"

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+// Internal (the bench part, CMakeLists.txt mha_tool_bench): the decode kernel
+// is timed alone; the public API has no decode call yet.
 #include "kernels/decode_params.h"
 #include "mha/threads.h"
 

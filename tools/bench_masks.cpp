@@ -19,6 +19,8 @@
 #include <functional>
 #include <vector>
 
+// Internal (the bench part, CMakeLists.txt mha_tool_bench): each mask path of
+// a kernel is timed alone, below the modules of the public API.
 #include "kernels/case_data.h"
 #include "kernels/cases.h"
 #include "kernels/dispatch.h"

@@ -7,7 +7,7 @@
 #include <charconv>
 #include <filesystem>
 
-#include "io/atomic_file.h"
+#include "mha/atomic_file.h"
 #include "mha/error.h"
 
 namespace mha::tools {

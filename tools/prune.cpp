@@ -28,8 +28,10 @@
 #include <vector>
 
 #include "commands.h"
+// Internal: core::MemoryPlan (plan_experiment below); the public mha/memory.h
+// has the limit but not the planner. CMakeLists.txt lets this file see src/.
 #include "core/memory.h"
-#include "io/atomic_file.h"
+#include "mha/atomic_file.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
 #include "outputs.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "commands.h"
-#include "io/atomic_file.h"
+#include "mha/atomic_file.h"
 #include "mha/mha.h"
 #include "model_io.h"
 #include "outputs.h"

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "mha/plot.h"
-#include "io/atomic_file.h"
+#include "mha/atomic_file.h"
 #include "mha/mha.h"
+#include "mha/plot.h"
 #include "outputs.h"
 
 namespace mha::tools {

@@ -36,9 +36,9 @@
 
 #include "attention_figure.h"
 #include "commands.h"
+#include "mha/atomic_file.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
-#include "io/atomic_file.h"
 #include "model_io.h"
 #include "outputs.h"
 

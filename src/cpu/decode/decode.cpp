@@ -24,6 +24,12 @@
 #include "mha/error.h"
 #include "mha/threads.h"
 
+// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
+// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
+#ifndef MHA_HAVE_X86
+#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
+#endif
+
 namespace mha::kernels {
 
 namespace {
@@ -34,8 +40,13 @@ using decode::Task;
 
 const DecodeIsaKernels& kernels_for(FusedIsa isa) {
   switch (isa) {
+#if MHA_HAVE_X86
     case FusedIsa::Avx512: return decode::kAvx512Decode;
     case FusedIsa::Avx2: return decode::kAvx2Decode;
+#else
+    case FusedIsa::Avx512:
+    case FusedIsa::Avx2:
+#endif
     case FusedIsa::Scalar: break;
   }
   return decode::kScalarDecode;

@@ -10,7 +10,9 @@
 // tiling depends only on the shapes and each chunk is computed by one thread
 // from start to end, so the output is bitwise the same at any thread count.
 #include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cassert>
@@ -24,6 +26,12 @@
 #include "mha/error.h"
 #include "mha/threads.h"
 
+// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
+// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
+#ifndef MHA_HAVE_X86
+#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
+#endif
+
 namespace mha::kernels {
 
 namespace {
@@ -31,11 +39,13 @@ namespace {
 using fused::IsaKernels;
 
 FusedIsa detect_isa() {
+#if MHA_HAVE_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma"))
     return FusedIsa::Avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FusedIsa::Avx2;
+#endif
   return FusedIsa::Scalar;
 }
 
@@ -43,8 +53,13 @@ FusedIsa g_isa = detect_isa();
 
 const IsaKernels& kernels_for(FusedIsa isa) {
   switch (isa) {
+#if MHA_HAVE_X86
     case FusedIsa::Avx512: return fused::kAvx512Kernels;
     case FusedIsa::Avx2: return fused::kAvx2Kernels;
+#else
+    case FusedIsa::Avx512:
+    case FusedIsa::Avx2:
+#endif
     case FusedIsa::Scalar: break;
   }
   return fused::kScalarKernels;
@@ -76,13 +91,18 @@ void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& 
     // Flush denormals to zero while the kernel runs (FTZ and DAZ in MXCSR):
     // the CPU takes a ~100x slower microcode path for each one, and next to
     // a softmax sum >= 1 they are invisible. Restored before returning.
+    // (MXCSR is x86's; other processors run with their default.)
+#if defined(__x86_64__) || defined(__i386__)
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u);
+#endif
     float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
     for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
+#if defined(__x86_64__) || defined(__i386__)
     _mm_setcsr(csr);
+#endif
   }
 }
 

@@ -8,12 +8,18 @@
 #include "cpu/gemm/gemm_isa.h"
 #include "mha/error.h"
 
+// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
+// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
+#ifndef MHA_HAVE_X86
+#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
+#endif
+
 namespace mha::cpu {
 
 namespace {
 
 GemmIsa detect_isa() {
-#if defined(__x86_64__) || defined(__i386__)
+#if MHA_HAVE_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma"))
@@ -27,8 +33,13 @@ GemmIsa g_isa = detect_isa();
 
 const gemm_kernels::IsaGemm& kernels_for(GemmIsa isa) {
   switch (isa) {
+#if MHA_HAVE_X86
     case GemmIsa::Avx512: return gemm_kernels::kAvx512Gemm;
     case GemmIsa::Avx2: return gemm_kernels::kAvx2Gemm;
+#else
+    case GemmIsa::Avx512:
+    case GemmIsa::Avx2:
+#endif
     case GemmIsa::Scalar: break;
   }
   return gemm_kernels::kScalarGemm;

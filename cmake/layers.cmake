@@ -1,0 +1,69 @@
+# cmake/layers.cmake: mha's layers, lowest first, and what each one holds.
+# Read by the top CMakeLists.txt (one library per layer) and by
+# cmake/check_layers.cmake (the build-time check that includes only point down
+# a layer or stay in it). docs/architecture.md ("## Layers") explains them.
+#
+# A layer may include headers of its own layer and of the layers before it in
+# MHA_LAYERS, never of a layer after it.
+set(MHA_LAYERS core kernels nn train plot)
+
+# Source folders of each layer, relative to the repository root. A folder's
+# sources are globbed (every .cpp below it), so a file added to or removed
+# from src/nn or src/kernels needs no edit here.
+set(MHA_LAYER_DIRS_core    src/core src/io)
+set(MHA_LAYER_DIRS_kernels src/kernels src/cpu)
+# src/inspect (head_offsets.cpp) needs only tensors and ValidLens: nn.
+set(MHA_LAYER_DIRS_nn      src/nn src/inspect)
+set(MHA_LAYER_DIRS_train   src/train)
+set(MHA_LAYER_DIRS_plot    src/plot)
+
+# The public headers (include/mha/, as included: "mha/<name>") by the layer
+# that may first use them. A header declares vocabulary for its layer and
+# those above; its layer is the lowest one whose code includes it.
+# attention.h (AttentionKernel), masks.h (the mask enums) and valid_lens.h
+# (ValidLens) are the vocabulary the kernels are called with, so they sit in
+# the kernels layer although their out-of-line parts are built in src/nn.
+# A new public header must be added to one of these lists: the check fails
+# on an include of a public header that is in none.
+set(MHA_LAYER_HEADERS_core
+  atomic_file.h
+  detail/copyable_mutex.h
+  error.h
+  memory.h
+  random.h
+  safetensors.h
+  tensor.h
+  threads.h
+  version.h
+)
+set(MHA_LAYER_HEADERS_kernels
+  attention.h
+  kernel.h
+  masks.h
+  valid_lens.h
+)
+set(MHA_LAYER_HEADERS_nn
+  context.h
+  detail/head_layout.h
+  detail/instance_id.h
+  inspect.h
+  linear.h
+  multihead.h
+  parameter.h
+  torch_mha.h
+)
+set(MHA_LAYER_HEADERS_train
+  checkpoint.h
+  importance.h
+  loss.h
+  mha.h
+  model.h
+  optim.h
+  prune.h
+  prune_experiment.h
+  task.h
+  trainer.h
+)
+set(MHA_LAYER_HEADERS_plot
+  plot.h
+)
