@@ -320,3 +320,24 @@ TEST(KVCache, DropInRefusesAppendedKeys) {
 }
 
 }  // namespace
+
+namespace {
+
+// An unbatched drop-in call, query (n, E), is batch row 0 of a batched one.
+TEST(KVCache, DropInUnbatchedIsOneBatchRow) {
+  Generator gen(9);
+  StateDict s = {{"in_proj_weight", random_tensor({12, 4}, gen)}, {"out_proj.weight", random_tensor({4, 4}, gen)}};
+  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+  m.eval();
+  KVCache a = m.kv_cache(1, 8), b = m.kv_cache(1, 8);
+  for (int64_t n : {3, 1, 2}) {
+    const Tensor x = random_tensor({n, 4}, gen);
+    const Tensor xb({1, n, 4}, x.values());
+    const Tensor got = m.forward(x, x, x, a);
+    ASSERT_EQ(got.shape(), (Shape{n, 4}));
+    EXPECT_TRUE(mha::test::all_close(got.reshape({1, n, 4}), m.forward(xb, xb, xb, b), 0.0, 0.0));
+  }
+  EXPECT_EQ(a.length(0), 6);
+}
+
+}  // namespace
