@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "kernels/decode_params.h"
+#include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 #include "nn/projections.h"
@@ -51,7 +51,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   kernels::check_decode_params(p, call.op);  // before the cache changes
   CacheAccess::write(cache, proj.k, proj.v);
   CacheAccess::point(cache, p);  // the lengths now count the new positions
-  kernels::decode_attention(p);
+  kernels::decode_forward(p);
 
   // Head gates, then W_o.
   if (layers.head_gates)
