@@ -47,6 +47,7 @@ set(MHA_LAYER_HEADERS_nn
   detail/head_layout.h
   detail/instance_id.h
   inspect.h
+  kv_cache.h
   linear.h
   multihead.h
   parameter.h

@@ -78,6 +78,7 @@ void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 void bind_decode(py::module_& m);    // decode_bindings.cpp
 void bind_contexts(py::module_& m);  // context_bindings.cpp
+void bind_caches(py::module_& m);    // cache_bindings.cpp
 }  // namespace mha::python
 
 // MultiHeadAttention's __call__ (with_context: forward_with_context's).
@@ -322,6 +323,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_inspect(m);
   mha::python::bind_decode(m);
   mha::python::bind_contexts(m);
+  mha::python::bind_caches(m);
   // Last: every function, method and setter above gets the overload that
   // names an argument pybind11 could not convert (python/convert.h).
   mha::python::add_type_help(m);

@@ -29,20 +29,25 @@ namespace nn {
 struct AttentionContext;  // src/nn/attention_engine.h
 }
 
+// What one forward call kept (see the top of this file).
 class ForwardContext {
  public:
   // No call: every accessor but empty() throws mha::Error.
   ForwardContext() = default;
+  // The engine's record of a call (made by the modules).
   explicit ForwardContext(std::shared_ptr<const nn::AttentionContext> ctx) : ctx_(std::move(ctx)) {}
 
   // True when this holds no call.
   bool empty() const { return !ctx_; }
   // True when the call ran in training mode (its backward can run).
   bool differentiable() const;
-  // B, h, Q and K (keys after any appended ones) of the call.
+  // B: the call's batch rows.
   int64_t batch_size() const;
+  // h: the call's query heads.
   int64_t num_heads() const;
+  // Q: the call's queries per batch row.
   int64_t num_queries() const;
+  // K: the call's keys per batch row, appended ones (bias_k, a zero key) included.
   int64_t num_keys() const;
   // [B, h, Q, K]: the softmax weights before dropout, as a copy (with the
   // fused kernel, computed from the call's statistics on first access).

@@ -118,9 +118,13 @@ void check_mask_shape(const char* op, const char* arg, const Mask& mask, const S
 // lengths included), and a row with no live key gets `fully_masked_rows`
 // (Uniform: weights 1/K, as the chapter's lengths give a row of length 0).
 struct CallMasks {
+  // (B, K): which keys of each batch row take part (or what is added to them).
   Mask key_padding_mask;
+  // (Q, K) or (B*h, Q, K): which (query, key) pairs take part (or their bias).
   Mask attn_mask;
+  // Causal masking (TopLeft is PyTorch's is_causal=True).
   Causal causal = Causal::None;
+  // What a row left without a live key gets.
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::Uniform;
 };
 

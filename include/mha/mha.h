@@ -11,6 +11,7 @@
 #include "mha/error.h"
 #include "mha/importance.h"
 #include "mha/inspect.h"
+#include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/loss.h"

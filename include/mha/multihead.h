@@ -46,6 +46,7 @@
 #include "mha/detail/copyable_mutex.h"
 #include "mha/detail/head_layout.h"
 #include "mha/detail/instance_id.h"
+#include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/parameter.h"
@@ -95,8 +96,27 @@ class MultiHeadAttention {
     Tensor output;           // [B, Q, num_hiddens]
     ForwardContext context;  // differentiable in training mode
   };
+  // forward() that returns the call's context instead of keeping it (above).
   ForwardResult forward_with_context(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                      const ValidLens& valid_lens = {}, const CallMasks& masks = {});
+  // --- Cached decoding (src/nn/module_caches.cpp; mha/kv_cache.h) ---
+  // A cache for this module: batch_size rows of max_len positions, each
+  // head's projected keys and values (num_heads() heads of head_dim()).
+  // Throws mha::Error on sizes that are not positive or storage above
+  // mha::memory_limit(); nothing is allocated then.
+  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32) const;
+  // queries:[B,n,Dq] keys:[B,n,Dk] values:[B,n,Dv] (the n new positions;
+  // self-attention passes one tensor three times) -> [B,n,num_hiddens]:
+  // projects only the new positions, appends their keys and values to
+  // `cache` after each row's last position, and attends each new query over
+  // the row's cached positions and the new ones up to itself. Equal to the
+  // d2l chapter's decoder step over the concatenated inputs. Evaluation mode
+  // only (mha::Error in training mode); takes no valid_lens (each row's
+  // cached length plays that part) and leaves attention_weights() as it was.
+  // A call that throws leaves the cache as it was. Attention runs on the
+  // decode kernel whatever kernel() says, for a long prefill too.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache);
+
   // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {

@@ -49,6 +49,7 @@
 #include "mha/context.h"
 #include "mha/detail/head_layout.h"
 #include "mha/detail/instance_id.h"
+#include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/multihead.h"
@@ -131,6 +132,23 @@ class TorchMultiheadAttention {
                             const Mask& key_padding_mask = {}, bool need_weights = true,
                             const Mask& attn_mask = {}, bool average_attn_weights = true,
                             bool is_causal = false);
+
+  // --- Cached decoding (src/nn/module_caches.cpp; mha/kv_cache.h) ---
+  // A cache for this module: batch_size rows of max_len positions, each
+  // key/value head's projected keys and values (num_kv_heads() heads of
+  // head_dim(): grouped heads share them). Throws mha::Error on sizes that
+  // are not positive or storage above mha::memory_limit().
+  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32) const;
+  // query, key, value: the n new positions in the module's layout ((B, n, E)
+  // batch_first, (n, B, E) or unbatched (n, E)) -> output shaped like query:
+  // the new keys and values are projected and appended to `cache`, and each
+  // new query attends over its row's cached positions and the new ones up to
+  // itself (Causal::BottomRight over the whole row: causal within the new
+  // block). Evaluation mode only; modules with add_bias_kv or
+  // add_zero_attn are refused (mha::Error), as are masks (none are taken).
+  // A call that throws leaves the cache as it was. Attention runs on the
+  // decode kernel whatever kernel() says, for a long prefill too.
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache);
 
   // The parameters by PyTorch's names, in the layout they were loaded in.
   StateDict state_dict() const;

@@ -61,4 +61,6 @@ void attention_weights(const AttentionWeightsParams& p) {
   attention_weights_fused(p);
 }
 
+void decode_forward(const DecodeParams& p) { decode_attention(p); }  // validates p itself
+
 }  // namespace mha::kernels

@@ -14,6 +14,7 @@
 #include "kernels/attention_backward.h"
 #include "kernels/attention_params.h"
 #include "kernels/attention_weights.h"
+#include "kernels/decode_params.h"
 #include "kernels/softmax_stats.h"
 #include "mha/kernel.h"
 #include "mha/valid_lens.h"
@@ -45,6 +46,13 @@ void attention_backward(AttentionKernel kernel, const AttentionBackward& p);
 // out:[rows, heads, Q, K] <- the weights of the requested (batch row, head)
 // pairs, from the statistics in p.fwd.stats (required).
 void attention_weights(const AttentionWeightsParams& p);
+
+// q:[B,Hq,Qn,d] over the cache k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv]
+// with lengths:[B] -> out:[B,Hq,Qn,dv] (kernels/decode_params.h): the
+// decode kernel at the fused kernel's instruction set, whatever
+// AttentionKernel a module has chosen (the others have no cached form). The
+// modules' cached calls (nn/cached_attention.h) come this way.
+void decode_forward(const DecodeParams& p);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.
 inline void set_lengths(AttentionForward& p, const ValidLens& lens) {

@@ -20,6 +20,7 @@ using Triggers = std::map<std::string, std::function<void()>>;
 Triggers training_triggers();  // test_error_catalogue_training.cpp: model, loss, task, optim, trainer, checkpoints
 Triggers torch_triggers();     // test_error_catalogue_torch.cpp: masks, TorchMultiheadAttention, backward
 Triggers plot_triggers();      // test_error_catalogue_plot.cpp: plot, head_offsets, the tool's figure helpers
+Triggers cache_triggers();     // test_error_catalogue_cache.cpp: key/value caches (mha/kv_cache.h)
 
 inline Tensor ones(Shape s) { return Tensor(std::move(s), 1.0f); }
 

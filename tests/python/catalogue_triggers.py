@@ -208,6 +208,13 @@ def not_a_png(t):
     mha.read_png(str(t / "picture.gif"))
 
 
+
+def _cached_call_with_lens():
+    m = mha.MultiHeadAttention(16, 2).eval()
+    x = ones(2, 1, 16)
+    m(x, x, x, np.array([1, 1]), cache=m.kv_cache(2, 4))
+
+
 PY = {
     # MultiHeadAttention: backward and gradients
     "mha.initialize": lambda t: mha.MultiHeadAttention(8, 2).initialize(4, 0, 4),
@@ -326,6 +333,9 @@ PY = {
     "torch.device_arg": lambda t: _torch_call("device_arg"),
     "torch.rank": lambda t: _torch_call("rank"),
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
+    # key/value caches
+    "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
+    "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     PY[_id] = lambda t, k=_key, v=_value: mha.load_checkpoint(checkpoint_with(t, k, v))

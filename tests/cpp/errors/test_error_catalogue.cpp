@@ -3,7 +3,7 @@
 // mha::Error has the row's message (placeholders like <file> match any text).
 // tests/python/test_error_catalogue.py does the same for Python and the CLI.
 // The triggers of the newer parts (training, PyTorch drop-in, pictures) are
-// in test_error_catalogue_{training,torch,plot}.cpp, declared in
+// in test_error_catalogue_{training,torch,plot,cache}.cpp, declared in
 // error_catalogue.h.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -456,7 +456,8 @@ std::map<std::string, std::function<void()>> core_triggers() {
 // Every trigger, by row id; an id given twice is a mistake in the tables.
 std::map<std::string, std::function<void()>> triggers() {
   std::map<std::string, std::function<void()>> all = core_triggers();
-  for (const auto& part : {test::training_triggers(), test::torch_triggers(), test::plot_triggers()})
+  for (const auto& part : {test::training_triggers(), test::torch_triggers(), test::plot_triggers(),
+                           test::cache_triggers()})
     for (const auto& [id, trigger] : part)
       if (!all.emplace(id, trigger).second) ADD_FAILURE() << "trigger '" << id << "' is defined twice";
   return all;

@@ -1,0 +1,146 @@
+// python/cache_bindings.cpp: cached decoding (mha/kv_cache.h) in Python:
+// mha.KVCache, m.kv_cache(batch_size, max_len, dtype) on both modules, and a
+// `cache=` keyword on their calls:
+//
+//   m.eval()
+//   cache = m.kv_cache(2, 128, dtype="bfloat16")
+//   out = m(prompt, prompt, prompt, cache=cache)   # prefill
+//   out = m(x, x, x, cache=cache)                  # one step, x (B, 1, D)
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "convert.h"
+#include "mha/mha.h"
+
+namespace mha::python {
+
+namespace py = pybind11;
+
+namespace {
+
+KVCacheDtype to_dtype(const std::string& s, const char* op) {
+  if (s == "float32") return KVCacheDtype::Float32;
+  if (s == "bfloat16") return KVCacheDtype::BFloat16;
+  fail(op, "dtype: '", s, "'; wanted 'float32' or 'bfloat16'");
+}
+
+// The three inputs as tensors: one array passed twice is one tensor, so the
+// module projects it with one product (self-attention).
+struct Inputs {
+  Tensor q, k, v;
+  const Tensor& keys() const { return k.empty() ? q : k; }
+  const Tensor& values(bool v_is_k) const { return v.empty() ? (v_is_k ? keys() : q) : v; }
+};
+
+template <typename Module>
+py::array_t<float> cached_call(Module& self, const py::object& q, const py::object& k, const py::object& v,
+                               KVCache& cache, const char* op, const char* names[3]) {
+  Inputs in;
+  in.q = to_tensor(q, op, names[0]);
+  if (k.ptr() != q.ptr()) in.k = to_tensor(k, op, names[1]);
+  const bool v_is_k = v.ptr() == k.ptr();
+  if (v.ptr() != q.ptr() && !v_is_k) in.v = to_tensor(v, op, names[2]);
+  Tensor out;
+  {
+    py::gil_scoped_release release;
+    out = self.forward(in.q, in.keys(), in.values(v_is_k), cache);
+  }
+  return to_numpy(out);
+}
+
+}  // namespace
+
+void bind_caches(py::module_& m) {
+  py::class_<KVCache>(m, "KVCache", R"doc(
+A key/value cache for incremental decoding, made by a module's kv_cache().
+
+Holds each new position's projected key and value per batch row and key/value
+head, so that a cached call, m(x, x, x, cache=cache), projects only its new
+positions and attends over everything cached: the d2l chapter's decoder loop
+(all earlier inputs concatenated and projected again at each step) without
+the re-projection. Each batch row has its own length.
+)doc")
+      .def_property_readonly("batch_size", &KVCache::batch_size)
+      .def_property_readonly("capacity", &KVCache::capacity, "Positions each batch row can hold.")
+      .def_property_readonly("num_kv_heads", &KVCache::num_kv_heads)
+      .def_property_readonly("head_dim", &KVCache::head_dim)
+      .def_property_readonly("dtype", [](const KVCache& c) { return std::string(to_string(c.dtype())); },
+                             "'float32' or 'bfloat16': how keys and values are stored.")
+      .def_property_readonly("lengths", &KVCache::lengths, "Positions held by each batch row (a list).")
+      .def_property_readonly("storage_bytes", &KVCache::storage_bytes)
+      .def("truncate", &KVCache::truncate, py::arg("row"), py::arg("length"),
+           "Rewind batch row `row` to its first `length` positions (0 <= length <= its length).")
+      .def("reset", &KVCache::reset, "Every row back to length 0 (the storage stays).")
+      .def(
+          "reorder",
+          [](KVCache& c, const py::object& rows) { c.reorder(int_list(rows, "KVCache.reorder", "rows")); },
+          py::arg("rows"), "Beam search: new row i = old row rows[i] (one entry per batch row).")
+      .def(
+          "append",
+          [](KVCache& c, const py::object& keys, const py::object& values) {
+            c.append(to_tensor(keys, "KVCache.append", "keys"), to_tensor(values, "KVCache.append", "values"));
+          },
+          py::arg("keys"), py::arg("values"),
+          "Append projected keys and values, each (batch_size, n, num_kv_heads * head_dim).")
+      .def("keys", [](const KVCache& c, int64_t row) { return to_numpy(c.keys(row)); }, py::arg("row"),
+           "(num_kv_heads, length, head_dim): batch row `row`'s stored keys as float32.")
+      .def("values", [](const KVCache& c, int64_t row) { return to_numpy(c.values(row)); }, py::arg("row"),
+           "(num_kv_heads, length, head_dim): batch row `row`'s stored values as float32.")
+      .def("__repr__", [](const KVCache& c) {
+        return py::str("mha.KVCache(batch_size={}, capacity={}, num_kv_heads={}, head_dim={}, dtype='{}', lengths={})")
+            .format(c.batch_size(), c.capacity(), c.num_kv_heads(), c.head_dim(), to_string(c.dtype()),
+                    py::cast(c.lengths()));
+      });
+
+  auto textbook = py::reinterpret_borrow<py::class_<MultiHeadAttention>>(m.attr("MultiHeadAttention"));
+  textbook
+      .def(
+          "kv_cache",
+          [](const MultiHeadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype) {
+            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "MultiHeadAttention.kv_cache"));
+          },
+          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32",
+          "kv_cache(batch_size, max_len, dtype='float32') -> mha.KVCache for cached calls,\n"
+          "m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'.")
+      .def(
+          "__call__",
+          [](MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
+             const py::object& valid_lens, KVCache& cache) {
+            static const char* op = "MultiHeadAttention.forward";
+            if (!valid_lens.is_none())
+              fail(op, "valid_lens: a cached call takes none (each batch row's cached length bounds its keys)");
+            static const char* names[3] = {"queries", "keys", "values"};
+            return cached_call(self, q, k, v, cache, op, names);
+          },
+          py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
+          py::arg("cache"),
+          "Cached call (evaluation mode): queries, keys, values (B, n, D*) of the n new positions ->\n"
+          "(B, n, num_hiddens); their keys and values are appended to `cache` and each new query\n"
+          "attends over its row's cached positions and the new ones up to itself.");
+
+  auto drop_in = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
+  drop_in
+      .def(
+          "kv_cache",
+          [](const TorchMultiheadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype) {
+            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "TorchMultiheadAttention.kv_cache"));
+          },
+          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32",
+          "kv_cache(batch_size, max_len, dtype='float32') -> mha.KVCache (num_kv_heads heads) for\n"
+          "cached calls, m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'.")
+      .def(
+          "__call__",
+          [](TorchMultiheadAttention& self, const py::object& q, const py::object& k, const py::object& v,
+             KVCache& cache) {
+            static const char* names[3] = {"query", "key", "value"};
+            return cached_call(self, q, k, v, cache, "TorchMultiheadAttention.forward", names);
+          },
+          py::arg("query"), py::arg("key"), py::arg("value"), py::kw_only(), py::arg("cache"),
+          "Cached call (evaluation mode): the n new positions in the module's layout -> output\n"
+          "shaped like query; no masks, no weights (returns the output only).");
+}
+
+}  // namespace mha::python

@@ -1,0 +1,70 @@
+// A cached call of either module (nn/cached_attention.h).
+#include "nn/cached_attention.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/dispatch.h"
+#include "mha/error.h"
+#include "mha/threads.h"
+#include "nn/projections.h"
+
+namespace mha::nn {
+
+Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                const EngineLayers& layers, const CachedCall& call, KVCache& cache) {
+  const RowLayout& layout = call.layout;
+  const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
+  CacheAccess::check_call(call.op, cache, call.who, B, n);
+
+  // The decode kernel's view of the call; the lengths it reads are the ones
+  // after this call's append (the new keys are the last n of each row).
+  kernels::DecodeParams p;
+  CacheAccess::point(cache, p);
+  p.Hq = H, p.Qn = n;
+  p.causal = true;
+  p.scale_divisor = std::sqrt(static_cast<float>(d));
+  std::vector<int64_t> lengths = cache.lengths();
+  for (int64_t& len : lengths) len += n;
+  p.lengths = lengths.data();
+
+  // Everything the call allocates, before anything is.
+  core::MemoryPlan plan(call.op);
+  plan.add("projected queries", {B, n, E})
+      .add("projected keys", {B, n, Hkv * d})
+      .add("projected values", {B, n, Hkv * d})
+      .add("concatenated heads", {B, n, E})
+      .add("output", call.out_shape)
+      .add("decode kernel working memory", {kernels::decode_working_bytes(p, num_threads())}, 1);
+  plan.check();
+
+  // Only the new positions are projected (one product per distinct input).
+  Projected proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v,
+                               {layout, n, n, n, H, Hkv, d}, RowNeeds{});
+  Tensor concat({B * n, E});
+  const TensorView out = layout.heads(concat.data(), n, H, d, E);
+  p.q = proj.q.data;
+  p.q_stride_b = proj.q.stride[0], p.q_stride_h = proj.q.stride[1], p.q_stride_i = proj.q.stride[2];
+  p.out = out.data;
+  p.out_stride_b = out.stride[0], p.out_stride_h = out.stride[1], p.out_stride_i = out.stride[2];
+  kernels::check_decode_params(p, call.op);  // before the cache changes
+  CacheAccess::write(cache, proj.k, proj.v);
+  CacheAccess::point(cache, p);  // the lengths now count the new positions
+  kernels::decode_forward(p);
+
+  // Head gates, then W_o.
+  if (layers.head_gates)
+    for (int64_t r = 0; r < B * n; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const float g = layers.head_gates[h];
+        if (g == 1.0f) continue;
+        float* col = concat.data() + r * E + h * d;
+        for (int64_t c = 0; c < d; ++c) col[c] *= g;
+      }
+  Tensor output(call.out_shape);
+  layers.o->forward_rows(concat.data(), B * n, output.data(), layers.o->out_features());
+  return output;
+}
+
+}  // namespace mha::nn

@@ -1,0 +1,41 @@
+// src/nn/cached_attention.h: a cached call of either module (mha/kv_cache.h).
+//
+//   queries:[rows_n, Dq] keys:[rows_n, Dk] values:[rows_n, Dv]   (n new positions, rows in the layout)
+//     q = queries W_q^T (+b)   k = keys W_k^T (+b)   v = values W_v^T (+b)     (nn/projections.h)
+//     k, v appended to the cache after each batch row's last position
+//     concat = heads(attention of q over each row's cached keys, causal within the new block)
+//     out = (concat * head gates) W_o^T (+b)                                   [rows_n, Dout]
+//
+// The attention is the decode kernel's (kernels/decode_params.h), reading
+// the cache in place, float32 or bfloat16; query i of the n new ones sees the
+// row's earlier positions and new positions 0..i. Evaluation mode only: the
+// modules refuse a cached call in training mode.
+#pragma once
+
+#include <cstdint>
+
+#include "mha/kv_cache.h"
+#include "mha/tensor.h"
+#include "nn/attention_engine.h"
+#include "nn/kv_cache.h"
+
+namespace mha::nn {
+
+struct CachedCall {
+  const char* op = "";  // the public operation, for error messages
+  CacheOwner who;       // the module (its Hkv and d are the call's)
+  RowLayout layout;     // B and the order of rows
+  int64_t n = 0;        // new positions per batch row
+  int64_t H = 0;        // query heads
+  Shape out_shape;      // [rows_n, Dout] in the layout
+};
+
+// The call (file comment). Shapes and widths must already be checked against
+// the layers; the cache is checked here (CacheAccess::check_call), and the
+// memory the call allocates against mha::memory_limit(), before anything is
+// written: a call that throws leaves the cache as it was. layers.bias_k,
+// bias_v and zero_row must be unset.
+Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                const EngineLayers& layers, const CachedCall& call, KVCache& cache);
+
+}  // namespace mha::nn

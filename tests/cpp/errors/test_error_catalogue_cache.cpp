@@ -1,0 +1,91 @@
+// Triggers of docs/errors.md's rows for key/value caches (mha/kv_cache.h;
+// see error_catalogue.h).
+#include "error_catalogue.h"
+
+namespace mha::test {
+
+namespace {
+
+// An evaluation-mode module of 16 features in 2 heads, initialised, and a
+// cache of 2 rows of 4 positions holding 3 of them.
+struct Cached {
+  MultiHeadAttention m{16, 2, 0.0f, true, 1};
+  KVCache cache;
+  Cached() {
+    m.eval();
+    m.initialize(16, 16, 16);
+    cache = m.kv_cache(2, 4);
+    const Tensor x = ones({2, 3, 16});
+    m.forward(x, x, x, cache);
+  }
+  void call(const Tensor& q, const Tensor& k, const Tensor& v) { m.forward(q, k, v, cache); }
+  void call(const Tensor& x) { call(x, x, x); }
+};
+
+}  // namespace
+
+Triggers cache_triggers() {
+  return {
+      {"kv_cache.batch_size", [] { MultiHeadAttention(16, 2).kv_cache(0, 4); }},
+      {"kv_cache.max_len", [] { MultiHeadAttention(16, 2).kv_cache(2, -1); }},
+      {"kv_cache.memory_limit",
+       [] {
+         struct Restore {
+           ~Restore() { set_memory_limit(0); }
+         } restore;
+         set_memory_limit(1 << 20);
+         MultiHeadAttention(16, 4).kv_cache(4, 4096);
+       }},
+      {"kv_cache.row", [] { Cached().cache.truncate(2, 0); }},
+      {"kv_cache.truncate", [] { Cached().cache.truncate(0, 4); }},
+      {"kv_cache.reorder_count", [] { Cached().cache.reorder({0}); }},
+      {"kv_cache.reorder_row", [] { Cached().cache.reorder({0, 2}); }},
+      {"kv_cache.append_shape", [] { Cached().cache.append(ones({2, 1, 15}), ones({2, 1, 16})); }},
+      {"kv_cache.append_positions", [] { Cached().cache.append(ones({2, 1, 16}), ones({2, 2, 16})); }},
+      {"kv_cache.append_capacity", [] { Cached().cache.append(ones({2, 3, 16}), ones({2, 3, 16})); }},
+      {"kv_cache.capacity", [] { Cached().call(ones({2, 3, 16})); }},
+      {"kv_cache.batch", [] { Cached().call(ones({3, 1, 16})); }},
+      {"kv_cache.call_batch", [] { Cached().call(ones({2, 1, 16}), ones({3, 1, 16}), ones({3, 1, 16})); }},
+      {"kv_cache.positions", [] { Cached().call(ones({2, 3, 16}), ones({2, 3, 16}), ones({2, 2, 16})); }},
+      {"kv_cache.no_positions", [] { Cached().call(ones({2, 0, 16})); }},
+      {"kv_cache.empty",
+       [] {
+         Cached c;
+         KVCache empty;
+         const Tensor x = ones({2, 1, 16});
+         c.m.forward(x, x, x, empty);
+       }},
+      {"kv_cache.other_module",
+       [] {
+         Cached c;
+         MultiHeadAttention other(16, 2);
+         other.eval();
+         const Tensor x = ones({2, 1, 16});
+         other.forward(x, x, x, c.cache);
+       }},
+      {"kv_cache.heads",
+       [] {
+         Cached c;
+         c.m.prune_heads({1});
+         c.call(ones({2, 1, 16}));
+       }},
+      {"kv_cache.training",
+       [] {
+         Cached c;
+         c.m.train();
+         c.call(ones({2, 1, 16}));
+       }},
+      {"kv_cache.bias_kv",
+       [] {
+         StateDict s = {{"in_proj_weight", ones({12, 4})}, {"out_proj.weight", ones({4, 4})},
+                        {"bias_k", ones({1, 1, 4})}, {"bias_v", ones({1, 1, 4})}};
+         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+         m.eval();
+         KVCache c = m.kv_cache(1, 4);
+         const Tensor x = ones({1, 1, 4});
+         m.forward(x, x, x, c);
+       }},
+  };
+}
+
+}  // namespace mha::test
