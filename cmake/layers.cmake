@@ -27,7 +27,7 @@ set(MHA_LAYER_DIRS_plot    src/plot)
 # on an include of a public header that is in none.
 set(MHA_LAYER_HEADERS_core
   atomic_file.h
-  detail/copyable_mutex.h
+  detail/published.h
   error.h
   memory.h
   random.h

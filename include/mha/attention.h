@@ -6,9 +6,9 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
+#include <memory>
 
-#include "mha/detail/copyable_mutex.h"
+#include "mha/detail/published.h"
 #include "mha/kernel.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
@@ -23,8 +23,9 @@ Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens = {});
 
 // The d2l chapter's DotProductAttention: scores = q k^T / sqrt(d), masked softmax,
 // dropout on the weights (training mode only), weighted sum of values.
-// forward() may run on many threads at once; the mode, kernel, generator
-// and last weights are guarded by a lock.
+// forward() may run on many threads at once, without locks: each call reads
+// the mode and kernel once, draws its dropout key from an atomic stream and
+// publishes its weights whole (mha/detail/published.h).
 class DotProductAttention {
  public:
   // 0 <= dropout <= 1 (else mha::Error); `seed` drives the dropout masks.
@@ -39,36 +40,26 @@ class DotProductAttention {
                  const ValidLens& valid_lens = {});
 
   // Training mode (dropout on) when `on`, else evaluation mode.
-  void train(bool on = true) {
-    std::lock_guard lock(mutex_);
-    training_ = on;
-  }
+  void train(bool on = true) { training_.set(on); }
   // Evaluation mode: dropout off.
   void eval() { train(false); }
   // True in training mode.
-  bool training() const {
-    std::lock_guard lock(mutex_);
-    return training_;
-  }
+  bool training() const { return training_.get(); }
   // The implementation that computes attention (default: Fused, as
   // kernel_ below; Reference and Blas form the (Q, K) weights per head).
-  void set_kernel(AttentionKernel k) {
-    std::lock_guard lock(mutex_);
-    kernel_ = k;
-  }
+  void set_kernel(AttentionKernel k) { kernel_.set(k); }
   // [N,Q,K], before dropout, from the last call to finish, as a copy.
   Tensor attention_weights() const {
-    std::lock_guard lock(mutex_);
-    return weights_;
+    const std::shared_ptr<Tensor> w = weights_.load();
+    return w ? *w : Tensor();
   }
 
  private:
   float dropout_;
-  bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Fused;
-  Generator gen_;
-  Tensor weights_;
-  mutable detail::CopyableMutex mutex_;  // guards all of the above but dropout_
+  detail::Relaxed<bool> training_{true};
+  detail::Relaxed<AttentionKernel> kernel_{AttentionKernel::Fused};
+  detail::KeyStream dropout_keys_;  // one key per training-mode call
+  detail::Latest<Tensor> weights_;  // the last call's
 };
 
 }  // namespace mha

@@ -27,12 +27,15 @@
 // Threads: forward() may be called on one module from many threads at once,
 // in either mode, and gives each call exactly what a serial call gives (in
 // training mode the dropout masks are drawn in call order, whichever that
-// is). It holds a shared lock on the parameters for the whole call; what
-// changes them (the lazy initialisation of the first call, load_state_dict)
-// holds it exclusively, so it waits for running calls and blocks new ones.
-// The small mutable state (mode, kernel, generator, last attention weights)
-// has a lock of its own. Writing parameters through the non-const W_q() ...
-// W_o() accessors is not synchronised: do it while no call runs.
+// is). Calls take no lock (mha/detail/published.h): each reads one snapshot
+// of the parameters, the mode and the kernel when it starts. What changes
+// the parameters (the lazy initialisation of the first call,
+// load_state_dict, set_head_gates, prune_heads) lets new calls run on a
+// copy of the old values while it waits for the running ones, then
+// publishes the new values: every call sees one state or the other, whole.
+// Writing parameters in place (an optimiser, the non-const W_q() ... W_o()
+// accessors, parameters()) is not synchronised, as in PyTorch: do it while
+// no call runs.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +46,9 @@
 
 #include "mha/attention.h"
 #include "mha/context.h"
-#include "mha/detail/copyable_mutex.h"
 #include "mha/detail/head_layout.h"
 #include "mha/detail/instance_id.h"
+#include "mha/detail/published.h"
 #include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
@@ -125,17 +128,11 @@ class MultiHeadAttention {
 
   // Training mode (dropout on) when `on`, else evaluation mode. Calls that
   // have already started keep the mode they started with.
-  void train(bool on = true) {
-    std::lock_guard lock(state_mutex_);
-    training_ = on;
-  }
+  void train(bool on = true) { training_.set(on); }
   // Evaluation mode: dropout off.
   void eval() { train(false); }
   // True in training mode.
-  bool training() const {
-    std::lock_guard lock(state_mutex_);
-    return training_;
-  }
+  bool training() const { return training_.get(); }
 
   // [B,h,Q,K]: the softmax weights (before dropout) of the last call to
   // finish, as a copy (another thread's call may replace them at any time).
@@ -194,20 +191,11 @@ class MultiHeadAttention {
 
   // The implementation that computes attention (default: Fused); calls that
   // have already started keep theirs.
-  void set_kernel(AttentionKernel k) {
-    std::lock_guard lock(state_mutex_);
-    kernel_ = k;
-  }
+  void set_kernel(AttentionKernel k) { kernel_.set(k); }
   // The implementation in use.
-  AttentionKernel kernel() const {
-    std::lock_guard lock(state_mutex_);
-    return kernel_;
-  }
+  AttentionKernel kernel() const { return kernel_.get(); }
   // Restart the generator behind initialisation and dropout from `s`.
-  void seed(uint64_t s) {
-    std::lock_guard lock(state_mutex_);
-    gen_.seed(s);
-  }
+  void seed(uint64_t s);
 
   // --- Head gates and pruning (src/nn/prune.cpp; files: mha/prune.h) ---
   // A gate per head (default 1) multiplies that head's output before W_o:
@@ -219,7 +207,7 @@ class MultiHeadAttention {
   // Setting gates waits for running calls, as load_state_dict does.
   std::vector<float> head_gates() const;
   void set_head_gates(const std::vector<float>& gates);  // num_heads() finite values
-  const Tensor& head_gate_grad() const { return heads_.gate_grad; }  // [num_heads]
+  const Tensor& head_gate_grad() const { return params_.live().heads.gate_grad; }  // [num_heads]
   // Removes heads for good: their rows of W_q, W_k, W_v (and biases) and
   // their columns of W_o. `heads` are numbered as the module was built
   // (0 .. original_num_heads()-1), so numbers stay valid across calls. After
@@ -232,11 +220,11 @@ class MultiHeadAttention {
   // Waits for running calls; prune while no call runs if other threads read
   // num_heads() or kept_heads().
   void prune_heads(const std::vector<int64_t>& heads);
-  const std::vector<int64_t>& kept_heads() const { return heads_.kept; }  // ascending, as built
+  const std::vector<int64_t>& kept_heads() const { return params_.live().heads.kept; }  // ascending, as built
   // h as the module was built, before any pruning.
-  int64_t original_num_heads() const { return heads_.original; }
+  int64_t original_num_heads() const { return params_.live().heads.original; }
   // The width of q, k, v and of the heads' concatenation: num_heads * head_dim.
-  int64_t inner_dim() const { return num_heads_ * heads_.head_dim; }
+  int64_t inner_dim() const { return params_.live().inner_dim(); }
   // The attention dropout probability, in [0, 1].
   void set_dropout(float p);
 
@@ -244,60 +232,67 @@ class MultiHeadAttention {
   // unless heads were pruned: see inner_dim()).
   int64_t num_hiddens() const { return num_hiddens_; }
   // h, the number of heads (those kept, once pruned).
-  int64_t num_heads() const { return num_heads_; }
+  int64_t num_heads() const { return params_.live().num_heads; }
   // d = num_hiddens / num_heads as built, the width of one head.
-  int64_t head_dim() const { return heads_.head_dim; }
+  int64_t head_dim() const { return params_.live().heads.head_dim; }
   // The probability of dropping an attention weight in training mode.
-  float dropout() const { return dropout_; }
+  float dropout() const { return dropout_.get(); }
   // True when the four projections have biases.
   bool has_bias() const { return bias_; }
 
   // The projections (PyTorch names). The non-const ones let an optimiser
   // or a test change the parameters: not while a call runs.
-  LazyLinear& W_q() { return W_q_; }
-  LazyLinear& W_k() { return W_k_; }  // keys' projection, writable
-  LazyLinear& W_v() { return W_v_; }  // values' projection, writable
-  LazyLinear& W_o() { return W_o_; }  // output projection, writable
-  const LazyLinear& W_q() const { return W_q_; }  // queries' projection
-  const LazyLinear& W_k() const { return W_k_; }  // keys' projection
-  const LazyLinear& W_v() const { return W_v_; }  // values' projection
-  const LazyLinear& W_o() const { return W_o_; }  // output projection
+  LazyLinear& W_q() { return params_.live().W_q; }
+  LazyLinear& W_k() { return params_.live().W_k; }  // keys' projection, writable
+  LazyLinear& W_v() { return params_.live().W_v; }  // values' projection, writable
+  LazyLinear& W_o() { return params_.live().W_o; }  // output projection, writable
+  const LazyLinear& W_q() const { return params_.live().W_q; }  // queries' projection
+  const LazyLinear& W_k() const { return params_.live().W_k; }  // keys' projection
+  const LazyLinear& W_v() const { return params_.live().W_v; }  // values' projection
+  const LazyLinear& W_o() const { return params_.live().W_o; }  // output projection
 
  private:
-  // backward() on a call's record; the caller holds both locks.
-  InputGrads backward_of(const nn::AttentionContext& ctx, const Tensor& grad_output);
+  // What calls read: the projections and the heads (their numbers, gates
+  // and gate gradients), replaced whole by what changes them.
+  struct Params {
+    LazyLinear W_q, W_k, W_v, W_o;
+    detail::HeadLayout heads;
+    int64_t num_heads = 0;  // kept heads
+    int64_t inner_dim() const { return num_heads * heads.head_dim; }
+    bool initialized() const { return W_q.initialized() && W_k.initialized() && W_v.initialized() && W_o.initialized(); }
+  };
+  using Pinned = std::shared_ptr<const Params>;
+  // backward() on a call's record with the parameters `p`.
+  InputGrads backward_of(const nn::AttentionContext& ctx, const Params& p, const Tensor& grad_output);
   // A forward: the output and the call's record, which becomes the last call
   // (state_) when `publish`.
   std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> run(const Tensor& queries, const Tensor& keys,
                                                                const Tensor& values, const ValidLens& valid_lens,
                                                                const CallMasks& masks, bool publish);
-  // The first call's lazy initialisation, under the exclusive lock.
-  void initialize_layers(const Tensor& queries, const Tensor& keys, const Tensor& values);
+  // The first call's lazy initialisation (input widths from these inputs);
+  // returns the parameters it published.
+  Pinned initialize_for(const char* op, const Tensor& queries, const Tensor& keys, const Tensor& values);
+  // mha::Error unless the inputs' widths are those of initialised layers.
+  static void check_widths(const Params& p, const Tensor& queries, const Tensor& keys, const Tensor& values);
 
   int64_t num_hiddens_;
-  int64_t num_heads_;
-  float dropout_;
   bool bias_;
-  bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Fused;
-  Generator gen_;
-  LazyLinear W_q_, W_k_, W_v_, W_o_;
+  detail::Relaxed<float> dropout_;
+  detail::Relaxed<bool> training_{true};
+  detail::Relaxed<AttentionKernel> kernel_{AttentionKernel::Fused};
+  detail::KeyStream dropout_keys_;  // one key per training-mode call
+  Generator gen_;                   // the lazy initialisation's; only writers touch it
+  detail::Published<Params> params_;
   // The last call to finish (src/nn/attention_engine.h): its projections,
   // heads' outputs, lengths, its weights or the statistics they are
   // recomputed from, and, in training mode, what backward() needs.
-  std::shared_ptr<nn::AttentionContext> state_;
+  detail::Latest<nn::AttentionContext> state_;
   // Buffers of replaced states, for the next call to reuse (no page faults or
   // zeroing of fresh memory: ~10% of a B8 L512 forward).
-  std::vector<Tensor> spare_;
-  // Kept heads, gates and their gradients (src/nn/head_layout.cpp); read
-  // under params_mutex_.
-  detail::HeadLayout heads_;
+  detail::Latest<std::vector<Tensor>> spare_;
+  // Accumulated gradients; training is one thread's business.
   StateDict grads_;
   void ensure_grads();
-  // Shared by running forward() calls; exclusive to what changes W_q..W_o.
-  mutable detail::CopyableSharedMutex params_mutex_;
-  // Guards training_, kernel_, gen_, state_ and spare_.
-  mutable detail::CopyableMutex state_mutex_;
   detail::InstanceId id_;  // recorded by the calls' contexts
 };
 

@@ -49,6 +49,7 @@
 #include "mha/context.h"
 #include "mha/detail/head_layout.h"
 #include "mha/detail/instance_id.h"
+#include "mha/detail/published.h"
 #include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
@@ -215,7 +216,10 @@ class TorchMultiheadAttention {
   // What a row whose every key is masked gets.
   FullyMaskedRows fully_masked_rows() const { return fully_masked_; }
   // Restarts the dropout masks' random stream from seed `s`.
-  void seed(uint64_t s) { gen_.seed(s); }
+  void seed(uint64_t s) {
+    gen_.seed(s);
+    dropout_keys_.seed(s);
+  }
 
   // E: the width of query and output.
   int64_t embed_dim() const { return embed_dim_; }
@@ -277,7 +281,8 @@ class TorchMultiheadAttention {
   FullyMaskedRows fully_masked_;
   bool training_ = true;
   AttentionKernel kernel_ = AttentionKernel::Blas;
-  Generator gen_;
+  Generator gen_;                   // the parameters' initialisation
+  detail::KeyStream dropout_keys_;  // one key per training-mode call
   LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;
   Tensor bias_k_, bias_v_;  // (1, 1, E_kv) or empty
   detail::HeadLayout heads_;  // kept heads, gates and their gradients

@@ -1,7 +1,6 @@
 #include "mha/attention.h"
 
 #include <cmath>
-#include <mutex>
 
 #include "core/finite.h"
 #include "core/memory.h"
@@ -35,7 +34,7 @@ Tensor masked_softmax(const Tensor& X, const ValidLens& valid_lens) {
 }
 
 DotProductAttention::DotProductAttention(float dropout, uint64_t seed)
-    : dropout_(dropout), gen_(seed) {
+    : dropout_(dropout), dropout_keys_(seed) {
   if (!(dropout >= 0.0f && dropout <= 1.0f))
     fail("DotProductAttention", "dropout: ", dropout, " is not a probability in [0, 1]");
 }
@@ -72,20 +71,16 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys,
   p.weights = weights.data();
   kernels::set_lengths(p, valid_lens);
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  AttentionKernel kernel;
-  {  // one snapshot of the mutable state for the whole call
-    std::lock_guard lock(mutex_);
-    kernel = kernel_;
-    if (training_ && dropout_ > 0.0f) p.dropout = {dropout_, gen_.next()};
-  }
+  // One snapshot of the settings for the whole call.
+  const AttentionKernel kernel = kernel_.get();
+  if (training_.get() && dropout_ > 0.0f) p.dropout = {dropout_, dropout_keys_.next()};
   (void)kernels::attention_forward(kernel, p);  // p.stats unset: nothing saved
   // Finite inputs whose scores overflow float32 (|q|, |k| ~ 1e20) would give
   // NaN rows: an error instead (NaN or infinite inputs are computed through).
   if (!core::all_finite(out) && core::all_finite(queries) && core::all_finite(keys) && core::all_finite(values))
     fail(op, "finite queries and keys give scores that overflow float32 (largest magnitudes ",
          core::max_abs(queries), " and ", core::max_abs(keys), "); scale them down");
-  std::lock_guard lock(mutex_);
-  weights_ = std::move(weights);
+  weights_.store(std::make_shared<Tensor>(std::move(weights)));
   return out;
 }
 

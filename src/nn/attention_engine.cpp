@@ -284,11 +284,10 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // With the forward's statistics the fused backward recomputes the weights
   // tile by tile (linear memory) and reads only the key rows that forward
   // projected; else the saved weights, or none (recomputed from q and k).
-  {
-    std::lock_guard lock(c.weights_mutex);
-    p.fwd.weights = c.have_all && c.stats.empty() ? c.weights.data() : nullptr;
-    kernels::attention_backward(c.kernel, p);
-  }
+  // (Without statistics, have_all is forward's, fixed before the context was
+  // shared: all_weights() never writes those weights.)
+  p.fwd.weights = c.stats.empty() && c.have_all.load(std::memory_order_acquire) ? c.weights.data() : nullptr;
+  kernels::attention_backward(c.kernel, p);
 
   // bias_k / bias_v: row K of every batch row's keys / values.
   if (layers.bias_k && grads.bias_k) appended_row_backward(dk, c, c.K, Ekv, *grads.bias_k);
@@ -321,32 +320,29 @@ Tensor fused_weights(const AttentionContext& c, const std::vector<int64_t>& rows
 }  // namespace
 
 Tensor all_weights(const AttentionContext& c) {
-  std::lock_guard lock(c.weights_mutex);
-  if (!c.have_all) {
+  std::call_once(c.weights_once, [&] {
+    if (c.have_all.load(std::memory_order_acquire)) return;  // formed by forward()
     std::vector<int64_t> rows(static_cast<size_t>(c.B())), heads(static_cast<size_t>(c.H));
     for (int64_t b = 0; b < c.B(); ++b) rows[static_cast<size_t>(b)] = b;
     for (int64_t h = 0; h < c.H; ++h) heads[static_cast<size_t>(h)] = h;
     c.weights = fused_weights(c, rows, heads);
-    c.have_all = true;
-  }
+    c.have_all.store(true, std::memory_order_release);
+  });
   return c.weights;
 }
 
 Tensor weights_of(const AttentionContext& c, const std::vector<int64_t>& rows,
                   const std::vector<int64_t>& heads) {
   const int64_t nr = static_cast<int64_t>(rows.size()), nh = static_cast<int64_t>(heads.size());
-  {
-    std::lock_guard lock(c.weights_mutex);
-    if (c.have_all) {
-      Tensor out({nr, nh, c.Q, c.Kt});
-      const int64_t block = c.Q * c.Kt;
-      for (int64_t i = 0; i < nr; ++i)
-        for (int64_t j = 0; j < nh; ++j)
-          std::memcpy(out.data() + (i * nh + j) * block,
-                      c.weights.data() + (rows[static_cast<size_t>(i)] * c.H + heads[static_cast<size_t>(j)]) * block,
-                      sizeof(float) * static_cast<size_t>(block));
-      return out;
-    }
+  if (c.have_all.load(std::memory_order_acquire)) {  // formed: copy them
+    Tensor out({nr, nh, c.Q, c.Kt});
+    const int64_t block = c.Q * c.Kt;
+    for (int64_t i = 0; i < nr; ++i)
+      for (int64_t j = 0; j < nh; ++j)
+        std::memcpy(out.data() + (i * nh + j) * block,
+                    c.weights.data() + (rows[static_cast<size_t>(i)] * c.H + heads[static_cast<size_t>(j)]) * block,
+                    sizeof(float) * static_cast<size_t>(block));
+    return out;
   }
   return fused_weights(c, rows, heads);
 }

@@ -24,7 +24,8 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <atomic>
+#include <mutex>  // std::once_flag
 #include <vector>
 
 #include "core/memory.h"
@@ -113,9 +114,11 @@ struct AttentionContext {
   uint64_t owner = 0;                  // the module that ran the call (detail::InstanceId)
 
   // [B,H,Q,Kt] before dropout, once `have_all`: formed by forward() when it
-  // had them anyway, else on the first all_weights(). Guarded by the mutex.
-  mutable std::mutex weights_mutex;
-  mutable bool have_all = false;
+  // had them anyway (have_all is then set before the context is shared),
+  // else once, by the first all_weights() (weights_once; have_all is set,
+  // with release, after `weights` is written).
+  mutable std::once_flag weights_once;
+  mutable std::atomic<bool> have_all{false};
   mutable Tensor weights;
 
   int64_t B() const { return layout.B; }

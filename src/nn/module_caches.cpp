@@ -1,9 +1,6 @@
 // kv_cache() and the cached forward() of both modules (mha/kv_cache.h): each
 // checks its arguments in its own terms and hands the call to
 // nn/cached_attention.h, which both share.
-#include <mutex>
-#include <shared_mutex>
-
 #include "core/memory.h"
 #include "mha/error.h"
 #include "mha/multihead.h"
@@ -24,8 +21,8 @@ void check_positions(const char* op, const Tensor& queries, const Tensor& x, con
 }  // namespace
 
 KVCache MultiHeadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype) const {
-  std::shared_lock params(params_mutex_);
-  return nn::CacheAccess::make("MultiHeadAttention.kv_cache", {"MultiHeadAttention", id_.value(), num_heads_, head_dim()},
+  const Pinned p = params_.pin();
+  return nn::CacheAccess::make("MultiHeadAttention.kv_cache", {"MultiHeadAttention", id_.value(), p->num_heads, p->heads.head_dim},
                                batch_size, max_len, dtype);
 }
 
@@ -47,29 +44,21 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   if (training())
     fail(op, "cache: cached calls run in evaluation mode only (this module is in training mode); call eval() first");
 
-  std::shared_lock params(params_mutex_);
-  if (!W_q_.initialized() || !W_k_.initialized() || !W_v_.initialized() || !W_o_.initialized()) {
-    core::MemoryPlan(op).add("W_q, W_k, W_v, W_o", {inner_dim(), queries.size(2) + keys.size(2) + values.size(2) + inner_dim() + 4}).check();
-    params.unlock();
-    initialize_layers(queries, keys, values);
-    params.lock();
+  Pinned p = params_.pin();
+  if (!p->initialized()) {
+    core::MemoryPlan(op).add("W_q, W_k, W_v, W_o", {p->inner_dim(), queries.size(2) + keys.size(2) + values.size(2) + p->inner_dim() + 4}).check();
+    p.reset();  // the lazy initialisation waits for the calls that hold a pin
+    p = initialize_for(op, queries, keys, values);
   }
-  for (const auto& [layer, lname, t, name] :
-       {std::tuple{&W_q_, "W_q", &queries, "queries"}, std::tuple{&W_k_, "W_k", &keys, "keys"},
-        std::tuple{&W_v_, "W_v", &values, "values"}})
-    if (t->size(2) != layer->in_features())
-      fail(op, name, ": width ", t->size(2), " (shape ", shape_str(t->shape()), ") differs from ", lname,
-           "'s input width ", layer->in_features(), ", fixed by the first call or by load_state_dict");
-
-  nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
-  const std::vector<float> gates = heads_.gates;  // read under the lock, like the parameters
-  layers.head_gates = gates.data();
+  check_widths(*p, queries, keys, values);
+  nn::EngineLayers layers{&p->W_q, &p->W_k, &p->W_v, &p->W_o};
+  layers.head_gates = p->heads.gates.data();
   nn::CachedCall call;
   call.op = op;
-  call.who = {"MultiHeadAttention", id_.value(), num_heads_, head_dim()};
+  call.who = {"MultiHeadAttention", id_.value(), p->num_heads, p->heads.head_dim};
   call.layout = {false, B};
   call.n = n;
-  call.H = num_heads_;
+  call.H = p->num_heads;
   call.out_shape = {B, n, num_hiddens_};
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
 }

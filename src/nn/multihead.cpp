@@ -1,10 +1,8 @@
 #include "mha/multihead.h"
 
 #include <cmath>
-#include <mutex>
 #include <utility>
 #include <set>
-#include <shared_mutex>
 
 #include "core/memory.h"
 #include "mha/error.h"
@@ -33,17 +31,22 @@ void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& 
 
 }  // namespace
 
+void MultiHeadAttention::check_widths(const Params& p, const Tensor& queries, const Tensor& keys, const Tensor& values) {
+  check_width(p.W_q, "W_q", queries, "queries");
+  check_width(p.W_k, "W_k", keys, "keys");
+  check_width(p.W_v, "W_v", values, "values");
+}
+
 MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, float dropout,
                                        bool bias, uint64_t seed)
     : num_hiddens_(num_hiddens),
-      num_heads_(num_heads),
-      dropout_(dropout),
       bias_(bias),
+      dropout_(dropout),
+      dropout_keys_(seed),
       gen_(seed),
-      W_q_(num_hiddens > 0 ? num_hiddens : 1, bias),
-      W_k_(num_hiddens > 0 ? num_hiddens : 1, bias),
-      W_v_(num_hiddens > 0 ? num_hiddens : 1, bias),
-      W_o_(num_hiddens > 0 ? num_hiddens : 1, bias) {
+      params_(Params{LazyLinear(num_hiddens > 0 ? num_hiddens : 1, bias), LazyLinear(num_hiddens > 0 ? num_hiddens : 1, bias),
+                     LazyLinear(num_hiddens > 0 ? num_hiddens : 1, bias), LazyLinear(num_hiddens > 0 ? num_hiddens : 1, bias),
+                     {}, num_heads}) {
   static const char* op = "MultiHeadAttention";
   if (num_heads <= 0) fail(op, "num_heads: ", num_heads, " is not positive");
   if (num_hiddens <= 0) fail(op, "num_hiddens: ", num_hiddens, " is not positive");
@@ -54,7 +57,12 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
   // Per head: its number, gate and gate gradient (16 bytes); refused above
   // the memory limit before anything is allocated (num_heads = 2^31).
   core::MemoryPlan(op).add("head layout (num_heads numbers, gates and gate gradients)", {num_heads}, 16).check();
-  heads_.init(num_heads, num_hiddens / num_heads);
+  params_.live().heads.init(num_heads, num_hiddens / num_heads);  // no call can run yet
+}
+
+void MultiHeadAttention::seed(uint64_t s) {
+  params_.exclusive([&] { gen_.seed(s); });
+  dropout_keys_.seed(s);
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
@@ -73,6 +81,21 @@ MultiHeadAttention::ForwardResult MultiHeadAttention::forward_with_context(const
                                                                            const CallMasks& masks) {
   auto [out, ctx] = run(queries, keys, values, valid_lens, masks, false);
   return {std::move(out), ForwardContext(std::move(ctx))};
+}
+
+MultiHeadAttention::Pinned MultiHeadAttention::initialize_for(const char* op, const Tensor& queries, const Tensor& keys,
+                                                               const Tensor& values) {
+  // Another call may have initialised them meanwhile: the widths are checked
+  // against whatever it chose. The draw order (W_q, W_k, W_v, W_o) is the
+  // serial one.
+  params_.update([&](Params& live) {
+    check_widths(live, queries, keys, values);
+    if (!live.W_q.initialized()) live.W_q.initialize(queries.size(2), gen_, op);
+    if (!live.W_k.initialized()) live.W_k.initialize(keys.size(2), gen_, op);
+    if (!live.W_v.initialized()) live.W_v.initialize(values.size(2), gen_, op);
+    if (!live.W_o.initialized()) live.W_o.initialize(live.inner_dim(), gen_, op);
+  });
+  return params_.pin();
 }
 
 std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run(
@@ -94,30 +117,10 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   if (K == 0) fail(kForward, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
   valid_lens.check(kForward, B, Q);
 
-  // One consistent snapshot of the mutable state for the whole call (the
-  // dropout key is drawn later, after any lazy initialisation, in the
-  // serial order); the buffers of replaced states are taken for reuse.
-  AttentionKernel kernel;
-  bool training;
-  std::vector<Tensor> spare;
-  {
-    std::lock_guard state(state_mutex_);
-    kernel = kernel_;
-    training = training_;
-    if (publish) {
-      spare = std::move(spare_);
-      spare_.clear();
-    }
-  }
-  // Concurrency (see multihead.h): the parameters are read under a shared
-  // lock; the first call initialises them under the exclusive lock, then
-  // takes the shared one and checks the widths again, since load_state_dict
-  // may have run in between.
-  std::shared_lock params(params_mutex_);
-  // D: the width of q, k, v and the heads' concatenation (num_hiddens
-  // unless heads were pruned); the output is W_o's num_hiddens wide. Read
-  // under the lock, since prune_heads changes them under the exclusive one.
-  int64_t D = inner_dim(), H = num_heads_;
+  // One snapshot of the settings for the whole call (see multihead.h).
+  const AttentionKernel kernel = kernel_.get();
+  const bool training = training_.get();
+  const float dropout = dropout_.get();
   // The call as the engine runs it (nn/attention_engine.h): batch-major
   // rows, the chapter's lengths and any masks beside them.
   nn::EngineCall call;
@@ -125,103 +128,78 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   call.inputs = "queries, keys, values";
   call.layout = {false, B};
   call.Q = Q, call.K = K;
-  call.H = H, call.Hkv = H, call.d = head_dim();
   call.out_shape = {B, Q, num_hiddens_};
   call.lens = valid_lens;
-  call.masks = nn::build_masks(kForward, masks.key_padding_mask, masks.attn_mask, masks.causal,
-                               masks.fully_masked_rows, {true, B, Q, K, K, H});
   call.kernel = kernel;
   call.keep_for_backward = training;
   call.keep_for_weights = true;  // attention_weights() of the last call
-  // Everything this call allocates, checked before anything is: a size
-  // whose product overflows 64 bits or exceeds mha::memory_limit() throws.
-  core::MemoryPlan plan(kForward);
-  nn::add_call_memory(plan, call, {&W_q_, &W_k_, &W_v_, &W_o_}, num_hiddens_);
-  if (!W_o_.initialized())
-    plan.add("W_q, W_k, W_v, W_o", {D, queries.size(2) + keys.size(2) + values.size(2) + D + 4});
-  plan.check();
-  if (!W_q_.initialized() || !W_k_.initialized() || !W_v_.initialized() || !W_o_.initialized()) {
-    params.unlock();
-    initialize_layers(queries, keys, values);
-    params.lock();
-    D = inner_dim(), H = num_heads_;  // as they are now, under the lock
-  }
-  check_width(W_q_, "W_q", queries, "queries");
-  check_width(W_k_, "W_k", keys, "keys");
-  check_width(W_v_, "W_v", values, "values");
-
-  nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
-  std::vector<float> gates = heads_.gates;  // read under the lock, like the parameters
-  layers.head_gates = gates.data();
-  call.H = H, call.Hkv = H, call.d = head_dim();
+  // Everything this call allocates, checked before anything is (the first
+  // call's parameters included): a size whose product overflows 64 bits or
+  // exceeds mha::memory_limit() throws and changes nothing.
+  Pinned p = params_.pin();
+  auto prepare = [&](const Params& params) {  // the call with these parameters' heads
+    call.H = call.Hkv = params.num_heads, call.d = params.heads.head_dim;
+    call.masks = nn::build_masks(kForward, masks.key_padding_mask, masks.attn_mask, masks.causal,
+                                 masks.fully_masked_rows, {true, B, Q, K, K, params.num_heads});
+    nn::EngineLayers layers{&params.W_q, &params.W_k, &params.W_v, &params.W_o};
+    layers.head_gates = params.heads.gates.data();
+    return layers;
+  };
   {
-    std::lock_guard state(state_mutex_);
-    if (training && dropout_ > 0.0f) call.dropout = {dropout_, gen_.next()};
+    core::MemoryPlan plan(kForward);
+    nn::add_call_memory(plan, call, prepare(*p), num_hiddens_);
+    if (!p->initialized())
+      plan.add("W_q, W_k, W_v, W_o", {p->inner_dim(), queries.size(2) + keys.size(2) + values.size(2) + p->inner_dim() + 4});
+    plan.check();
   }
-  nn::EngineOutput r = nn::attention_forward(queries, keys, values, layers, std::move(call), &spare);
-  spare.clear();
+  if (!p->initialized()) {
+    p.reset();  // the lazy initialisation waits for the calls that hold a pin
+    p = initialize_for(kForward, queries, keys, values);
+  }
+  check_widths(*p, queries, keys, values);
+  const nn::EngineLayers layers = prepare(*p);
+  if (training && dropout > 0.0f) call.dropout = {dropout, dropout_keys_.next()};
+  // The buffers of a replaced state, taken for reuse.
+  std::shared_ptr<std::vector<Tensor>> spare = publish ? spare_.exchange(nullptr) : nullptr;
+  nn::EngineOutput r = nn::attention_forward(queries, keys, values, layers, std::move(call), spare.get());
   r.context->owner = id_.value();
   if (!publish) return {std::move(r.output), std::move(r.context)};
-
-  std::lock_guard state(state_mutex_);
   // Publish this call; the context it replaces gives its buffers to the next
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
-  std::shared_ptr<nn::AttentionContext> old = std::exchange(state_, r.context);
+  std::shared_ptr<nn::AttentionContext> old = state_.exchange(r.context);
   if (old && old.use_count() == 1) {
-    spare_ = std::move(old->proj.buffers);
-    spare_.push_back(std::move(old->concat));
+    auto buffers = std::make_shared<std::vector<Tensor>>(std::move(old->proj.buffers));
+    buffers->push_back(std::move(old->concat));
+    spare_.store(std::move(buffers));
   }
   return {std::move(r.output), std::move(r.context)};
 }
 
 Tensor MultiHeadAttention::attention_weights() const {
-  std::shared_ptr<nn::AttentionContext> st;
-  {
-    std::lock_guard state(state_mutex_);
-    st = state_;
-  }
+  const std::shared_ptr<nn::AttentionContext> st = state_.load();
   if (!st) return Tensor();
   return nn::checked_all_weights("MultiHeadAttention.attention_weights", *st);
 }
 
 int64_t MultiHeadAttention::last_batch_size() const {
-  std::lock_guard state(state_mutex_);
-  return state_ ? state_->B() : 0;
+  const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  return st ? st->B() : 0;
 }
 
 Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_rows,
                                              const std::vector<int64_t>& heads) const {
   static const char* op = "MultiHeadAttention.attention_weights";
-  std::shared_ptr<nn::AttentionContext> st;
-  {
-    std::lock_guard state(state_mutex_);
-    st = state_;
-  }
+  const std::shared_ptr<nn::AttentionContext> st = state_.load();
   if (!st) fail(op, "no forward call yet: there are no weights to show");
   return nn::checked_weights_of(op, "the last call", *st, batch_rows, heads);
 }
 
-void MultiHeadAttention::initialize_layers(const Tensor& queries, const Tensor& keys,
-                                           const Tensor& values) {
-  std::unique_lock params(params_mutex_);
-  std::lock_guard state(state_mutex_);  // gen_
-  // Another call may have done it meanwhile; the widths are checked against
-  // whatever it chose. The draw order (W_q, W_k, W_v, W_o) is the serial one.
-  check_width(W_q_, "W_q", queries, "queries");
-  check_width(W_k_, "W_k", keys, "keys");
-  check_width(W_v_, "W_v", values, "values");
-  W_q_.initialize(queries.size(2), gen_, kForward);
-  W_k_.initialize(keys.size(2), gen_, kForward);
-  W_v_.initialize(values.size(2), gen_, kForward);
-  W_o_.initialize(inner_dim(), gen_, kForward);
-}
-
 StateDict MultiHeadAttention::state_dict() const {
-  std::shared_lock params(params_mutex_);
+  const Pinned p = params_.pin();
   StateDict s;
   const std::pair<const char*, const LazyLinear*> layers[] = {
-      {"W_q", &W_q_}, {"W_k", &W_k_}, {"W_v", &W_v_}, {"W_o", &W_o_}};
+      {"W_q", &p->W_q}, {"W_k", &p->W_k}, {"W_v", &p->W_v}, {"W_o", &p->W_o}};
   for (const auto& [name, layer] : layers) {
     if (!layer->initialized()) continue;
     s[std::string(name) + ".weight"] = layer->weight();
@@ -232,7 +210,6 @@ StateDict MultiHeadAttention::state_dict() const {
 
 void MultiHeadAttention::load_state_dict(const StateDict& state) {
   static const char* op = "MultiHeadAttention.load_state_dict";
-  std::unique_lock params(params_mutex_);  // waits for running calls
   const char* names[] = {"W_q", "W_k", "W_v", "W_o"};
   std::set<std::string> expected;
   for (const char* n : names) {
@@ -245,33 +222,35 @@ void MultiHeadAttention::load_state_dict(const StateDict& state) {
            bias_ ? "" : " (this module was built with bias=false)");
   for (const auto& name : expected)
     if (!state.count(name)) fail(op, "missing parameter '", name, "'");
-  LazyLinear* layers[] = {&W_q_, &W_k_, &W_v_, &W_o_};
-  // Validate everything first so that a failure leaves the module unchanged.
-  // W_q, W_k, W_v: (inner, in); W_o: (num_hiddens, inner). inner is
-  // num_hiddens unless heads were pruned.
-  for (int i = 0; i < 4; ++i) {
-    const std::string n = names[i];
-    const Tensor& w = state.at(n + ".weight");
-    const int64_t out = i == 3 ? num_hiddens_ : inner_dim();
-    const int64_t in = i == 3 ? inner_dim() : (w.dim() == 2 ? w.size(1) : -1);
-    if (w.dim() != 2 || w.size(0) != out || w.size(1) != in || in <= 0)
-      fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", out, ", ",
-           i == 3 ? std::to_string(in) : std::string("in"), ")",
-           heads_.pruned() ? " (this module has pruned heads)" : "");
-    if (layers[i]->initialized() && layers[i]->in_features() != in)
-      fail(op, n, ".weight: shape ", shape_str(w.shape()), " differs from the initialised ",
-           shape_str({out, layers[i]->in_features()}));
-    if (bias_) {
-      const Tensor& b = state.at(n + ".bias");
-      if (b.dim() != 1 || b.size(0) != out)
-        fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({out}));
+  params_.update([&](Params& live) {  // running calls finish on the old values
+    LazyLinear* layers[] = {&live.W_q, &live.W_k, &live.W_v, &live.W_o};
+    // Validate everything first so that a failure leaves the module unchanged.
+    // W_q, W_k, W_v: (inner, in); W_o: (num_hiddens, inner). inner is
+    // num_hiddens unless heads were pruned.
+    for (int i = 0; i < 4; ++i) {
+      const std::string n = names[i];
+      const Tensor& w = state.at(n + ".weight");
+      const int64_t out = i == 3 ? num_hiddens_ : live.inner_dim();
+      const int64_t in = i == 3 ? live.inner_dim() : (w.dim() == 2 ? w.size(1) : -1);
+      if (w.dim() != 2 || w.size(0) != out || w.size(1) != in || in <= 0)
+        fail(op, n, ".weight: shape ", shape_str(w.shape()), " is not (", out, ", ",
+             i == 3 ? std::to_string(in) : std::string("in"), ")",
+             live.heads.pruned() ? " (this module has pruned heads)" : "");
+      if (layers[i]->initialized() && layers[i]->in_features() != in)
+        fail(op, n, ".weight: shape ", shape_str(w.shape()), " differs from the initialised ",
+             shape_str({out, layers[i]->in_features()}));
+      if (bias_) {
+        const Tensor& b = state.at(n + ".bias");
+        if (b.dim() != 1 || b.size(0) != out)
+          fail(op, n, ".bias: shape ", shape_str(b.shape()), " is not ", shape_str({out}));
+      }
     }
-  }
-  for (int i = 0; i < 4; ++i) {
-    const std::string n = names[i];
-    layers[i]->set_weight(state.at(n + ".weight"), op);
-    if (bias_) layers[i]->set_bias(state.at(n + ".bias"), op);
-  }
+    for (int i = 0; i < 4; ++i) {
+      const std::string n = names[i];
+      layers[i]->set_weight(state.at(n + ".weight"), op);
+      if (bias_) layers[i]->set_bias(state.at(n + ".bias"), op);
+    }
+  });
 }
 
 }  // namespace mha

@@ -25,28 +25,29 @@ const char* const kNames[] = {"W_q", "W_k", "W_v", "W_o"};
 
 void MultiHeadAttention::initialize(int64_t dq, int64_t dk, int64_t dv) {
   static const char* op = "MultiHeadAttention.initialize";
-  // Check every width before drawing anything, so a failure changes nothing.
-  const std::pair<const LazyLinear*, int64_t> widths[] = {{&W_q_, dq}, {&W_k_, dk}, {&W_v_, dv}};
-  const char* what[] = {"dq", "dk", "dv"};
-  for (int i = 0; i < 3; ++i) {
-    const auto [layer, w] = widths[i];
-    if (w <= 0) fail(op, what[i], ": ", w, " is not a positive input width");
-    if (layer->initialized() && layer->in_features() != w)
-      fail(op, what[i], ": ", w, " differs from the width ", layer->in_features(),
-           " this layer was initialised with");
-  }
-  // The order of a first forward call: W_q, W_k, W_v, then W_o. Locked as
-  // the lazy initialisation of forward() is (see multihead.h).
-  std::unique_lock params(params_mutex_);
-  std::lock_guard state(state_mutex_);
-  W_q_.initialize(dq, gen_, op);
-  W_k_.initialize(dk, gen_, op);
-  W_v_.initialize(dv, gen_, op);
-  if (!W_o_.initialized()) W_o_.initialize(inner_dim(), gen_, op);
+  // The order of a first forward call: W_q, W_k, W_v, then W_o; like the
+  // lazy initialisation of forward(), running calls finish first.
+  params_.update([&](Params& live) {
+    // Check every width before drawing anything, so a failure changes nothing.
+    const std::pair<const LazyLinear*, int64_t> widths[] = {{&live.W_q, dq}, {&live.W_k, dk}, {&live.W_v, dv}};
+    const char* what[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      const auto [layer, w] = widths[i];
+      if (w <= 0) fail(op, what[i], ": ", w, " is not a positive input width");
+      if (layer->initialized() && layer->in_features() != w)
+        fail(op, what[i], ": ", w, " differs from the width ", layer->in_features(),
+             " this layer was initialised with");
+    }
+    live.W_q.initialize(dq, gen_, op);
+    live.W_k.initialize(dk, gen_, op);
+    live.W_v.initialize(dv, gen_, op);
+    if (!live.W_o.initialized()) live.W_o.initialize(live.inner_dim(), gen_, op);
+  });
 }
 
 void MultiHeadAttention::ensure_grads() {
-  const LazyLinear* layers[] = {&W_q_, &W_k_, &W_v_, &W_o_};
+  const Params& p = params_.live();
+  const LazyLinear* layers[] = {&p.W_q, &p.W_k, &p.W_v, &p.W_o};
   for (int i = 0; i < 4; ++i) {
     if (!layers[i]->initialized()) continue;
     const std::string n = kNames[i];
@@ -67,7 +68,8 @@ const StateDict& MultiHeadAttention::grads() {
 void MultiHeadAttention::zero_grad() {
   ensure_grads();
   for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
-  std::fill(heads_.gate_grad.values().begin(), heads_.gate_grad.values().end(), 0.0f);
+  Tensor& gate_grad = params_.live().heads.gate_grad;
+  std::fill(gate_grad.values().begin(), gate_grad.values().end(), 0.0f);
 }
 
 void MultiHeadAttention::set_grads(const StateDict& grads) {
@@ -91,7 +93,8 @@ void MultiHeadAttention::set_grads(const StateDict& grads) {
 ParamList MultiHeadAttention::parameters() {
   ensure_grads();
   ParamList out;
-  LazyLinear* layers[] = {&W_q_, &W_k_, &W_v_, &W_o_};
+  Params& p = params_.live();
+  LazyLinear* layers[] = {&p.W_q, &p.W_k, &p.W_v, &p.W_o};
   // The order of the seed module's parameters(): W_q, W_k, W_v, W_o, weight
   // before bias.
   for (int i = 0; i < 4; ++i) {
@@ -104,33 +107,30 @@ ParamList MultiHeadAttention::parameters() {
 }
 
 Tensor MultiHeadAttention::last_dropout_mask() const {
-  std::lock_guard state(state_mutex_);
-  if (!state_)
-    fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
-  return nn::dropout_mask(*state_);
+  const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  if (!st) fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
+  return nn::dropout_mask(*st);
 }
 
 MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_output) {
   static const char* op = "MultiHeadAttention.backward";
-  // Training is one thread's business, but a backward() must not see a
-  // forward() of another thread half-stored: hold both locks throughout.
-  std::shared_lock params(params_mutex_);
-  std::lock_guard state(state_mutex_);
-  if (!state_ || !state_->for_backward)
+  // Training is one thread's business; a forward() of another thread
+  // replaces the last call whole, never half.
+  const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  if (!st || !st->for_backward)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");
-  return backward_of(*state_, grad_output);
+  return backward_of(*st, *params_.pin(), grad_output);
 }
 
 MultiHeadAttention::InputGrads MultiHeadAttention::backward(const ForwardContext& context,
                                                             const Tensor& grad_output) {
-  std::shared_lock params(params_mutex_);
-  std::lock_guard state(state_mutex_);
-  return backward_of(nn::differentiable_context("MultiHeadAttention.backward", context, id_.value(), num_heads_),
-                     grad_output);
+  const Pinned p = params_.pin();
+  return backward_of(nn::differentiable_context("MultiHeadAttention.backward", context, id_.value(), p->num_heads),
+                     *p, grad_output);
 }
 
-MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::AttentionContext& ctx,
+MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::AttentionContext& ctx, const Params& p,
                                                                const Tensor& grad_output) {
   static const char* op = "MultiHeadAttention.backward";
   const int64_t B = ctx.B(), Q = ctx.Q;
@@ -142,10 +142,10 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::Attenti
     const std::string n = kNames[i];
     return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
   };
-  nn::EngineLayers layers{&W_q_, &W_k_, &W_v_, &W_o_};
-  layers.head_gates = heads_.gates.data();
+  nn::EngineLayers layers{&p.W_q, &p.W_k, &p.W_v, &p.W_o};
+  layers.head_gates = p.heads.gates.data();
   nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
-  grads.head_gates = &heads_.gate_grad;
+  grads.head_gates = &params_.live().heads.gate_grad;
   nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
   return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
 }

@@ -105,7 +105,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   core::MemoryPlan plan(kForward);
   nn::add_call_memory(plan, c, layers, E);
   plan.check();
-  if (training_ && dropout_ > 0.0f) c.dropout = {dropout_, gen_.next()};
+  if (training_ && dropout_ > 0.0f) c.dropout = {dropout_, dropout_keys_.next()};
   const kernels::Dropout dropout = c.dropout;
   nn::EngineOutput r = nn::attention_forward(query, key, value, layers, std::move(c));
   r.context->owner = id_.value();

@@ -59,6 +59,7 @@ TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_
       dropout_(o.dropout),
       fully_masked_(o.fully_masked_rows),
       gen_(o.seed),
+      dropout_keys_(o.seed),
       q_proj_(embed_dim, bias),
       k_proj_(embed_dim / num_heads * num_kv_heads, bias),
       v_proj_(embed_dim / num_heads * num_kv_heads, bias),

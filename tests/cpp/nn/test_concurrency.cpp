@@ -2,7 +2,9 @@
 // the serial results; the first call's lazy initialisation, training-mode
 // dropout draws, mode/kernel switches and load_state_dict are safe while
 // calls run. The TSan build (scripts/test-sanitizers.sh tsan) runs these to
-// show the absence of data races, not only of wrong answers.
+// show the absence of data races, not only of wrong answers. Calls take no
+// lock (mha/detail/published.h): what changes the parameters writes them in
+// place, so the pointers an optimiser holds stay valid.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -261,6 +263,29 @@ TEST(ConcurrencyState, CopiesAreIndependentModules) {
   std::vector<Tensor> got(kThreads);
   run_threads([&](int t) { got[t] = (t % 2 ? a : b)(c.q, c.k, c.v, c.lens); });
   for (const Tensor& g : got) EXPECT_TRUE(g == want);
+}
+
+TEST(ConcurrencyState, LoadStateDictWritesTheParametersOptimisersHold) {
+  // An optimiser keeps parameters()' pointers across load_state_dict and
+  // prune-free updates (gates, the lazy initialisation of another width is
+  // refused): they must address what calls read, with the loaded values.
+  const auto cases = make_cases();
+  const Case& c = cases[3];
+  MultiHeadAttention a(32, 4, 0.0f, true, 31), b(32, 4, 0.0f, true, 32);
+  a.eval();
+  b.eval();
+  (void)a(c.q, c.k, c.v, c.lens);
+  const Tensor out_b = b(c.q, c.k, c.v, c.lens);
+  mha::ParamList held = a.parameters();
+  a.load_state_dict(b.state_dict());
+  a.set_head_gates({1, 1, 1, 1});
+  for (const mha::ParamRef& p : held) EXPECT_TRUE(*p.value == b.state_dict().at(p.name)) << p.name;
+  EXPECT_TRUE(a(c.q, c.k, c.v, c.lens) == out_b);
+  // A step through the held pointers moves what the next call reads.
+  for (mha::ParamRef& p : held)
+    if (p.name == "W_o.bias") p.value->values()[0] += 1.0f;
+  const Tensor moved = a(c.q, c.k, c.v, c.lens);
+  EXPECT_FLOAT_EQ(moved.values()[0], out_b.values()[0] + 1.0f);
 }
 
 }  // namespace
