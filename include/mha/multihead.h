@@ -27,7 +27,7 @@
 // Threads: forward() may be called on one module from many threads at once,
 // in either mode, and gives each call exactly what a serial call gives (in
 // training mode the dropout masks are drawn in call order, whichever that
-// is). Calls take no lock (mha/detail/published.h): each reads one snapshot
+// is). Calls hold no lock (mha/detail/published.h): each reads one snapshot
 // of the parameters, the mode and the kernel when it starts. What changes
 // the parameters (the lazy initialisation of the first call,
 // load_state_dict, set_head_gates, prune_heads) lets new calls run on a
