@@ -168,11 +168,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
   std::shared_ptr<nn::AttentionContext> old = state_.exchange(r.context);
-  if (old && old.use_count() == 1) {
-    auto buffers = std::make_shared<std::vector<Tensor>>(std::move(old->proj.buffers));
-    buffers->push_back(std::move(old->concat));
-    spare_.store(std::move(buffers));
-  }
+  if (old && old.use_count() == 1) spare_.store(std::make_shared<std::vector<Tensor>>(nn::release_buffers(*old)));
   return {std::move(r.output), std::move(r.context)};
 }
 
