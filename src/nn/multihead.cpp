@@ -20,7 +20,7 @@ void check_rank3(const Tensor& t, const char* name, const char* wanted) {
 }
 
 // Every lazy width must agree with the layer's, so a failing call changes
-// nothing. `layer_name` is the layer's name in the seed (W_q, ...).
+// nothing. `layer_name` is the layer's name in the d2l chapter (W_q, ...).
 void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& x, const char* name) {
   if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
   if (layer.initialized() && x.size(2) != layer.in_features())
