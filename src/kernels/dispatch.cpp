@@ -63,4 +63,6 @@ void attention_weights(const AttentionWeightsParams& p) {
 
 void decode_forward(const DecodeParams& p) { decode_attention(p); }  // validates p itself
 
+int64_t decode_forward_working_bytes(const DecodeParams& p, int threads) { return decode_working_bytes(p, threads); }
+
 }  // namespace mha::kernels

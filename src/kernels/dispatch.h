@@ -53,6 +53,9 @@ void attention_weights(const AttentionWeightsParams& p);
 // AttentionKernel a module has chosen (the others have no cached form). The
 // modules' cached calls (nn/cached_attention.h) come this way.
 void decode_forward(const DecodeParams& p);
+// Bytes of working memory decode_forward(p) allocates at `threads` threads
+// (for the kernel it chooses).
+int64_t decode_forward_working_bytes(const DecodeParams& p, int threads);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.
 inline void set_lengths(AttentionForward& p, const ValidLens& lens) {

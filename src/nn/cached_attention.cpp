@@ -1,6 +1,7 @@
 // A cached call of either module (nn/cached_attention.h).
 #include "nn/cached_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -17,6 +18,17 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   const RowLayout& layout = call.layout;
   const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
   CacheAccess::check_call(call.op, cache, call.who, B, n);
+  call.valid_lens.check(call.op, B, n);
+  const Mask& kpm = call.key_padding_mask;
+  int64_t S = 0;  // the key axis a key_padding_mask covers: the longest row after the append
+  for (int64_t len : cache.lengths()) S = std::max(S, len + n);
+  if (!kpm.is_none()) {
+    const Shape wanted = call.unbatched ? Shape{S} : Shape{B, S};
+    if (kpm.shape() != wanted)
+      fail(call.op, "key_padding_mask: shape ", shape_str(kpm.shape()), " is not ", shape_str(wanted),
+           ": a cached call's mask covers every key it attends to, the longest row's ", S - n,
+           " cached positions and the ", n, " new ones");
+  }
 
   // The decode kernel's view of the call; the lengths it reads are the ones
   // after this call's append (the new keys are the last n of each row).
@@ -25,6 +37,16 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   p.Hq = H, p.Qn = n;
   p.causal = true;
   p.scale_divisor = std::sqrt(static_cast<float>(d));
+  if (!call.valid_lens.is_none()) {
+    p.length_kind = call.valid_lens.kind() == ValidLens::Kind::PerBatch ? kernels::LengthKind::PerBatch
+                                                                       : kernels::LengthKind::PerQuery;
+    p.lens = call.valid_lens.data();
+  }
+  p.key_keep = kpm.keep_data();
+  p.key_bias = kpm.bias_data();
+  p.key_stride_b = S;
+  p.fill = call.fill;
+  p.fully_masked = call.fully_masked;
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
   p.lengths = lengths.data();
@@ -36,7 +58,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
       .add("projected values", {B, n, Hkv * d})
       .add("concatenated heads", {B, n, E})
       .add("output", call.out_shape)
-      .add("decode kernel working memory", {kernels::decode_working_bytes(p, num_threads())}, 1);
+      .add("decode kernel working memory", {kernels::decode_forward_working_bytes(p, num_threads())}, 1);
   plan.check();
 
   // Only the new positions are projected (one product per distinct input).
