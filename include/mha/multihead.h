@@ -116,7 +116,8 @@ class MultiHeadAttention {
   // d2l chapter's decoder step over the concatenated inputs. Evaluation mode
   // only (mha::Error in training mode); leaves attention_weights() as it
   // was. A call that throws leaves the cache as it was. Attention runs on
-  // the decode kernel whatever kernel() says, for a long prefill too.
+  // the decode kernel (a long prefill on the fused kernel, kernels/dispatch.h)
+  // whatever kernel() says.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache);
   // The same with the chapter's valid_lens, (B,) or (B, n): over each row's
   // key axis (cached positions, then the n new ones), key j of new query i

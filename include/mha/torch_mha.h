@@ -147,8 +147,8 @@ class TorchMultiheadAttention {
   // itself (Causal::BottomRight over the whole row: causal within the new
   // block). Evaluation mode only; modules with add_bias_kv or
   // add_zero_attn are refused (mha::Error). A call that throws leaves the
-  // cache as it was. Attention runs on the decode kernel whatever kernel()
-  // says, for a long prefill too.
+  // cache as it was. Attention runs on the decode kernel (a long prefill on
+  // the fused kernel, kernels/dispatch.h) whatever kernel() says.
   //   key_padding_mask: as nn.MultiheadAttention's, over the keys the call
   // attends to: (B, S) [(S,) unbatched] with S = the longest row's length
   // after the append (cached + n); row b's columns 0 .. its length - 1 are

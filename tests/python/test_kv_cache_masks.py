@@ -253,3 +253,39 @@ def test_cached_calls_refuse_masks_that_are_not_numbers():
         with pytest.raises((TypeError, ValueError)):
             t(x, x, x, bad, cache=tc)
     assert c.lengths == [0, 0] and tc.lengths == [0, 0]
+
+
+def test_long_prefill_is_the_chapters_loop():
+    """A block of more new positions than kernels::decode_forward gives the
+    decode kernel (it then runs the fused kernel on the cache), over ragged
+    cached rows, with (B, n) lengths: the chapter's module over each row's
+    whole state, as above; and a decode step after it."""
+    rng = np.random.default_rng(30)
+    B, D, H, n = 3, 32, 4, 130
+    seed_mod = make_seed_module(D, H, D, D, D, bias=True, seed=4).double().eval()
+    m = mha.MultiHeadAttention(D, H, bias=True)
+    m.load_state_dict(state_dict_numpy(seed_mod))
+    m.eval()
+    for dtype, tol in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        cache = m.kv_cache(B, 4 + n + 1, dtype=dtype)
+        first = rng.standard_normal((B, 4, D)).astype(np.float32)
+        m(first, first, first, cache=cache)
+        for b, k in enumerate([4, 1, 0]):
+            cache.truncate(b, k)
+        states = [first[b, :k] for b, k in enumerate([4, 1, 0])]
+        errs = []
+        for block in (n, 1):
+            x = rng.standard_normal((B, block, D)).astype(np.float32)
+            states = [np.concatenate([s, x[b]]) for b, s in enumerate(states)]
+            lens = random_lengths(rng, (B, block), [len(s) for s in states])
+            lens[:, -1] = np.inf  # some queries unmasked but for causality
+            got = m(x, x, x, lens, cache=cache)
+            with torch.no_grad():
+                for b in range(B):
+                    K = len(states[b])
+                    vl = np.minimum(lens[b].astype(np.float64), np.arange(K - block + 1, K + 1))
+                    S = torch.from_numpy(states[b][None]).double()
+                    want = seed_mod(torch.from_numpy(x[b:b + 1]).double(), S, S,
+                                    torch.from_numpy(vl[None])).numpy()[0]
+                    errs.append(rel_err(got[b], want))
+        assert max(errs) <= tol, (dtype, max(errs))

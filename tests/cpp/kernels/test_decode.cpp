@@ -20,6 +20,7 @@
 #include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/decode_params.h"
+#include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/random.h"
 #include "mha/threads.h"
@@ -322,6 +323,79 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
         expect_close(mine, fused, 1e-5, 1.0, what + " vs attention_forward_fused, row " + std::to_string(b));
       }
     }
+}
+
+// Long prefills run on the fused kernel (decode_attention_fused, chosen by
+// kernels::decode_forward from decode_fused_min_queries(dtype) queries on): the same
+// attention as the decode kernel's within float32 rounding, 1e-6 of
+// (|output| + max|v|), for every mask the decode interface takes, float32
+// and bfloat16 caches, ragged rows (a row of no keys included), grouped heads.
+TEST(Decode, FusedPrefillIsTheDecodeKernel) {
+  const int64_t C = kDecodeMinChunk;
+  const std::vector<Case> cases = {
+      {4, 4, 70, 16, 16, {70, 0, 71, 300}},
+      {8, 2, 64, 64, 64, {64, C + 7}},
+      {6, 3, 65, 33, 9, {65, 2 * C + 1}},
+      {2, 1, 80, 20, 20, {80, 700}, false},
+      {4, 2, 130, 32, 32, {130, 0, 600}},  // past the bfloat16 switch point too
+  };
+  const std::vector<MaskVariant> variants = {
+      {"no masks", LengthKind::None, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"lengths per query", LengthKind::PerQuery, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"lengths per row", LengthKind::PerBatch, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"boolean + additive padding, zeros", LengthKind::None, true, true, MaskFill::NegInf, FullyMaskedRows::Zeros},
+      {"boolean padding, uniform", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Uniform},
+  };
+  uint64_t seed = 900;
+  for (const Case& c : cases)
+    for (const MaskVariant& mv : variants) {
+      Problem pb(c, seed++);
+      Generator gen(seed);
+      const int64_t B = pb.B, S = pb.capacity;
+      std::vector<float> lens;
+      std::vector<float> bias(static_cast<size_t>(B * S), 0.0f);
+      std::vector<uint8_t> keep(static_cast<size_t>(B * S), 1);
+      for (int64_t x = 0; x < (mv.kind == LengthKind::PerBatch ? B : B * c.Qn); ++x) {
+        const float K = static_cast<float>(c.lengths[static_cast<size_t>(mv.kind == LengthKind::PerBatch ? x : x / c.Qn)]);
+        const float choices[] = {0.0f, 2.5f, K - 3.0f, K / 2, K + 1, INFINITY};
+        lens.push_back(std::max(0.0f, choices[gen.next() % 6]));
+      }
+      for (int64_t j = 0; j < B * S; ++j) {
+        keep[static_cast<size_t>(j)] = gen.uniform() < 0.8f;
+        bias[static_cast<size_t>(j)] = gen.uniform(-1.0f, 1.0f);
+      }
+      keep[0] = 0;  // row 0's first key: early queries of a row with few cached keys may have none left
+      for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
+        auto masked = [&](std::vector<float>& o) {
+          DecodeParams p = pb.params(o, dtype);
+          p.length_kind = mv.kind;
+          p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
+          p.key_keep = mv.keep ? keep.data() : nullptr;
+          p.key_bias = mv.bias ? bias.data() : nullptr;
+          p.key_stride_b = S;
+          p.fill = mv.fill;
+          p.fully_masked = mv.policy;
+          return p;
+        };
+        std::vector<float> dec, fus, via;
+        decode_attention(masked(dec));
+        decode_attention_fused(masked(fus));
+        const std::string what = c.name() + " " + mv.name + (dtype == CacheDtype::BF16 ? " bf16" : " f32");
+        expect_close(fus, dec, 1e-6, 1.0, what + ": fused vs decode kernel");
+        // The dispatcher's choice: the fused kernel from decode_fused_min_queries(dtype) on.
+        const DecodeParams p = masked(via);
+        const bool fused = c.Qn >= decode_fused_min_queries(dtype);
+        ASSERT_EQ(decode_runs_fused(p), fused) << what;
+        decode_forward(p);
+        const std::vector<float>& chosen = fused ? fus : dec;
+        ASSERT_EQ(0, std::memcmp(via.data(), chosen.data(), chosen.size() * sizeof(float))) << what;
+      }
+    }
+  // Short blocks stay on the decode kernel.
+  Problem pb({4, 4, kDecodeFusedMinQueries - 1, 8, 8, {kDecodeFusedMinQueries}}, 1);
+  std::vector<float> o;
+  EXPECT_FALSE(decode_runs_fused(pb.params(o)));
+  EXPECT_FALSE(decode_runs_fused(pb.params(o, CacheDtype::BF16)));
 }
 
 TEST(Decode, BitwiseTheSameAtOneAndTwoThreads) {
