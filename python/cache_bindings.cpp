@@ -19,7 +19,25 @@ namespace mha::python {
 
 namespace py = pybind11;
 
+// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
+// arrays read as PyTorch reads them (True = masked out), floats as additive.
+CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
+                        const char* op);
+
 namespace {
+
+// None, (B,) or (B, n): the chapter's valid lengths, read as the plain call reads them.
+ValidLens to_valid_lens(const py::object& obj, const char* op) {
+  if (obj.is_none()) return {};
+  FloatArray a = float_array(obj, op, "valid_lens");
+  if (a.ndim() != 1 && a.ndim() != 2)
+    fail(op, "valid_lens: shape ", shape_str(shape_of(a)), " is neither (B,) nor (B, n)");
+  return ValidLens::from_tensor(to_tensor(a));
+}
+
+Mask key_padding_mask_of(const py::object& obj, const char* op) {
+  return to_call_masks(obj, py::none(), py::bool_(false), op).key_padding_mask;
+}
 
 KVCacheDtype to_dtype(const std::string& s, const char* op) {
   if (s == "float32") return KVCacheDtype::Float32;
@@ -35,9 +53,10 @@ struct Inputs {
   const Tensor& values(bool v_is_k) const { return v.empty() ? (v_is_k ? keys() : q) : v; }
 };
 
-template <typename Module>
-py::array_t<float> cached_call(Module& self, const py::object& q, const py::object& k, const py::object& v,
-                               KVCache& cache, const char* op, const char* names[3]) {
+// forward(q, k, v) is the module's cached call with the call's masks bound.
+template <typename Forward>
+py::array_t<float> cached_call(const Forward& forward, const py::object& q, const py::object& k, const py::object& v,
+                               const char* op, const char* names[3]) {
   Inputs in;
   in.q = to_tensor(q, op, names[0]);
   if (k.ptr() != q.ptr()) in.k = to_tensor(k, op, names[1]);
@@ -46,7 +65,7 @@ py::array_t<float> cached_call(Module& self, const py::object& q, const py::obje
   Tensor out;
   {
     py::gil_scoped_release release;
-    out = self.forward(in.q, in.keys(), in.values(v_is_k), cache);
+    out = forward(in.q, in.keys(), in.values(v_is_k));
   }
   return to_numpy(out);
 }
@@ -110,16 +129,20 @@ the re-projection. Each batch row has its own length.
           [](MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
              const py::object& valid_lens, KVCache& cache) {
             static const char* op = "MultiHeadAttention.forward";
-            if (!valid_lens.is_none())
-              fail(op, "valid_lens: a cached call takes none (each batch row's cached length bounds its keys)");
             static const char* names[3] = {"queries", "keys", "values"};
-            return cached_call(self, q, k, v, cache, op, names);
+            const ValidLens lens = to_valid_lens(valid_lens, op);
+            auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+              return self.forward(a, b, c, lens, cache);
+            };
+            return cached_call(forward, q, k, v, op, names);
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("cache"),
           "Cached call (evaluation mode): queries, keys, values (B, n, D*) of the n new positions ->\n"
           "(B, n, num_hiddens); their keys and values are appended to `cache` and each new query\n"
-          "attends over its row's cached positions and the new ones up to itself.");
+          "attends over its row's cached positions and the new ones up to itself. valid_lens: None,\n"
+          "(B,) or (B, n), the chapter's lengths over each row's keys (cached, then new): key j of\n"
+          "query i takes part iff j < its length (and j is not after the query).");
 
   auto drop_in = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
   drop_in
@@ -134,13 +157,22 @@ the re-projection. Each batch row has its own length.
       .def(
           "__call__",
           [](TorchMultiheadAttention& self, const py::object& q, const py::object& k, const py::object& v,
-             KVCache& cache) {
+             const py::object& key_padding_mask, KVCache& cache) {
+            static const char* op = "TorchMultiheadAttention.forward";
             static const char* names[3] = {"query", "key", "value"};
-            return cached_call(self, q, k, v, cache, "TorchMultiheadAttention.forward", names);
+            const Mask mask = key_padding_mask_of(key_padding_mask, op);
+            auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+              return self.forward(a, b, c, cache, mask);
+            };
+            return cached_call(forward, q, k, v, op, names);
           },
-          py::arg("query"), py::arg("key"), py::arg("value"), py::kw_only(), py::arg("cache"),
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+          py::kw_only(), py::arg("cache"),
           "Cached call (evaluation mode): the n new positions in the module's layout -> output\n"
-          "shaped like query; no masks, no weights (returns the output only).");
+          "shaped like query; no weights (returns the output only). key_padding_mask: None or, as\n"
+          "nn.MultiheadAttention's (True = padding, or additive floats), over every key the call\n"
+          "attends to: (B, S) [(S,) unbatched], S = the longest row's cached length + n; row b's\n"
+          "columns past its own length are ignored.");
 }
 
 }  // namespace mha::python

@@ -1,7 +1,7 @@
 // python/decode_bindings.cpp: the decode kernel (src/kernels/decode_params.h)
 // as mha._core._decode_attention, private (a leading underscore): bench/bench.py
-// times it against ONNX Runtime, and the module API for cached decoding is
-// still to come. The caches are used in place (no copy when they are already
+// times the kernel alone with it (against ONNX Runtime), below the modules'
+// cached calls (python/cache_bindings.cpp). The caches are used in place (no copy when they are already
 // C-contiguous float32, or uint16 holding bfloat16 bits).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

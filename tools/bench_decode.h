@@ -11,4 +11,9 @@ namespace mha::tools {
 // GB/s, the stream-copy bandwidth and the ratio to the cache-read time.
 void run_decode_bench(const std::vector<int>& threads, bool quick, double budget);
 
+// Prints, per thread count and prefill case (Qn new queries over K0 cached
+// keys), the decode kernel's and the fused kernel's time: the measurement
+// behind kernels::kDecodeFusedMinQueries.
+void run_prefill_bench(const std::vector<int>& threads, double budget);
+
 }  // namespace mha::tools

@@ -14,6 +14,11 @@
 // every cached position and, causally, over the new ones up to themselves
 // (query i of n new ones sees the row's earlier positions and new keys
 // 0..i). The result is the chapter's attention over the concatenated inputs.
+// Masks narrow it further, over the same key axis of each row (cached
+// positions, then the new ones): the chapter's valid_lens on its module
+// (key j of query i takes part iff j < length and j <= the query's own
+// position), nn.MultiheadAttention's key_padding_mask on the drop-in (see
+// the cached forward() of each module).
 //
 // Layout: per batch row and key/value head (the drop-in's num_kv_heads when
 // heads are grouped), `capacity` slots of head_dim floats (or bfloat16s) for

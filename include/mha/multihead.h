@@ -114,11 +114,18 @@ class MultiHeadAttention {
   // `cache` after each row's last position, and attends each new query over
   // the row's cached positions and the new ones up to itself. Equal to the
   // d2l chapter's decoder step over the concatenated inputs. Evaluation mode
-  // only (mha::Error in training mode); takes no valid_lens (each row's
-  // cached length plays that part) and leaves attention_weights() as it was.
-  // A call that throws leaves the cache as it was. Attention runs on the
-  // decode kernel whatever kernel() says, for a long prefill too.
+  // only (mha::Error in training mode); leaves attention_weights() as it
+  // was. A call that throws leaves the cache as it was. Attention runs on
+  // the decode kernel (a long prefill on the fused kernel, kernels/dispatch.h)
+  // whatever kernel() says.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache);
+  // The same with the chapter's valid_lens, (B,) or (B, n): over each row's
+  // key axis (cached positions, then the n new ones), key j of new query i
+  // takes part iff j < its length and j is not after the query itself; the
+  // others get the -1e6 fill (a length of 0 gives uniform weights over the
+  // row's keys), as the chapter's decoder loop with these lengths.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+                 KVCache& cache);
 
   // Same as forward(), as the d2l chapter calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,

@@ -146,10 +146,18 @@ class TorchMultiheadAttention {
   // new query attends over its row's cached positions and the new ones up to
   // itself (Causal::BottomRight over the whole row: causal within the new
   // block). Evaluation mode only; modules with add_bias_kv or
-  // add_zero_attn are refused (mha::Error), as are masks (none are taken).
-  // A call that throws leaves the cache as it was. Attention runs on the
-  // decode kernel whatever kernel() says, for a long prefill too.
-  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache);
+  // add_zero_attn are refused (mha::Error). A call that throws leaves the
+  // cache as it was. Attention runs on the decode kernel (a long prefill on
+  // the fused kernel, kernels/dispatch.h) whatever kernel() says.
+  //   key_padding_mask: as nn.MultiheadAttention's, over the keys the call
+  // attends to: (B, S) [(S,) unbatched] with S = the longest row's length
+  // after the append (cached + n); row b's columns 0 .. its length - 1 are
+  // its keys (cached positions, then the new ones) and later columns are
+  // ignored. Boolean (Mask::keep / mask_from_torch_mha) or additive; masked
+  // keys drop out (-inf) and a query with no key left gets
+  // fully_masked_rows(), as a call without a cache.
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
+                 const Mask& key_padding_mask = {});
 
   // The parameters by PyTorch's names, in the layout they were loaded in.
   StateDict state_dict() const;

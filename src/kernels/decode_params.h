@@ -23,16 +23,31 @@
 // output is 0 here (nothing is read). With `causal`, a row with keys must
 // hold the new block: lengths[b] >= Qn (checked).
 //
+// Masks beyond causality (both optional, both combine with it):
+// - the chapter's valid lengths, (B,) or (B, Qn) (length_kind, lens): query
+//   i of row b keeps keys j < min(lens, its causal limit); the others get
+//   the -1e6 fill (kernels/attention_params.h, LengthKind; a fractional
+//   length keeps the keys below it, as masked_softmax's arange < length);
+// - nn.MultiheadAttention's key_padding_mask over each row's K keys
+//   (key_keep: 1 = takes part; key_bias: added to the scaled score), read at
+//   key_stride_b per batch row. With fill NegInf a masked key drops out
+//   (weight exactly 0) and a query whose every key is masked, or scores
+//   -inf, gets `fully_masked`: zeros, or uniform weights 1/K over the row's K
+//   keys (the drop-in's policy, mha/masks.h).
+//
 // Grouped heads: query head h reads cache head h / (Hq / Hkv).
 // Storage: the cache is float32 or bfloat16 (the upper 16 bits of a float32,
 // rounded to nearest even by to_bf16); the math is float32 either way.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "cpu/fused/isa.h"
 #include "cpu/fused/limits.h"
+#include "kernels/attention_params.h"
+#include "mha/masks.h"
 
 namespace mha::kernels {
 
@@ -69,10 +84,31 @@ struct DecodeParams {
   int64_t B = 0, Hq = 0, Hkv = 0, Qn = 0, capacity = 0, d = 0, dv = 0;
   bool causal = true;          // causal within the new block of Qn queries
   float scale_divisor = 1.0f;  // sqrt(d): scores are (q . k) / scale_divisor
+  // The chapter's valid lengths: [B] (PerBatch) or [B, Qn] (PerQuery), each
+  // a number >= 0 (+inf: no limit); null with LengthKind::None.
+  LengthKind length_kind = LengthKind::None;
+  const float* lens = nullptr;
+  // key_padding_mask: [B, key_stride_b] (key_stride_b >= every length), key
+  // j of row b at b * key_stride_b + j; either, both or neither.
+  const uint8_t* key_keep = nullptr;
+  const float* key_bias = nullptr;
+  int64_t key_stride_b = 0;
+  MaskFill fill = MaskFill::Seed;                        // what masked scores become
+  FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;  // rows with every score -inf
 
   int64_t group() const { return Hq / Hkv; }  // query heads per cache head
-  // The chapter's valid length of query i in a row of K keys.
-  int64_t valid_len(int64_t K, int64_t i) const { return causal ? K - Qn + i + 1 : K; }
+  // Query i's valid length in row b of K keys: keys j < valid_len(b, K, i)
+  // take part (before key_keep / key_bias), the causal limit and the
+  // chapter's length together.
+  int64_t valid_len(int64_t b, int64_t K, int64_t i) const {
+    int64_t n = causal ? K - Qn + i + 1 : K;
+    if (length_kind == LengthKind::None) return n;
+    const float len = lens[length_kind == LengthKind::PerBatch ? b : b * Qn + i];
+    // #{j : float(j) < len}; exact for the capacities a cache can have (< 2^24 keys).
+    if (len < static_cast<float>(n)) n = len <= 0.0f ? 0 : static_cast<int64_t>(std::ceil(len));
+    return n;
+  }
+  bool has_key_mask() const { return key_keep != nullptr || key_bias != nullptr; }
 
   // Contiguous views of contiguous buffers (strides of a row-major layout).
   void set_contiguous_strides() {
@@ -101,6 +137,41 @@ void decode_attention_reference(const DecodeParams& p);
 // which the CPU must support.
 void decode_attention(const DecodeParams& p);
 void decode_attention(const DecodeParams& p, FusedIsa isa);
+
+// The same attention on the fused attention kernel (cpu/decode/decode_fused.cpp):
+// one call per batch row (for a bfloat16 cache, per batch of cache heads
+// widened to float32), faster than decode_attention for long prefills (many new
+// queries; kernels::decode_forward chooses). Within 1e-6 of it (both round
+// in float32, in different orders). Validates p. Rows need K <= kFusedMaxKeys.
+void decode_attention_fused(const DecodeParams& p);
+// Bytes decode_attention_fused allocates besides the fused kernel's scratch:
+// the widened bfloat16 cache heads of one fused call (at most 64 MiB, or one
+// head when a head is larger), 0 for float32 caches.
+int64_t decode_fused_working_bytes(const DecodeParams& p);
+
+// kernels::decode_forward runs decode_attention_fused for calls of at least
+// this many new queries (and rows of at most kFusedMaxKeys keys), the decode
+// kernel below. Measured with `mha bench --prefill --quick --threads 1`
+// (32 query heads of 128 over 32 or 8 cache heads, Qn new queries over K0
+// cached keys, one batch row; fused ms / decode ms; the machine's 2 cores
+// shared, load average about 7, so single ratios move by +-30%):
+//              Qn:    4     8    16    32    64   128   256
+//   f32  32/32 K0 0  0.78  1.36  0.73  0.65  0.11  0.24  0.29
+//   f32  32/32 4096  1.72  1.62  1.05  0.54  0.59  0.41  0.37
+//   f32  32/8  K0 0  3.10  1.60  1.06  0.68  0.15  0.47  0.24
+//   f32  32/8  4096  2.66  1.35  0.77  0.56  0.38  0.38  0.32
+//   bf16 32/32 K0 0  3.49  2.47  1.38  0.70  0.17  0.34  0.39
+//   bf16 32/32 4096  9.81  4.19  2.67  1.32  1.10  0.70  0.39
+//   bf16 32/8  K0 0  2.81  2.06  1.28  0.83  0.23  0.26  0.24
+//   bf16 32/8  4096  4.49  1.88  1.18  0.71  0.39  0.38  0.38
+// float32 caches: the fused kernel wins from 32 queries on. bfloat16 ones
+// pay for widening the row's cache to float32 first (the fused kernel reads
+// float32), which a long cache makes worth it only from 128 queries on.
+inline constexpr int64_t kDecodeFusedMinQueries = 32;
+inline constexpr int64_t kDecodeFusedMinQueriesBf16 = 128;
+inline int64_t decode_fused_min_queries(CacheDtype dtype) {
+  return dtype == CacheDtype::BF16 ? kDecodeFusedMinQueriesBf16 : kDecodeFusedMinQueries;
+}
 
 // Keys per chunk: at least kDecodeMinChunk, and large enough that a call
 // makes at most about kDecodeMaxChunks chunks (bounding the partials'

@@ -61,6 +61,22 @@ void attention_weights(const AttentionWeightsParams& p) {
   attention_weights_fused(p);
 }
 
-void decode_forward(const DecodeParams& p) { decode_attention(p); }  // validates p itself
+bool decode_runs_fused(const DecodeParams& p) {
+  // The switch point (kernels/decode_params.h): see the measurements above
+  // kDecodeFusedMinQueries.
+  if (p.Qn < decode_fused_min_queries(p.dtype)) return false;
+  for (int64_t b = 0; b < p.B; ++b)
+    if (p.lengths[b] > kFusedMaxKeys) return false;
+  return true;
+}
+
+void decode_forward(const DecodeParams& p) {  // both kernels validate p themselves
+  if (decode_runs_fused(p)) decode_attention_fused(p);
+  else decode_attention(p);
+}
+
+int64_t decode_forward_working_bytes(const DecodeParams& p, int threads) {
+  return decode_runs_fused(p) ? decode_fused_working_bytes(p) : decode_working_bytes(p, threads);
+}
 
 }  // namespace mha::kernels

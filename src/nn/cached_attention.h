@@ -6,15 +6,19 @@
 //     concat = heads(attention of q over each row's cached keys, causal within the new block)
 //     out = (concat * head gates) W_o^T (+b)                                   [rows_n, Dout]
 //
-// The attention is the decode kernel's (kernels/decode_params.h), reading
+// The attention is kernels::decode_forward's (kernels/decode_params.h), reading
 // the cache in place, float32 or bfloat16; query i of the n new ones sees the
-// row's earlier positions and new positions 0..i. Evaluation mode only: the
-// modules refuse a cached call in training mode.
+// row's earlier positions and new positions 0..i, less what valid_lens or
+// key_padding_mask take away. Evaluation mode only: the modules refuse a
+// cached call in training mode.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/attention_params.h"
 #include "mha/kv_cache.h"
+#include "mha/masks.h"
+#include "mha/valid_lens.h"
 #include "mha/tensor.h"
 #include "nn/attention_engine.h"
 #include "nn/kv_cache.h"
@@ -28,6 +32,18 @@ struct CachedCall {
   int64_t n = 0;        // new positions per batch row
   int64_t H = 0;        // query heads
   Shape out_shape;      // [rows_n, Dout] in the layout
+  // The d2l chapter's valid lengths, (B,) or (B, n) over each row's key axis
+  // (cached, then new); none by default. Checked here.
+  ValidLens valid_lens;
+  // nn.MultiheadAttention's key_padding_mask, (B, S) or (S,) when
+  // `unbatched`, S = the longest row's length after the append; none by
+  // default. Its shape is checked here (it depends on the cache's lengths).
+  Mask key_padding_mask;
+  bool unbatched = false;
+  // What masked scores become, and what a query with no key left gets: the
+  // chapter's -1e6 and uniform weights, or the drop-in's -inf and policy.
+  kernels::MaskFill fill = kernels::MaskFill::Seed;
+  FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 };
 
 // The call (file comment). Shapes and widths must already be checked against

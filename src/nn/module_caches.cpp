@@ -27,6 +27,11 @@ KVCache MultiHeadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCach
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache) {
+  return forward(queries, keys, values, ValidLens{}, cache);
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                   const ValidLens& valid_lens, KVCache& cache) {
   static const char* op = "MultiHeadAttention.forward";
   for (const auto& [t, name, wanted] : {std::tuple{&queries, "queries", "(B, n, Dq)"},
                                         std::tuple{&keys, "keys", "(B, n, Dk)"},
@@ -60,6 +65,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.n = n;
   call.H = p->num_heads;
   call.out_shape = {B, n, num_hiddens_};
+  call.valid_lens = valid_lens;  // checked against (B, n) with the cache
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
 }
 
@@ -69,7 +75,8 @@ KVCache TorchMultiheadAttention::kv_cache(int64_t batch_size, int64_t max_len, K
                                max_len, dtype);
 }
 
-Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache) {
+Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
+                                        const Mask& key_padding_mask) {
   static const char* op = "TorchMultiheadAttention.forward";
   const bool batched = query.dim() == 3;
   if (query.dim() != 2 && query.dim() != 3)
@@ -108,6 +115,12 @@ Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, 
   call.n = n;
   call.H = num_heads_;
   call.out_shape = query.shape();
+  // nn.MultiheadAttention's masks: a masked key drops out (-inf), and a
+  // query left with none gets the module's policy, as without a cache.
+  call.key_padding_mask = key_padding_mask;  // its shape checked against the cache's lengths
+  call.unbatched = !batched;
+  call.fill = kernels::MaskFill::NegInf;
+  call.fully_masked = fully_masked_;
   return nn::cached_attention_forward(query, key, value, layers, call, cache);
 }
 

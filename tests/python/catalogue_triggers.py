@@ -212,7 +212,17 @@ def not_a_png(t):
 def _cached_call_with_lens():
     m = mha.MultiHeadAttention(16, 2).eval()
     x = ones(2, 1, 16)
-    m(x, x, x, np.array([1, 1]), cache=m.kv_cache(2, 4))
+    m(x, x, x, np.ones((2, 1, 1)), cache=m.kv_cache(2, 4))
+
+
+def _cached_call_with_short_mask():
+    m = mha.TorchMultiheadAttention.from_state_dict(
+        {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}, num_heads=2)
+    m.eval()
+    c = m.kv_cache(1, 4)
+    x = ones(1, 2, 4)
+    m(x, x, x, cache=c)
+    m(x[:, :1], x[:, :1], x[:, :1], np.zeros((1, 2), bool), cache=c)
 
 
 PY = {
@@ -336,6 +346,7 @@ PY = {
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
+    "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     PY[_id] = lambda t, k=_key, v=_value: mha.load_checkpoint(checkpoint_with(t, k, v))

@@ -56,6 +56,23 @@ const DecodeIsaKernels& kernels_for(FusedIsa isa) {
 // the team costs microseconds), as the fused kernel does.
 constexpr double kMinParallelWork = 2e5;
 
+// A query row of (b, g) whose every score is -inf: zeros, or the mean of the
+// row's K value rows (uniform weights 1/K), as the fused kernel's policy
+// (kernels/masked_row.h). Rare (a padding mask that hides every key), so a
+// plain loop.
+void fully_masked_row(const DecodeParams& p, int64_t b, int64_t g, float* out) {
+  const int64_t K = p.lengths[b], dv = p.dv;
+  std::fill(out, out + dv, 0.0f);
+  if (p.fully_masked == FullyMaskedRows::Zeros) return;
+  for (int64_t j = 0; j < K; ++j) {
+    const int64_t at = b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
+    for (int64_t x = 0; x < dv; ++x)
+      out[x] += p.dtype == CacheDtype::BF16 ? from_bf16(static_cast<const uint16_t*>(p.v)[at + x])
+                                            : static_cast<const float*>(p.v)[at + x];
+  }
+  for (int64_t x = 0; x < dv; ++x) out[x] /= static_cast<float>(K);
+}
+
 // out[r, :] for the R rows of (b, g) from its chunks' partials, in chunk order.
 void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const float* partials) {
   const DecodeParams& p = *job.p;
@@ -69,6 +86,10 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
     }
     float M = -INFINITY;
     for (int64_t c = 0; c < n_chunks; ++c) M = std::max(M, partials[(c * R + r) * S]);
+    if (M == -INFINITY) {  // every key dropped out (-inf fill or bias): the fully-masked policy
+      fully_masked_row(p, first.b, first.g, out);
+      continue;
+    }
     float sum = 0.0f;
     for (int64_t c = 0; c < n_chunks; ++c) {
       const float* part = partials + (c * R + r) * S;

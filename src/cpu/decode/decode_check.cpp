@@ -25,8 +25,21 @@ void check_decode_params(const DecodeParams& p, const char* op) {
     fail(op, "strides: a row stride below its row width (q ", p.q_stride_i, " for d ", p.d, ", k ",
          p.k_stride_j, ", v ", p.v_stride_j, " and out ", p.out_stride_i, " for dv ", p.dv,
          "); wanted the innermost axis contiguous and rows not overlapping");
+  if ((p.length_kind == LengthKind::None) != (p.lens == nullptr))
+    fail(op, "lens: ", p.lens ? "given" : "null", " with length kind ",
+         p.length_kind == LengthKind::None ? "None" : "PerBatch/PerQuery",
+         "; wanted lens exactly when the kind is PerBatch or PerQuery");
+  if (p.lens) {
+    const int64_t count = p.length_kind == LengthKind::PerBatch ? p.B : p.B * p.Qn;
+    for (int64_t x = 0; x < count; ++x)
+      if (!(p.lens[x] >= 0.0f))
+        fail(op, "lens[", x, "]: ", p.lens[x], "; wanted a number >= 0 (the chapter's valid length)");
+  }
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
+    if (p.has_key_mask() && p.key_stride_b < n)
+      fail(op, "key_stride_b: ", p.key_stride_b, " for row ", b, " of ", n,
+           " keys; wanted at least every row's length (one mask entry per key)");
     if (n < 0 || n > p.capacity)
       fail(op, "lengths[", b, "]: ", n, "; wanted 0 <= length <= the cache capacity ", p.capacity);
     if (p.causal && n > 0 && n < p.Qn)

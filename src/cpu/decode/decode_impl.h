@@ -171,7 +171,9 @@ struct DecodeKernel {
       l[r] = 0.0f;
     }
     std::fill(acc, acc + R * dv, 0.0f);
-    const float fill2 = kMaskFill2;
+    const float fill2 = p.fill == MaskFill::Seed ? kMaskFill2 : -INFINITY;
+    const uint8_t* keep = p.key_keep ? p.key_keep + t.b * p.key_stride_b : nullptr;
+    const float* bias = p.key_bias ? p.key_bias + t.b * p.key_stride_b : nullptr;
     for (int64_t t0 = j0; t0 < j1; t0 += T) {
       const int64_t n = std::min(T, j1 - t0);
       if constexpr (std::is_same_v<E, uint16_t>) {
@@ -183,13 +185,24 @@ struct DecodeKernel {
       });
       for (int64_t r = 0; r < R; ++r) {
         float* sr = s + r * T;
-        const int64_t valid = p.valid_len(K, r % Qn);
-        for (int64_t jj = 0; jj < n; ++jj)
-          if (t0 + jj >= valid) sr[jj] = fill2;
+        // key_padding_mask first (an additive entry on a kept key), then the
+        // lengths: a key past its query's valid length gets the fill whatever
+        // the mask says.
+        if (keep || bias)
+          for (int64_t jj = 0; jj < n; ++jj) {
+            if (keep && !keep[t0 + jj]) sr[jj] = fill2;
+            else if (bias) sr[jj] += bias[t0 + jj] * kLog2e;
+          }
+        const int64_t valid = p.valid_len(t.b, K, r % Qn);  // causal limit and the chapter's length
+        for (int64_t jj = std::max<int64_t>(valid - t0, 0); jj < n; ++jj) sr[jj] = fill2;
         for (int64_t jj = n; jj < T; ++jj) sr[jj] = -INFINITY;  // past the chunk: weight 0
         Reg mx = V::load(sr);
         for (int64_t jj = L; jj < T; jj += L) mx = V::max(mx, V::load(sr + jj));
         const float m_new = std::max(m[r], V::reduce_max(mx));
+        if (m_new == -INFINITY) {  // every key so far dropped out (-inf fill or bias): nothing to add yet
+          std::fill(sr, sr + T, 0.0f);
+          continue;
+        }
         const Reg mn = V::set1(m_new);
         Reg sum = V::zero();
         for (int64_t jj = 0; jj < T; jj += L) {

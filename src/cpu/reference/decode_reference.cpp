@@ -1,7 +1,8 @@
 // The decode kernel's reference: the d2l chapter's attention of the Qn new
 // queries over the K = lengths[b] cached keys, one query row at a time, in
-// double, with the chapter's -1e6 for keys past a query's valid length
-// (kernels/decode_params.h says what the lengths mean).
+// double, with the chapter's -1e6 (or -inf) for keys past a query's valid
+// length or outside its key mask (kernels/decode_params.h says what the
+// lengths and masks mean).
 //   q:[B,Hq,Qn,d] k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv] -> out:[B,Hq,Qn,dv]
 #include <algorithm>
 #include <cmath>
@@ -36,14 +37,26 @@ void decode_attention_reference(const DecodeParams& p) {
           std::fill(out, out + p.dv, 0.0f);
           continue;
         }
-        const int64_t valid = p.valid_len(K, i);
+        const int64_t valid = p.valid_len(b, K, i);
+        const double fill = p.fill == MaskFill::Seed ? static_cast<double>(kMaskFill) : -INFINITY;
         double row_max = -INFINITY;
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < p.d; ++c)
             dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + j * p.k_stride_j + c);
-          w[j] = j < valid ? dot / p.scale_divisor : static_cast<double>(kMaskFill);
+          const bool kept = j < valid && (!p.key_keep || p.key_keep[b * p.key_stride_b + j]);
+          w[j] = kept ? dot / p.scale_divisor + (p.key_bias ? p.key_bias[b * p.key_stride_b + j] : 0.0) : fill;
           row_max = std::max(row_max, w[j]);
+        }
+        if (row_max == -INFINITY) {  // every score -inf: the fully-masked policy
+          for (int64_t c = 0; c < p.dv; ++c) {
+            double acc = 0.0;
+            if (p.fully_masked == FullyMaskedRows::Uniform)
+              for (int64_t j = 0; j < K; ++j)
+                acc += cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + j * p.v_stride_j + c);
+            out[c] = static_cast<float>(acc / static_cast<double>(K));
+          }
+          continue;
         }
         double sum = 0.0;
         for (int64_t j = 0; j < K; ++j) sum += (w[j] = std::exp(w[j] - row_max));

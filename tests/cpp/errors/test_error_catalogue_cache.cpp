@@ -85,6 +85,16 @@ Triggers cache_triggers() {
          const Tensor x = ones({1, 1, 4});
          m.forward(x, x, x, c);
        }},
+      {"kv_cache.key_padding_mask",
+       [] {
+         StateDict s = {{"in_proj_weight", ones({12, 4})}, {"out_proj.weight", ones({4, 4})}};
+         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+         m.eval();
+         KVCache c = m.kv_cache(1, 4);
+         const Tensor x2 = ones({1, 2, 4}), x1 = ones({1, 1, 4});
+         m.forward(x2, x2, x2, c);
+         m.forward(x1, x1, x1, c, Mask::keep({1, 2}, {1, 1}));
+       }},
   };
 }
 

@@ -20,6 +20,7 @@
 #include "cpu/fused/attention_fused.h"
 #include "kernels/attention_params.h"
 #include "kernels/decode_params.h"
+#include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/random.h"
 #include "mha/threads.h"
@@ -150,7 +151,7 @@ TEST(Decode, AgreesWithTheFullAttentionKernels) {
       const int64_t K = c.lengths[static_cast<size_t>(b)];
       if (K == 0) continue;  // no keys: a case the full kernels do not have
       std::vector<float> lens(static_cast<size_t>(c.Qn)), ref(static_cast<size_t>(c.Hq * c.Qn * c.dv)), fused = ref;
-      for (int64_t i = 0; i < c.Qn; ++i) lens[static_cast<size_t>(i)] = static_cast<float>(dp.valid_len(K, i));
+      for (int64_t i = 0; i < c.Qn; ++i) lens[static_cast<size_t>(i)] = static_cast<float>(dp.valid_len(b, K, i));
       auto view = [](float* data, int64_t h, int64_t n, int64_t w, int64_t sh, int64_t sn) {
         TensorView t;
         t.data = data, t.rank = 4;
@@ -218,6 +219,185 @@ TEST(Decode, BfloatBound) {
   }
 }
 
+// The masks beyond causality (kernels/decode_params.h): the chapter's valid
+// lengths (per row or per query; fractional, 0, past K) with its -1e6 fill,
+// and a key_padding_mask (boolean and additive) with -inf and either
+// fully-masked policy. Each against the reference on every instruction set,
+// and against the fused attention kernel given the same masks as
+// MaskOptions (Causal::BottomRight over each row's K keys).
+struct MaskVariant {
+  const char* name;
+  LengthKind kind;
+  bool keep, bias;
+  MaskFill fill;
+  FullyMaskedRows policy;
+};
+
+TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
+  const int64_t C = kDecodeMinChunk;
+  const std::vector<Case> cases = {
+      {2, 2, 1, 7, 7, {1, 2, 9}},
+      {4, 4, 4, 33, 33, {4, 5, 31}},
+      {6, 2, 4, 17, 9, {C - 1, C + 1}},
+      {8, 2, 16, 64, 64, {16, 2 * C + 1, 33}},
+      {2, 2, 3, 20, 20, {3, 700}, false},
+  };
+  const std::vector<MaskVariant> variants = {
+      {"lengths per row", LengthKind::PerBatch, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"lengths per query", LengthKind::PerQuery, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"boolean padding, zeros", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Zeros},
+      {"boolean + additive padding, uniform", LengthKind::None, true, true, MaskFill::NegInf, FullyMaskedRows::Uniform},
+      {"additive padding, zeros", LengthKind::None, false, true, MaskFill::NegInf, FullyMaskedRows::Zeros},
+  };
+  uint64_t seed = 600;
+  for (const Case& c : cases)
+    for (const MaskVariant& mv : variants) {
+      Problem pb(c, seed++);
+      Generator gen(seed);
+      const int64_t B = pb.B, S = pb.capacity;  // one mask entry per cache slot
+      std::vector<float> lens, bias(static_cast<size_t>(B * S), 0.0f);
+      std::vector<uint8_t> keep(static_cast<size_t>(B * S), 1);
+      const int64_t n_lens = mv.kind == LengthKind::PerBatch ? B : B * c.Qn;
+      for (int64_t x = 0; x < n_lens; ++x) {
+        const int64_t K = c.lengths[static_cast<size_t>(mv.kind == LengthKind::PerBatch ? x : x / c.Qn)];
+        // 0 (uniform weights), fractional, inside, past K, unbounded.
+        const float choices[] = {0.0f, 0.5f, 1.0f, static_cast<float>(K) - 1.5f, static_cast<float>(K) / 2,
+                                 static_cast<float>(K + 3), INFINITY};
+        lens.push_back(std::max(0.0f, choices[gen.next() % 7]));
+      }
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S; ++j) {
+          // Row 0 keeps only its last key: in causal Qn > 1 calls every
+          // query before the last has no key left (the policy's case).
+          if (mv.keep) keep[static_cast<size_t>(b * S + j)] = b == 0 ? j == c.lengths[0] - 1 : gen.uniform(0.0f, 1.0f) < 0.7f;
+          if (mv.bias) bias[static_cast<size_t>(b * S + j)] = gen.uniform(0.0f, 1.0f) < 0.1f ? -INFINITY : gen.uniform(-2.0f, 2.0f);
+        }
+      auto masked = [&](std::vector<float>& o, CacheDtype dtype) {
+        DecodeParams p = pb.params(o, dtype);
+        p.length_kind = mv.kind;
+        p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
+        p.key_keep = mv.keep ? keep.data() : nullptr;
+        p.key_bias = mv.bias ? bias.data() : nullptr;
+        p.key_stride_b = S;
+        p.fill = mv.fill;
+        p.fully_masked = mv.policy;
+        return p;
+      };
+      const std::string what = c.name() + " " + mv.name;
+      for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
+        std::vector<float> want, got;
+        decode_attention_reference(masked(want, dtype));
+        for (FusedIsa isa : supported_isas()) {
+          decode_attention(masked(got, dtype), isa);
+          expect_close(got, want, 1e-5, 1.0, what + (dtype == CacheDtype::BF16 ? " bf16" : "") + " isa " + fused_isa_name(isa));
+        }
+      }
+      std::vector<float> got;
+      const DecodeParams dp = masked(got, CacheDtype::F32);
+      decode_attention(dp);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t K = c.lengths[static_cast<size_t>(b)];
+        std::vector<float> fused(static_cast<size_t>(c.Hq * c.Qn * c.dv));
+        auto view = [](float* data, int64_t h, int64_t n, int64_t w, int64_t sh, int64_t sn) {
+          TensorView t;
+          t.data = data, t.rank = 4;
+          t.shape[0] = 1, t.shape[1] = h, t.shape[2] = n, t.shape[3] = w;
+          t.stride[0] = 0, t.stride[1] = sh, t.stride[2] = sn, t.stride[3] = 1;
+          return t;
+        };
+        AttentionForward p;
+        p.q = view(pb.q.data() + b * c.Qn * c.Hq * c.d, c.Hq, c.Qn, c.d, c.d, c.Hq * c.d);
+        p.k = view(pb.k.data() + b * c.Hkv * S * c.d, c.Hkv, K, c.d, S * c.d, c.d);
+        p.v = view(pb.v.data() + b * c.Hkv * S * c.dv, c.Hkv, K, c.dv, S * c.dv, c.dv);
+        p.out = view(fused.data(), c.Hq, c.Qn, c.dv, c.Qn * c.dv, c.dv);
+        p.length_kind = mv.kind;
+        p.lens = mv.kind == LengthKind::None ? nullptr : lens.data() + (mv.kind == LengthKind::PerBatch ? b : b * c.Qn);
+        p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+        p.masks.causal = c.causal ? Causal::BottomRight : Causal::None;
+        p.masks.key_keep = mv.keep ? keep.data() + b * S : nullptr;
+        p.masks.key_bias = mv.bias ? bias.data() + b * S : nullptr;
+        p.masks.fill = mv.fill;
+        p.masks.fully_masked = mv.policy;
+        attention_forward_fused(p);
+        const std::vector<float> mine(got.begin() + b * c.Hq * c.Qn * c.dv, got.begin() + (b + 1) * c.Hq * c.Qn * c.dv);
+        expect_close(mine, fused, 1e-5, 1.0, what + " vs attention_forward_fused, row " + std::to_string(b));
+      }
+    }
+}
+
+// Long prefills run on the fused kernel (decode_attention_fused, chosen by
+// kernels::decode_forward from decode_fused_min_queries(dtype) queries on): the same
+// attention as the decode kernel's within float32 rounding, 1e-6 of
+// (|output| + max|v|), for every mask the decode interface takes, float32
+// and bfloat16 caches, ragged rows (a row of no keys included), grouped heads.
+TEST(Decode, FusedPrefillIsTheDecodeKernel) {
+  const int64_t C = kDecodeMinChunk;
+  const std::vector<Case> cases = {
+      {4, 4, 70, 16, 16, {70, 0, 71, 300}},
+      {8, 2, 64, 64, 64, {64, C + 7}},
+      {6, 3, 65, 33, 9, {65, 2 * C + 1}},
+      {2, 1, 80, 20, 20, {80, 700}, false},
+      {4, 2, 130, 32, 32, {130, 0, 600}},  // past the bfloat16 switch point too
+  };
+  const std::vector<MaskVariant> variants = {
+      {"no masks", LengthKind::None, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"lengths per query", LengthKind::PerQuery, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"lengths per row", LengthKind::PerBatch, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
+      {"boolean + additive padding, zeros", LengthKind::None, true, true, MaskFill::NegInf, FullyMaskedRows::Zeros},
+      {"boolean padding, uniform", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Uniform},
+  };
+  uint64_t seed = 900;
+  for (const Case& c : cases)
+    for (const MaskVariant& mv : variants) {
+      Problem pb(c, seed++);
+      Generator gen(seed);
+      const int64_t B = pb.B, S = pb.capacity;
+      std::vector<float> lens;
+      std::vector<float> bias(static_cast<size_t>(B * S), 0.0f);
+      std::vector<uint8_t> keep(static_cast<size_t>(B * S), 1);
+      for (int64_t x = 0; x < (mv.kind == LengthKind::PerBatch ? B : B * c.Qn); ++x) {
+        const float K = static_cast<float>(c.lengths[static_cast<size_t>(mv.kind == LengthKind::PerBatch ? x : x / c.Qn)]);
+        const float choices[] = {0.0f, 2.5f, K - 3.0f, K / 2, K + 1, INFINITY};
+        lens.push_back(std::max(0.0f, choices[gen.next() % 6]));
+      }
+      for (int64_t j = 0; j < B * S; ++j) {
+        keep[static_cast<size_t>(j)] = gen.uniform() < 0.8f;
+        bias[static_cast<size_t>(j)] = gen.uniform(-1.0f, 1.0f);
+      }
+      keep[0] = 0;  // row 0's first key: early queries of a row with few cached keys may have none left
+      for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
+        auto masked = [&](std::vector<float>& o) {
+          DecodeParams p = pb.params(o, dtype);
+          p.length_kind = mv.kind;
+          p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
+          p.key_keep = mv.keep ? keep.data() : nullptr;
+          p.key_bias = mv.bias ? bias.data() : nullptr;
+          p.key_stride_b = S;
+          p.fill = mv.fill;
+          p.fully_masked = mv.policy;
+          return p;
+        };
+        std::vector<float> dec, fus, via;
+        decode_attention(masked(dec));
+        decode_attention_fused(masked(fus));
+        const std::string what = c.name() + " " + mv.name + (dtype == CacheDtype::BF16 ? " bf16" : " f32");
+        expect_close(fus, dec, 1e-6, 1.0, what + ": fused vs decode kernel");
+        // The dispatcher's choice: the fused kernel from decode_fused_min_queries(dtype) on.
+        const DecodeParams p = masked(via);
+        const bool fused = c.Qn >= decode_fused_min_queries(dtype);
+        ASSERT_EQ(decode_runs_fused(p), fused) << what;
+        decode_forward(p);
+        const std::vector<float>& chosen = fused ? fus : dec;
+        ASSERT_EQ(0, std::memcmp(via.data(), chosen.data(), chosen.size() * sizeof(float))) << what;
+      }
+    }
+  // Short blocks stay on the decode kernel.
+  Problem pb({4, 4, kDecodeFusedMinQueries - 1, 8, 8, {kDecodeFusedMinQueries}}, 1);
+  std::vector<float> o;
+  EXPECT_FALSE(decode_runs_fused(pb.params(o)));
+  EXPECT_FALSE(decode_runs_fused(pb.params(o, CacheDtype::BF16)));
+}
+
 TEST(Decode, BitwiseTheSameAtOneAndTwoThreads) {
   // 2 rows x 2 cache heads x 5000 keys: many chunks, merged in order.
   Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, 300);
@@ -269,6 +449,14 @@ TEST(Decode, BadInputsSayWhatIsWrong) {
   EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.k_stride_j = 4; }); }, "strides"));
   EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.v = nullptr; }); }, "null pointer"));
   EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.Qn = 0; }); }, "wanted B >= 0, Qn >= 1"));
+  std::vector<float> lens = {2.0f, NAN};
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch; }); },
+                                "lens: null with length kind PerBatch/PerQuery"));
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch, p.lens = lens.data(); }); },
+                                "lens[1]: nan; wanted a number >= 0"));
+  std::vector<uint8_t> keep(16, 1);
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.key_keep = keep.data(), p.key_stride_b = 8; }); },
+                                "key_stride_b: 8 for row 1 of 9 keys"));
 }
 
 }  // namespace

@@ -341,3 +341,113 @@ TEST(KVCache, DropInUnbatchedIsOneBatchRow) {
 }
 
 }  // namespace
+
+namespace {
+
+// Rows [p0, p1) of every batch row of x:[B, L, D], batch row b only when b >= 0.
+Tensor batch_row(const Tensor& x, int64_t b) { return rows_of(x, b, 0, x.size(1)); }
+
+// valid_lens inside cached calls: the chapter's module over each row's whole
+// state (its inputs so far, projected again), one row at a time, with the
+// per-query lengths min(length, causal limit), for (B,) and (B, n) lengths
+// (0, fractional, past the keys) and steps of 1 to 4 new positions.
+TEST(KVCache, ValidLensAreTheChaptersLoop) {
+  const int64_t B = 3, D = 24, H = 3;
+  MultiHeadAttention m(D, H, 0.0f, /*bias=*/true, /*seed=*/7);
+  m.eval();
+  m.initialize(D, D, D);
+  Generator gen(13);
+  KVCache cache = m.kv_cache(B, 64);
+  std::vector<RowState> state(static_cast<size_t>(B));
+  double worst = 0.0;
+  const int64_t steps[] = {5, 1, 3, 1, 4, 1, 2, 1};
+  for (int t = 0; t < 8; ++t) {
+    const int64_t n = steps[t];
+    const Tensor x = random_tensor({B, n, D}, gen);
+    for (int64_t b = 0; b < B; ++b) state[static_cast<size_t>(b)].push(rows_of(x, b, 0, n));
+    const bool per_query = t % 2 == 1;
+    std::vector<float> lens;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < (per_query ? n : 1); ++i) {
+        const float K = static_cast<float>(state[static_cast<size_t>(b)].length);
+        const float choices[] = {0.0f, 0.5f, K - 1.5f, K / 2, K + 3, static_cast<float>(1 + gen.next() % 8)};
+        lens.push_back(std::max(0.0f, choices[gen.next() % 6]));
+      }
+    const ValidLens vl = per_query ? ValidLens::per_query(B, n, lens) : ValidLens::per_batch(lens);
+    const Tensor got = m.forward(x, x, x, vl, cache);
+    for (int64_t b = 0; b < B; ++b) {
+      const RowState& r = state[static_cast<size_t>(b)];
+      std::vector<float> row_lens;
+      for (int64_t i = 0; i < n; ++i)
+        row_lens.push_back(std::min(vl.at(b, i), static_cast<float>(r.length - n + i + 1)));
+      const Tensor S({1, r.length, D}, r.inputs);
+      const Tensor ref = m.forward(batch_row(x, b), S, S, ValidLens::per_query(1, n, row_lens));
+      worst = std::max(worst, rel_err(batch_row(got, b), ref));
+    }
+  }
+  EXPECT_LE(worst, 1e-5);
+  // Misshapen lengths are refused before the cache changes.
+  const std::vector<int64_t> before = cache.lengths();
+  const Tensor x = random_tensor({B, 2, D}, gen);
+  EXPECT_TRUE(throws_with([&] { m.forward(x, x, x, ValidLens::per_query(B, 3, std::vector<float>(9, 1.0f)), cache); },
+                          "valid_lens"));
+  EXPECT_EQ(cache.lengths(), before);
+}
+
+// key_padding_mask inside the drop-in's cached calls (grouped heads,
+// boolean and additive, either policy): the plain call over each row's
+// state with the row's mask columns and Causal::BottomRight.
+TEST(KVCache, DropInKeyPaddingMaskIsThePlainCall) {
+  const int64_t E = 16, H = 4, Hkv = 2, Ekv = Hkv * E / H, B = 2;
+  Generator gen(17);
+  StateDict s = {{"in_proj_weight", random_tensor({E + 2 * Ekv, E}, gen)},
+                 {"in_proj_bias", random_tensor({E + 2 * Ekv}, gen)},
+                 {"out_proj.weight", random_tensor({E, E}, gen)},
+                 {"out_proj.bias", random_tensor({E}, gen)}};
+  TorchMhaOptions o;
+  o.num_kv_heads = Hkv;
+  for (FullyMaskedRows policy : {FullyMaskedRows::Zeros, FullyMaskedRows::Uniform})
+    for (bool additive : {false, true}) {
+      o.fully_masked_rows = policy;
+      TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, H, o);
+      m.eval();
+      KVCache cache = m.kv_cache(B, 32);
+      std::vector<RowState> state(static_cast<size_t>(B));
+      double worst = 0.0;
+      for (int64_t n : {4, 1, 3, 1, 2}) {
+        const Tensor x = random_tensor({B, n, E}, gen);
+        for (int64_t b = 0; b < B; ++b) state[static_cast<size_t>(b)].push(rows_of(x, b, 0, n));
+        const int64_t S = state[0].length;  // equal rows
+        std::vector<uint8_t> keep(static_cast<size_t>(B * S));
+        Tensor bias({B, S});
+        for (int64_t j = 0; j < B * S; ++j) {
+          keep[static_cast<size_t>(j)] = gen.uniform() < 0.6f;
+          bias.data()[j] = keep[static_cast<size_t>(j)] ? gen.uniform(-2.0f, 2.0f) : -INFINITY;
+        }
+        keep[0] = 0;  // row 0's first key is padding, so early queries may have none left
+        bias.data()[0] = -INFINITY;
+        const Mask mask = additive ? Mask::additive(bias) : Mask::keep({B, S}, keep);
+        const Tensor got = m.forward(x, x, x, cache, mask);
+        for (int64_t b = 0; b < B; ++b) {
+          const RowState& r = state[static_cast<size_t>(b)];
+          const Tensor St({1, r.length, E}, r.inputs);
+          TorchMhaCall call;
+          call.need_weights = false;
+          call.causal = Causal::BottomRight;
+          if (additive) {
+            Tensor row({1, S});
+            std::copy(bias.data() + b * S, bias.data() + (b + 1) * S, row.data());
+            call.key_padding_mask = Mask::additive(row);
+          } else {
+            call.key_padding_mask = Mask::keep({1, S}, std::vector<uint8_t>(keep.begin() + b * S, keep.begin() + (b + 1) * S));
+          }
+          const Tensor ref = m.forward(batch_row(x, b), St, St, call).output;
+          worst = std::max(worst, rel_err(batch_row(got, b), ref));
+        }
+      }
+      EXPECT_LE(worst, 1e-5) << (additive ? "additive" : "boolean") << " policy "
+                             << (policy == FullyMaskedRows::Zeros ? "zeros" : "uniform");
+    }
+}
+
+}  // namespace
