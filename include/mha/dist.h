@@ -1,0 +1,8 @@
+// mha/dist.h: attention over several processes (MPI), the optional mha::dist
+// component (CMake target mha::dist, built when MPI is found; see
+// MHA_BUILD_DIST).
+//
+//   mha/dist/environment.h    MPI's lifetime (Environment)
+#pragma once
+
+#include "mha/dist/environment.h"
