@@ -3,6 +3,8 @@
 // MHA_BUILD_DIST).
 //
 //   mha/dist/environment.h    MPI's lifetime (Environment)
+//   mha/dist/communicator.h   ranks, all-reduce, send and receive (Communicator)
 #pragma once
 
+#include "mha/dist/communicator.h"
 #include "mha/dist/environment.h"

@@ -7,22 +7,27 @@
 #include <cstdio>
 #include <string>
 
+#include "dist_test_util.h"
 #include "mha/dist.h"
-#include "mha/error.h"
 #include "mha/threads.h"
 
 int main(int argc, char** argv) {
+  // Before MPI starts: the catalogue row of a Communicator made too early
+  // (test_errors.cpp checks the message it recorded).
+  try {
+    mha::dist::Communicator::world();
+  } catch (const mha::Error& e) {
+    mha::dist::test::early_errors()["dist.not_running"] = e.what();
+  }
   int status = 0;
   {
     mha::dist::Environment mpi(argc, argv);
     ::testing::InitGoogleTest(&argc, argv);
     mha::set_num_threads(1);  // 4 ranks on 2 cores: one thread each
-    int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const mha::dist::Communicator world = mha::dist::Communicator::world();
     int local = RUN_ALL_TESTS();
     MPI_Allreduce(&local, &status, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (local != 0) std::fprintf(stderr, "rank %d of %d: some mha::dist test failed\n", rank, size);
+    if (local != 0) std::fprintf(stderr, "rank %d of %d: some mha::dist test failed\n", world.rank(), world.size());
   }
   // After MPI_Finalize: MPI cannot start again in this process.
   try {

@@ -1,9 +1,8 @@
 // mha::dist::Environment: MPI runs while the tests run (main.cpp made the
 // Environment), and an Environment made while MPI runs leaves it running.
-#include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "mha/dist.h"
+#include "dist_test_util.h"
 
 namespace mha::dist::test {
 namespace {
