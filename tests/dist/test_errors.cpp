@@ -86,6 +86,20 @@ std::map<std::string, Trigger> triggers() {
                                 if (c.rank() == 0) c.send(x.data(), 3, 1, 5);
                                 if (c.rank() == 1) c.recv(x.data(), 4, 0, 5);
                               }}},
+      {"dist.agree", {0, [&c] {
+                        auto ref = reference_module(8, 2, false, 7, 6, 5, 1);
+                        HeadParallelAttention hp(c, 8, 2, ref->state_dict());
+                        const Tensor q = randn({2, 3, 7}, 2), v = randn({2, 4, 5}, 3);
+                        // Rank 1 alone passes keys of the wrong width.
+                        hp.forward(q, randn({2, 4, c.rank() == 1 ? 5 : 6}, 4), v);
+                      }}},
+      {"dist.head_mask", {-1, [&c] {
+                            auto ref = reference_module(8, 2, false, 7, 6, 5, 1);
+                            HeadParallelAttention hp(c, 8, 2, ref->state_dict());
+                            CallMasks masks;
+                            masks.attn_mask = Mask::keep({8, 3, 4}, std::vector<uint8_t>(96, 1));
+                            hp.forward(randn({4, 3, 7}, 2), randn({4, 4, 6}, 3), randn({4, 4, 5}, 4), {}, masks);
+                          }}},
   };
 }
 
