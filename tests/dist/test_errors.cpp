@@ -69,6 +69,9 @@ struct Trigger {
   std::function<void()> run;
 };
 
+// A RingAttention of 8 features in 2 heads for inputs of widths 7, 6, 5.
+RingAttention ring(const Communicator& c) { return RingAttention(c, 8, 2, reference_module(8, 2, true, 7, 6, 5, 1)->state_dict()); }
+
 std::map<std::string, Trigger> triggers() {
   const Communicator& c = world();
   return {
@@ -100,6 +103,25 @@ std::map<std::string, Trigger> triggers() {
                             masks.attn_mask = Mask::keep({8, 3, 4}, std::vector<uint8_t>(96, 1));
                             hp.forward(randn({4, 3, 7}, 2), randn({4, 4, 6}, 3), randn({4, 4, 5}, 4), {}, masks);
                           }}},
+      {"dist.ring_rank", {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 6}, 2), randn({2, 2, 5}, 3)); }}},
+      {"dist.ring_batch",
+       {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({3, 2, 5}, 3)); }}},
+      {"dist.ring_positions",
+       {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 3, 5}, 3)); }}},
+      {"dist.ring_width",
+       {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
+      {"dist.ring_batch_ranks", {0, [&c] {
+                                   const int64_t B = c.rank() == 1 ? 3 : 2;
+                                   ring(c).forward(randn({B, 2, 7}, 1), randn({B, 2, 6}, 2), randn({B, 2, 5}, 3));
+                                 }}},
+      {"dist.ring_no_keys",
+       {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 0, 6}, 2), randn({2, 0, 5}, 3)); }}},
+      {"dist.ring_no_forward", {-1, [&c] { ring(c).backward(randn({2, 2, 8}, 1)); }}},
+      {"dist.ring_grad_shape", {-1, [&c] {
+                                  RingAttention r = ring(c);
+                                  r.forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3));
+                                  r.backward(randn({2, 2, 9}, 4));
+                                }}},
   };
 }
 
