@@ -320,7 +320,13 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   // Blocks travel as in the forward; their gradients dK, dV follow, each
   // rank adding its part, and reach their owner after the last step.
   std::vector<float> dq(static_cast<size_t>(B * Qr * Hd), 0.0f);
-  std::vector<float> block(static_cast<size_t>(2 * B * Kr * Hd)), next, grad_in, grad_out_buf, mine;
+  std::vector<float> block(static_cast<size_t>(2 * B * Kr * Hd)), next, grad_in, sending, mine;
+  // The previous step's gradients on their way to rank r + 1. Waited for
+  // only after this step's receives are posted: waiting at the end of a step
+  // would have every rank wait for its successor to start the next step,
+  // round the whole ring (a deadlock once messages are too large to be sent
+  // eagerly).
+  Request g_out;
   std::copy(s.kp.begin(), s.kp.end(), block.begin());
   std::copy(s.vp.begin(), s.vp.end(), block.begin() + B * Kr * Hd);
   std::vector<float> S, dP;
@@ -340,6 +346,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
     // This block's gradients so far, from the ranks that had it before.
     grad_in.assign(static_cast<size_t>(2 * B * Ko * Hd), 0.0f);
     if (step > 0) g_in = c.irecv(grad_in.data(), static_cast<int64_t>(grad_in.size()), prev, kTagGrad + step);
+    g_out.wait();  // `sending` is free again
     std::vector<float> local(static_cast<size_t>(2 * B * Ko * Hd), 0.0f);  // dK | dV of this rank's queries
     const float* kb = block.data();
     const float* vb = block.data() + B * Ko * Hd;
@@ -383,21 +390,20 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
     for (size_t e = 0; e < local.size(); ++e) local[e] += grad_in[e];
     // Pass the block's gradients on; after the last step they go home (to
     // rank r + 1, whose block this is).
-    grad_out_buf.swap(local);
-    Request g_out;
-    if (P > 1) g_out = c.isend(grad_out_buf.data(), static_cast<int64_t>(grad_out_buf.size()), nxt, kTagGrad + step + 1);
+    sending.swap(local);
+    if (P > 1) g_out = c.isend(sending.data(), static_cast<int64_t>(sending.size()), nxt, kTagGrad + step + 1);
     if (step + 1 < P) {
       kv_in.wait();
       kv_out.wait();
       block.swap(next);
     }
-    if (P == 1) mine = grad_out_buf;
+    if (P == 1) mine = sending;
     if (P > 1 && step + 1 == P) {  // this rank's own block comes back from rank r - 1
       mine.assign(static_cast<size_t>(2 * B * Kr * Hd), 0.0f);
       c.recv(mine.data(), static_cast<int64_t>(mine.size()), prev, kTagGrad + P);
     }
-    g_out.wait();
   }
+  g_out.wait();
 
   // The projections' backward on this rank's rows.
   MultiHeadAttention::InputGrads grads{Tensor(s.xq.shape()), Tensor(s.xk.shape()), Tensor(s.xv.shape())};

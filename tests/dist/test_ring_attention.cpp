@@ -114,6 +114,14 @@ TEST(RingAttention, BackwardEqualsTheModule) {
   check({1, 3, 3, ValidLens::per_batch({2}), Causal::None, FullyMaskedRows::Uniform, true}, 6, 1, true, 74);
 }
 
+TEST(RingAttention, BackwardWithBlocksTooLargeToSendEagerly) {
+  // Blocks of 2 x 2 x 65 x 16 floats (16 KiB and more): MPI sends them by
+  // rendezvous, so a send completes only once its receive is posted; a ring
+  // that waits for its sends at the wrong moment deadlocks here (not with
+  // the small blocks above).
+  check({2, 130, 260, ValidLens::per_batch({200, 7}), Causal::None, FullyMaskedRows::Uniform, true}, 16, 2, true, 75);
+}
+
 TEST(RingAttention, GradientsAccumulateAndZero) {
   const Communicator& c = world();
   auto ref = reference_module(8, 2, true, 7, 6, 5, 80);
