@@ -94,6 +94,8 @@ TEST(RingAttention, ForwardEqualsTheModuleWithTheChaptersLengths) {
   // Odd and tiny: under -np 4 a rank holds no query and no key.
   check({1, 3, 3, ValidLens::per_batch({2})}, 6, 1, true, 53);
   check({3, 1, 2, ValidLens::per_batch({1, 0, 2})}, 8, 4, false, 54);
+  // Per-query lengths with a rank that holds no query (its slice is (B, 0)).
+  check({2, 3, 5, ValidLens::per_query(2, 3, {2, 0, 5, 1.5f, 4, 3})}, 8, 2, true, 55);
 }
 
 TEST(RingAttention, ForwardEqualsTheModuleWithCausalMasks) {
