@@ -104,7 +104,7 @@ def pad_lengths(B, K):
 def make_inputs(case, np):
     B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
     rng = np.random.default_rng(0)
-    if kind == "toy":  # the seed's check: X = ones(2, 4, 100), keys = values = ones(2, 6, 100)
+    if kind == "toy":  # the d2l chapter's check: X = ones(2, 4, 100), keys = values = ones(2, 6, 100)
         X = np.ones((B, Q, Dq), np.float32)
         Y = np.ones((B, K, Dk), np.float32)
         return X, Y, Y, np.array([3, 2], np.float32)

@@ -27,7 +27,7 @@ struct AttentionFigure {
 
 // weights:[R,H,Q,K] (R = row_ids.size()), valid_lens none, [R] or [R,Q] for
 // those rows -> [R, heads.size(), Q, K] with NaN where key k is masked for
-// query q (float(k) >= valid_len, the seed's rule).
+// query q (float(k) >= valid_len, the d2l chapter's rule).
 Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads);
 
 // The picture: panel titles "head h" (or head_titles[h]), rows labelled with

@@ -21,7 +21,7 @@ struct DemoOptions {
   bool no_heatmap = false;
 };
 
-// The seed's first exercise: the weights of every head as a picture, and in a
+// The d2l chapter's first exercise: the weights of every head as a picture, and in a
 // terminal a shaded sketch of head 0 of batch row 0.
 void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& valid_lens) {
   AttentionFigure fig;
@@ -48,14 +48,14 @@ void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& vali
 }
 
 void run_demo(const DemoOptions& opt) {
-  // The seed: num_hiddens 100, 5 heads, dropout 0.5; B 2, Q 4, K 6;
+  // The d2l chapter's example: num_hiddens 100, 5 heads, dropout 0.5; B 2, Q 4, K 6;
   // valid_lens [3, 2]; X = ones(2, 4, 100), Y = ones(2, 6, 100).
   const int64_t num_hiddens = 100, num_heads = 5, batch = 2, queries = 4, kvpairs = 6;
   MultiHeadAttention attention(num_hiddens, num_heads, 0.5f, /*bias=*/false, opt.seed);
   const ValidLens valid_lens = ValidLens::per_batch({3, 2});
   const Tensor X({batch, queries, num_hiddens}, 1.0f);
   const Tensor Y({batch, kvpairs, num_hiddens}, 1.0f);
-  const Tensor out = attention(X, Y, Y, valid_lens);  // training mode, as in the seed
+  const Tensor out = attention(X, Y, Y, valid_lens);  // training mode, as in the d2l chapter
 
   const Shape wanted = {batch, queries, num_hiddens};
   std::printf("mha %s: the d2l chapter's check\n", kVersion);

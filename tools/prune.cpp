@@ -1,4 +1,4 @@
-// `mha prune`: which heads matter (the seed's second exercise).
+// `mha prune`: which heads matter (the d2l chapter's second exercise).
 //
 //   mha prune --checkpoint model.safetensors      (from `mha train`)
 //   mha prune                                     (trains a model first)

@@ -10,7 +10,7 @@
 // left out, and its heads keep the numbers they had as built (--show-heads,
 // titles). Only
 // the chosen batch rows go through the module (evaluation mode, the module's
-// attention_weights(), i.e. the seed's softmax before dropout); keys beyond a
+// attention_weights(), i.e. the d2l chapter's softmax before dropout); keys beyond a
 // row's valid_len are drawn in the mask colour.
 //
 //   mha viz --checkpoint model.safetensors [--sample-seed 0] [--layer 0] --out heads.png

@@ -1,5 +1,5 @@
 // The installed picture library (mha::plot), as a user links it: attention
-// weights of the seed's toy module drawn as a heatmap grid and encoded as PNG.
+// weights of the d2l chapter's toy module drawn as a heatmap grid and encoded as PNG.
 //
 // Exit status 0 when the PNG starts with the PNG signature and the image has
 // one panel per head.

@@ -1,4 +1,4 @@
-// The seed's check, as a user of the installed library writes it:
+// The d2l chapter's check, as a user of the installed library writes it:
 //
 //   num_hiddens, num_heads = 100, 5
 //   attention = MultiHeadAttention(num_hiddens, num_heads, 0.5)
@@ -9,7 +9,7 @@
 //   d2l.check_shape(attention(X, Y, Y, valid_lens),
 //                   (batch_size, num_queries, num_hiddens))
 //
-// Exit status 0 when the output has the seed's shape.
+// Exit status 0 when the output has the d2l chapter's shape.
 #include <cstdio>
 
 #include <mha/mha.h>

@@ -12,7 +12,7 @@
 //   o.weight[h];   // its mean weight there, e.g. 0.97
 //
 // Pairs (self-attention, where the queries and keys are one sequence): key k
-// of query t in batch row b counts iff float(k) < valid_len(b, t), the seed's
+// of query t in batch row b counts iff float(k) < valid_len(b, t), the d2l chapter's
 // masking rule, and query t counts iff float(t) < valid_len(b, t) too, i.e.
 // the query is itself a position of the sequence rather than padding. With
 // valid_lens (B,) that keeps the t, k < length square of each row; with

@@ -5,7 +5,7 @@
 //   X_l+1 = X_l + A_l(X_l, X_l, X_l, valid_lens)        residual, when num_layers > 1
 //   logits = X_L W_r^T + b_r                            W_r:[C,D]
 //
-// A_l are the seed's MultiHeadAttention (self-attention), P is learned or
+// A_l are the d2l chapter's MultiHeadAttention (self-attention), P is learned or
 // d2l's sinusoidal encoding. Each piece has its backward; gradients
 // accumulate until zero_grad(), as in the modules.
 //
@@ -51,7 +51,7 @@ struct ModelConfig {
   // Attention layers, residual when more than one.
   int64_t num_layers = 1;
   float dropout = 0.0f;     // on the attention weights, in training mode
-  bool bias = false;        // biases of the attention projections (the seed's default: none)
+  bool bias = false;        // biases of the attention projections (the d2l chapter's default: none)
   // Learned positions (a trained table) or d2l's fixed sinusoids.
   PositionKind positions = PositionKind::Learned;
 };

@@ -1,4 +1,4 @@
-// mha/multihead.h: the seed's MultiHeadAttention.
+// mha/multihead.h: the d2l chapter's MultiHeadAttention.
 //
 //   mha::MultiHeadAttention attention(/*num_hiddens=*/100, /*num_heads=*/5,
 //                                     /*dropout=*/0.5f);
@@ -9,7 +9,7 @@
 // queries, keys and values go through lazy projections W_q, W_k, W_v
 // (num_hiddens outputs each; input widths fixed by the first call), are split
 // into num_heads heads of width d = num_hiddens / num_heads (head i owns
-// features [i*d, (i+1)*d)), attend with scaled dot products and the seed's
+// features [i*d, (i+1)*d)), attend with scaled dot products and the d2l chapter's
 // masked softmax, are concatenated in head order and projected by W_o.
 //
 // Like a torch.nn.Module, a new module is in training mode: dropout acts on
@@ -27,7 +27,7 @@
 // Threads: forward() may be called on one module from many threads at once,
 // in either mode, and gives each call exactly what a serial call gives (in
 // training mode the dropout masks are drawn in call order, whichever that
-// is). Calls take no lock (mha/detail/published.h): each reads one snapshot
+// is). Calls hold no lock (mha/detail/published.h): each reads one snapshot
 // of the parameters, the mode and the kernel when it starts. What changes
 // the parameters (the lazy initialisation of the first call,
 // load_state_dict, set_head_gates, prune_heads) lets new calls run on a
@@ -63,10 +63,10 @@ namespace nn {
 struct AttentionContext;  // what a call keeps for attention_weights() and backward()
 }
 
-// Parameters by the seed's state-dict names: "W_q.weight", ..., "W_o.bias".
+// Parameters by the d2l chapter's state-dict names: "W_q.weight", ..., "W_o.bias".
 using StateDict = std::map<std::string, Tensor>;
 
-// The seed's MultiHeadAttention module (see the file comment).
+// The d2l chapter's MultiHeadAttention module (see the file comment).
 class MultiHeadAttention {
  public:
   // num_hiddens must be a positive multiple of num_heads; 0 <= dropout <= 1;
@@ -81,7 +81,7 @@ class MultiHeadAttention {
   // lengths, input widths that differ from the first call's, or sizes
   // whose tensors overflow 64 bits or exceed mha::memory_limit(); a call
   // that throws changes nothing. NaN or infinity in the inputs or weights
-  // propagates as in the seed's PyTorch code (docs/errors.md).
+  // propagates as in the d2l chapter's PyTorch code (docs/errors.md).
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                  const ValidLens& valid_lens = {});
   // The same with nn.MultiheadAttention's masks beside valid_lens
@@ -120,7 +120,7 @@ class MultiHeadAttention {
   // decode kernel whatever kernel() says, for a long prefill too.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache);
 
-  // Same as forward(), as the seed calls it: attention(X, Y, Y, valid_lens).
+  // Same as forward(), as the d2l chapter calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,
                     const ValidLens& valid_lens = {}) {
     return forward(queries, keys, values, valid_lens);
@@ -149,7 +149,7 @@ class MultiHeadAttention {
   // B of the last call to finish (0 before the first).
   int64_t last_batch_size() const;
 
-  // The parameters by the seed's names; weights are (out, in) as in PyTorch.
+  // The parameters by the d2l chapter's names; weights are (out, in) as in PyTorch.
   // Only initialised layers appear (a lazy layer has no weight yet).
   StateDict state_dict() const;
   // Requires exactly the names this module has (biases iff bias=true), with
@@ -181,7 +181,7 @@ class MultiHeadAttention {
   const StateDict& grads();
   // Replaces gradients by name (names and shapes as grads()).
   void set_grads(const StateDict& grads);
-  // (name, value, gradient) of every initialised parameter, in the seed's
+  // (name, value, gradient) of every initialised parameter, in the d2l chapter's
   // parameters() order: W_q, W_k, W_v, W_o, each weight before its bias.
   ParamList parameters();
   // [B,h,Q,K]: the dropout multipliers of the last forward, 0 or 1/(1-p);
@@ -202,7 +202,7 @@ class MultiHeadAttention {
   //   out = (concat * gate of each column's head) W_o^T + b_o
   // Gates are not parameters: they are in neither state_dict(), grads() nor
   // parameters(), so optimisers never move them and state dicts stay the
-  // seed's. backward() adds dL/dgate into head_gate_grad(), zeroed by
+  // d2l chapter's. backward() adds dL/dgate into head_gate_grad(), zeroed by
   // zero_grad(). Acts around the kernel, so every AttentionKernel works.
   // Setting gates waits for running calls, as load_state_dict does.
   std::vector<float> head_gates() const;
@@ -228,7 +228,7 @@ class MultiHeadAttention {
   // The attention dropout probability, in [0, 1].
   void set_dropout(float p);
 
-  // p_o in the seed: the width of the output (and of every projection
+  // p_o in the d2l chapter: the width of the output (and of every projection
   // unless heads were pruned: see inner_dim()).
   int64_t num_hiddens() const { return num_hiddens_; }
   // h, the number of heads (those kept, once pruned).

@@ -24,7 +24,7 @@ struct ParamRef {
   Tensor* grad = nullptr;  // same shape as *value; accumulated by backward()
 };
 
-// A module's parameters, in the module's order (e.g. the seed's
+// A module's parameters, in the module's order (e.g. the d2l chapter's
 // parameters(): W_q, W_k, W_v, W_o, weight before bias).
 using ParamList = std::vector<ParamRef>;
 

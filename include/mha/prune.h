@@ -48,7 +48,7 @@ void apply_head_layout(MultiHeadAttention& m, const Metadata& meta, const std::s
 
 // A module file: the state dict (F32) plus the layout metadata.
 void save_attention(const std::string& path, const MultiHeadAttention& m);
-// The module of a file written by save_attention (or any file of the seed's
+// The module of a file written by save_attention (or any file of the d2l chapter's
 // state-dict names), in evaluation mode: num_hiddens from W_o.weight's rows,
 // biases iff the file has them, heads from `num_heads` (as built) or, when
 // 0, from the file's "num_heads" entry; both given must agree.

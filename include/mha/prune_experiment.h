@@ -1,4 +1,4 @@
-// mha/prune_experiment.h: the seed's second exercise as an experiment.
+// mha/prune_experiment.h: the d2l chapter's second exercise as an experiment.
 //
 // "Suppose that we have a trained model based on multi-head attention and we
 // want to prune less important attention heads to increase the prediction

@@ -3,7 +3,7 @@
 // Tensor is row-major and contiguous; it owns its data in a std::vector.
 // TensorView is what kernels take: a pointer, a shape and strides (in
 // elements), with the innermost dimension contiguous. Views are how the
-// seed's transpose_qkv becomes free: the projected (B, L, h*d) buffer is seen
+// d2l chapter's transpose_qkv becomes free: the projected (B, L, h*d) buffer is seen
 // as (B, h, L, d) by choosing strides, without a copy.
 //
 //   mha::Tensor x({2, 4, 100}, 1.0f);      // ones(2, 4, 100)
@@ -41,7 +41,7 @@ struct TensorView {
   float* ptr(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) const {
     return data + i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3];
   }
-  // (B, L, h*d) -> (B, h, L, d) without copying: the seed's transpose_qkv.
+  // (B, L, h*d) -> (B, h, L, d) without copying: the d2l chapter's transpose_qkv.
   TensorView split_heads(int64_t num_heads) const;
 };
 

@@ -1,10 +1,10 @@
-// mha/valid_lens.h: the seed's valid_lens, as a value type.
+// mha/valid_lens.h: the d2l chapter's valid_lens, as a value type.
 //
-// The seed accepts valid_lens as None, a (B,) tensor (one length per batch
+// The d2l chapter accepts valid_lens as None, a (B,) tensor (one length per batch
 // row, shared by all of that row's queries) or a (B, Q) tensor (one length per
 // query). Query q of row b may attend to key k only if float(k) < length, so a
 // fractional length 2.5 keeps keys 0, 1 and 2, a length >= K masks nothing and
-// a length of 0 masks every key (which, with the seed's -1e6 fill, gives
+// a length of 0 masks every key (which, with the d2l chapter's -1e6 fill, gives
 // uniform weights over all K keys). Lengths are stored as float32, which is
 // what PyTorch compares them in.
 #pragma once
@@ -20,7 +20,7 @@ namespace mha {
 // or one length per query. A value type; cheap to copy for small batches.
 class ValidLens {
  public:
-  // The three forms the seed accepts.
+  // The three forms the d2l chapter accepts.
   enum class Kind {
     None,      // no masking: valid_lens=None
     PerBatch,  // lens:[B], shared by every query of a row
@@ -29,7 +29,7 @@ class ValidLens {
 
   // No masking.
   ValidLens() = default;
-  // No masking (the seed's valid_lens=None).
+  // No masking (the d2l chapter's valid_lens=None).
   static ValidLens none() { return {}; }
   // lens:[B]: every query of row b sees keys k < lens[b].
   static ValidLens per_batch(std::vector<float> lens);

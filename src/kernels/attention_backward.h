@@ -6,7 +6,7 @@
 //   q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] grad_out:[B,h,Q,dv]
 //     -> grad_q:[B,h,Q,d] grad_k:[B,hkv,K,d] grad_v:[B,hkv,K,dv]
 //
-// (hkv = h: the seed; with grouped heads, hkv dividing h, query head h reads
+// (hkv = h: the d2l chapter; with grouped heads, hkv dividing h, query head h reads
 // kv head h / (h / hkv), and grad_k, grad_v sum over the query heads of each
 // kv head.)
 //
@@ -18,7 +18,7 @@
 //   dS     = P * (dP - rowsum(dP * P))   on unmasked entries, 0 on masked ones
 //   grad_q = dS k / sqrt(d),  grad_k = dS^T q / sqrt(d)
 //
-// A masked score was *replaced* by -1e6 (the seed's masked_softmax assigns
+// A masked score was *replaced* by -1e6 (the d2l chapter's masked_softmax assigns
 // it), so no gradient flows through it: its dS is exactly 0. A masked key
 // whose weight underflowed to 0 in every row therefore gets exactly zero
 // grad_k and grad_v.

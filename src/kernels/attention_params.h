@@ -40,13 +40,13 @@ inline constexpr float kMaskFill = -1e6f;
 
 // What a masked score becomes before the softmax.
 enum class MaskFill {
-  Seed,    // -1e6, as masked_softmax: the seed's API
+  Seed,    // -1e6, as masked_softmax: the d2l chapter's API
   NegInf,  // -inf: the key drops out (PyTorch's nn.MultiheadAttention)
 };
 
 // The masks beyond valid_lens, for key j of query i in batch row b, head h.
 // One struct so that the forward and backward parameter structs carry the
-// same thing. The defaults are the seed's behaviour (no mask, -1e6, uniform).
+// same thing. The defaults are the d2l chapter's behaviour (no mask, -1e6, uniform).
 struct MaskOptions {
   // Boolean masks read 1 = takes part; additive masks add to the scaled score.
   const uint8_t* key_keep = nullptr;   // [B,K] contiguous
@@ -61,7 +61,7 @@ struct MaskOptions {
   MaskFill fill = MaskFill::Seed;
   // A row is fully masked when no key takes part, or when every score of
   // the row is -inf (kept keys scoring -inf and no masked key holding the
-  // seed's finite fill); it then gets this policy instead of a softmax.
+  // d2l chapter's finite fill); it then gets this policy instead of a softmax.
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   float fill_value() const { return fill == MaskFill::Seed ? kMaskFill : -__builtin_inff(); }
@@ -81,7 +81,7 @@ struct MaskOptions {
 };
 
 struct AttentionForward {
-  TensorView q, k, v;   // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv] (hkv = h: the seed)
+  TensorView q, k, v;   // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv] (hkv = h: the d2l chapter)
   TensorView out;       // [B,h,Q,dv], may be a view into a (B, Q, h*d) buffer
   // Optional [B,h,Q,K] contiguous: the softmax weights before dropout.
   float* weights = nullptr;

@@ -14,7 +14,7 @@
 namespace mha::kernels {
 
 // Whether key j takes part for query i of (b, h): the valid length `len`
-// (float(j) < len, the seed's comparison), the boolean masks and causality.
+// (float(j) < len, the d2l chapter's comparison), the boolean masks and causality.
 inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i, int64_t j,
                        int64_t Q, int64_t K) {
   return static_cast<float>(j) < len && j <= m.causal_last_key(i, Q, K) &&
@@ -40,7 +40,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
     float x = row[j] / scale_divisor;
     if (key_bias) x += key_bias[j];
     if (pair_bias) x += pair_bias[j];
-    // float(j) < len is the seed's comparison (a length 2.5 keeps key 2).
+    // float(j) < len is the d2l chapter's comparison (a length 2.5 keeps key 2).
     const bool keep = static_cast<float>(j) < len && j <= last &&
                       (!key_keep || key_keep[j]) && (!pair_keep || pair_keep[j]);
     if (!keep) x = fill;
@@ -68,7 +68,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
 // masked_softmax_row decides it, but without the scores (for a backward that
 // reads saved weights): no key takes part, or every key that does has
 // additive masks summing to -inf (a finite score plus -inf is -inf) and no
-// masked key holds the seed's finite fill.
+// masked key holds the d2l chapter's finite fill.
 inline bool fully_masked_row(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i,
                              int64_t Q, int64_t K) {
   const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;

@@ -98,6 +98,14 @@ bool finite_layers(const EngineLayers& l) {
   return true;
 }
 
+// A copy of x in a buffer from `reuse` where one fits: a training step keeps
+// its inputs, and fresh pages for them cost ~5% of a B8 L512 step.
+Tensor kept_copy(const Tensor& x, std::vector<Tensor>* reuse) {
+  Tensor t = take_buffer(x.shape(), reuse);
+  std::copy(x.values().begin(), x.values().end(), t.values().begin());
+  return t;
+}
+
 kernels::AttentionForward forward_params(const AttentionContext& ctx) {
   kernels::AttentionForward p;
   p.q = ctx.proj.q;
@@ -116,6 +124,13 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
 }
 
 }  // namespace
+
+std::vector<Tensor> release_buffers(AttentionContext& c) {
+  std::vector<Tensor> buffers = std::move(c.proj.buffers);
+  for (Tensor* t : {&c.concat, &c.queries, &c.keys, &c.values})
+    if (!t->empty()) buffers.push_back(std::move(*t));
+  return buffers;
+}
 
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout) {
   const int64_t B = call.layout.B, Kt = call.Kt(layers);
@@ -216,9 +231,9 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   }
   if (call.keep_for_backward) {
     c.for_backward = true;
-    c.queries = queries;
-    c.keys = keys;
-    c.values = values;
+    c.queries = kept_copy(queries, reuse);
+    c.keys = kept_copy(keys, reuse);
+    c.values = kept_copy(values, reuse);
   } else if (c.have_all) {
     // The weights are all a later access needs: the projections go back.
     if (reuse)

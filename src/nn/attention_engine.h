@@ -132,6 +132,10 @@ struct AttentionContext {
 const AttentionContext& differentiable_context(const char* op, const ForwardContext& context, uint64_t owner,
                                                int64_t H);
 
+// The large buffers of a context nobody reads any more (projections, the
+// heads' concatenation, the kept inputs), for a later call's `reuse`.
+std::vector<Tensor> release_buffers(AttentionContext& ctx);
+
 // Adds everything a call allocates to `plan` (before anything is).
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout);
 

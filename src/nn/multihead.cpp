@@ -20,7 +20,7 @@ void check_rank3(const Tensor& t, const char* name, const char* wanted) {
 }
 
 // Every lazy width must agree with the layer's, so a failing call changes
-// nothing. `layer_name` is the layer's name in the seed (W_q, ...).
+// nothing. `layer_name` is the layer's name in the d2l chapter (W_q, ...).
 void check_width(const LazyLinear& layer, const char* layer_name, const Tensor& x, const char* name) {
   if (x.size(2) <= 0) fail(kForward, name, ": shape ", shape_str(x.shape()), " has no features");
   if (layer.initialized() && x.size(2) != layer.in_features())
@@ -168,11 +168,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
   std::shared_ptr<nn::AttentionContext> old = state_.exchange(r.context);
-  if (old && old.use_count() == 1) {
-    auto buffers = std::make_shared<std::vector<Tensor>>(std::move(old->proj.buffers));
-    buffers->push_back(std::move(old->concat));
-    spare_.store(std::move(buffers));
-  }
+  if (old && old.use_count() == 1) spare_.store(std::make_shared<std::vector<Tensor>>(nn::release_buffers(*old)));
   return {std::move(r.output), std::move(r.context)};
 }
 

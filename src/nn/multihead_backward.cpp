@@ -95,7 +95,7 @@ ParamList MultiHeadAttention::parameters() {
   ParamList out;
   Params& p = params_.live();
   LazyLinear* layers[] = {&p.W_q, &p.W_k, &p.W_v, &p.W_o};
-  // The order of the seed module's parameters(): W_q, W_k, W_v, W_o, weight
+  // The order of the d2l chapter module's parameters(): W_q, W_k, W_v, W_o, weight
   // before bias.
   for (int i = 0; i < 4; ++i) {
     if (!layers[i]->initialized()) continue;

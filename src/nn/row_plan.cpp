@@ -48,6 +48,16 @@ float max_abs(const TensorView& x, int64_t b, int64_t rows) {
 // (~104).
 constexpr double kFarFromFill = 9.9e5;
 
+// Threads for a scan of `floats` values split by batch row: below ~2^18
+// floats (tens of microseconds) waking a team costs more than it saves, and
+// on a loaded machine far more (the d2l chapter's toy call: 3 scans of a few
+// hundred floats each took 0.5-1.5 ms of team waits while other processes
+// ran).
+int scan_threads(int64_t B, int64_t floats) {
+  constexpr int64_t kMinParallelFloats = int64_t{1} << 18;
+  return B > 1 && floats >= kMinParallelFloats ? num_threads() : 1;
+}
+
 }  // namespace
 
 RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowLayout& layout, int64_t Q,
@@ -108,7 +118,8 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
   if (!skips) return {};
   // Skipped value rows must be finite (inputs and W_v), else the row is read
   // in full; the scans run on mha's threads, one batch row each.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (B > 1)
+  const int scan = scan_threads(B, B * K * Dv);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
   for (int64_t b = 0; b < B; ++b) {
     const int64_t v_rows = plan.needs.v_rows[static_cast<size_t>(b)];
     if (v_rows >= K) continue;
@@ -128,7 +139,8 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
 void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width) {
   const int64_t B = v.shape[0], Kt = v.shape[2];
   std::vector<uint8_t> bad(static_cast<size_t>(B), 0);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (B > 1)
+  const int scan = scan_threads(B, B * Kt * width);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
   for (int64_t b = 0; b < B; ++b) {
     const int64_t rows = plan.needs.v_rows.empty() ? Kt : plan.needs.v_rows[static_cast<size_t>(b)];
     bool finite = true;
@@ -147,7 +159,8 @@ void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Ten
   if (needs.v_rows.empty()) return;
   const int64_t B = proj.q.shape[0], Q = proj.q.shape[2];
   std::vector<uint8_t> near(static_cast<size_t>(B), 0);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads()) if (B > 1)
+  const int scan = scan_threads(B, B * (Q + K) * proj.q.shape[1] * proj.q.shape[3]);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
   for (int64_t b = 0; b < B; ++b) {
     if (needs.v_rows[static_cast<size_t>(b)] >= K) continue;
     const double d = static_cast<double>(proj.q.shape[3]);

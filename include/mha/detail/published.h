@@ -1,9 +1,10 @@
 // mha/detail/published.h: module state that calls read without locks.
 //
-// A module's calls may run on many threads at once. They never take a lock:
-// each call reads one immutable snapshot of what it needs, and what changes
-// that state publishes a new snapshot with one atomic store, so a call sees
-// one state or the next, never a mixture.
+// A module's calls may run on many threads at once. None holds a lock while
+// it computes, and none waits for a writer: each call copies one pointer to
+// an immutable snapshot of what it needs, and what changes that state
+// publishes a new snapshot with one pointer store, so a call sees one state
+// or the next, never a mixture.
 //
 //   Published<T>  the parameters: a live object at a fixed address (the
 //                 pointers parameters() hands to optimisers stay valid), a
@@ -24,25 +25,43 @@
 
 namespace mha::detail {
 
+// A shared pointer read and replaced atomically. libstdc++ 12's
+// std::atomic<std::shared_ptr> guards the pointer with a spin bit that
+// ThreadSanitizer cannot see (it reports every load beside a store); the
+// C++11 functions below guard it with libstdc++'s pool of mutexes instead,
+// held for the pointer copy only, never for a call.
+template <typename T>
+class SharedSlot {
+ public:
+  std::shared_ptr<T> load() const { return std::atomic_load_explicit(&ptr_, std::memory_order_acquire); }
+  void store(std::shared_ptr<T> v) { std::atomic_store_explicit(&ptr_, std::move(v), std::memory_order_release); }
+  std::shared_ptr<T> exchange(std::shared_ptr<T> v) {
+    return std::atomic_exchange_explicit(&ptr_, std::move(v), std::memory_order_acq_rel);
+  }
+
+ private:
+  std::shared_ptr<T> ptr_;
+};
+
 // A value replaced whole, read as a shared pointer to an immutable copy.
 template <typename T>
 class Latest {
  public:
   Latest() = default;
-  Latest(const Latest& o) : value_(o.load()) {}
+  Latest(const Latest& o) { value_.store(o.load()); }
   Latest& operator=(const Latest& o) {
     value_.store(o.load());
     return *this;
   }
   // The value now, kept alive by the pointer however it is replaced later.
-  std::shared_ptr<T> load() const { return value_.load(std::memory_order_acquire); }
+  std::shared_ptr<T> load() const { return value_.load(); }
   // Replaces the value; returns the one replaced.
-  std::shared_ptr<T> exchange(std::shared_ptr<T> v) { return value_.exchange(std::move(v), std::memory_order_acq_rel); }
+  std::shared_ptr<T> exchange(std::shared_ptr<T> v) { return value_.exchange(std::move(v)); }
   // Replaces the value.
-  void store(std::shared_ptr<T> v) { value_.store(std::move(v), std::memory_order_release); }
+  void store(std::shared_ptr<T> v) { value_.store(std::move(v)); }
 
  private:
-  std::atomic<std::shared_ptr<T>> value_;
+  SharedSlot<T> value_;
 };
 
 // A setting (mode, kernel, probability) each call reads once when it starts.
@@ -116,7 +135,7 @@ class Published {
   ~Published() { current_.store(nullptr); }  // before live_ goes
 
   // The value for one call: immutable while the pointer lives.
-  std::shared_ptr<const T> pin() const { return current_.load(std::memory_order_acquire); }
+  std::shared_ptr<const T> pin() const { return current_.load(); }
   // The live object, for writes between calls (optimisers, tests) and for
   // the addresses parameters() hands out.
   T& live() { return *live_; }
@@ -128,7 +147,7 @@ class Published {
   template <typename Change>
   decltype(auto) update(Change&& change) {
     std::lock_guard lock(writer_);
-    current_.store(std::make_shared<const T>(*live_), std::memory_order_release);  // 1.
+    current_.store(std::make_shared<const T>(*live_));  // 1.
     drained_->wait(false, std::memory_order_acquire);                              // 2.
     struct Republish {
       Published* self;
@@ -152,14 +171,13 @@ class Published {
                                             [drained](const T*) {
                                               drained->store(true, std::memory_order_release);
                                               drained->notify_all();
-                                            }),
-                   std::memory_order_release);
+                                            }));
   }
 
   std::unique_ptr<T> live_;
   // Set when every pin of the live object's current publication is gone.
   std::shared_ptr<std::atomic<bool>> drained_;
-  std::atomic<std::shared_ptr<const T>> current_;
+  SharedSlot<const T> current_;
   std::mutex writer_;  // serialises update() and exclusive(); never taken by a call
 };
 

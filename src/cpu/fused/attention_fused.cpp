@@ -66,7 +66,7 @@ const IsaKernels& kernels_for(FusedIsa isa) {
 }
 
 // Below this many multiply-adds a call runs on the calling thread: waking a
-// team costs a few microseconds, more than such a call takes (the seed's toy
+// team costs a few microseconds, more than such a call takes (the d2l chapter's toy
 // shape is ~5e3).
 constexpr double kMinParallelWork = 2e5;
 

@@ -28,7 +28,7 @@ struct MaskJob {
   // running max instead (`natural`; the statistics are then natural too).
   bool natural = false;
   float unit = 1.0f;                   // natural ? log2(e) : 1: a score difference -> base 2
-  float fill = 0.0f;                   // a masked score in these units: the seed's fill or -inf
+  float fill = 0.0f;                   // a masked score in these units: the d2l chapter's fill or -inf
   float policy = 0.0f;                 // weight of every key in a fully masked row: 1/K or 0
   bool neg_inf = false;                // fill == NegInf
   bool zeros = false;                  // fully_masked == Zeros

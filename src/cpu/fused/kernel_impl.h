@@ -175,9 +175,9 @@ struct Kernel {
 
   // Whether query i ends fully masked (kernels/masked_row.h), from the
   // running max m over its keys below n and its kept count: every score
-  // -inf (m = -inf) where no masked key holds the seed's finite fill (fill
+  // -inf (m = -inf) where no masked key holds the d2l chapter's finite fill (fill
   // -inf, or no key masked: n = K and none dropped inside), or no key kept
-  // under the zeros policy (under uniform, the seed's fill alone already
+  // under the zeros policy (under uniform, the d2l chapter's fill alone already
   // gives the policy's 1/K, through the closed-form tail).
   static bool fully_masked(const MaskJob& mj, float m, float kept, int64_t n, int64_t K) {
     if (m == -__builtin_inff() && (mj.neg_inf || (n == K && kept == static_cast<float>(K))))
@@ -186,8 +186,8 @@ struct Kernel {
   }
 
   // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
-  // first, then the scale, as the seed divides the product by sqrt(d): a
-  // score that ties with the -1e6 fill in the seed ties here too), with kMask
+  // first, then the scale, as the d2l chapter divides the product by sqrt(d): a
+  // score that ties with the -1e6 fill in the d2l chapter ties here too), with kMask
   // keys at or past a lane's length set to `masked`. k0 points at the block's
   // first key row, ks is the key row stride, j_first that key's index.
   // kTrackMax: mx = max(mx, S^T).
@@ -282,7 +282,7 @@ struct Kernel {
   }
 
   // The vectors of the query tile a chunk uses: all NV but in the last tile
-  // of a short query axis (the seed's toy shape has 4 queries: 1 of 4).
+  // of a short query axis (the d2l chapter's toy shape has 4 queries: 1 of 4).
   static int used_vectors(int64_t mq) { return static_cast<int>((mq + L - 1) / L); }
 
   static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
@@ -404,7 +404,7 @@ struct Kernel {
     }
     bool policy[MQ];
     for (int64_t i = 0; i < mq; ++i) policy[i] = fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
-    // Keys past n score the seed's fill (their weight is 0 under -inf).
+    // Keys past n score the d2l chapter's fill (their weight is 0 under -inf).
     if (!mj.neg_inf)
       masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
     policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
@@ -474,7 +474,7 @@ struct Kernel {
   // Fully masked rows get the policy: weight mj.policy (1/K or 0) on every
   // key, so the output is the mean of the (dropout scaled) values or 0. Their
   // statistics mark them: row_max2 = -inf (a row with any live score, or
-  // with the seed's finite fill on some key, has a finite max), row_sum = 1.
+  // with the d2l chapter's finite fill on some key, has a finite max), row_sum = 1.
   static void policy_rows(const AttentionForward& p, const MaskJob& mj, int64_t mq,
                           const float* vb, int64_t vs, uint64_t row0, const bool* policy,
                           const Scratch& s) {

@@ -38,7 +38,7 @@ struct Avx512 {
   // instead: the CPU computes denormals in microcode, ~100x slower, and
   // masked scores (-inf) would hit that path in every padded tile; against a
   // softmax sum >= 1 the difference (< 2^-125) is invisible.
-  // NaN stays NaN (a NaN score makes its row NaN, as in the seed).
+  // NaN stays NaN (a NaN score makes its row NaN, as in the d2l chapter).
   static Reg exp2(Reg x) {
     const Reg lo = _mm512_set1_ps(-125.0f);
     const __mmask16 normal = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);

@@ -1,4 +1,4 @@
-// The reference attention backward: the chain rule of the seed's
+// The reference attention backward: the chain rule of the d2l chapter's
 // DotProductAttention written out as plain loops over (b, head), everything in
 // double. It recomputes the softmax weights from q and k rather than trusting
 // any save of the forward, so that it judges the saves too.
@@ -25,7 +25,7 @@ bool beyond_the_chapter(const AttentionBackward& p) {
 void attention_backward_reference(const AttentionBackward& p) {
   // Masks and grouped heads: the reference written with every option
   // (cpu/reference/attention_backward_masked.cpp). The loops below are the
-  // seed's case alone, kept as its plainest statement.
+  // d2l chapter's case alone, kept as its plainest statement.
   if (beyond_the_chapter(p)) {
     attention_backward_masked_reference(p.fwd, p.grad_out, p.grad_q, p.grad_k, p.grad_v);
     return;

@@ -1,4 +1,4 @@
-// The reference attention forward: the seed's DotProductAttention written as
+// The reference attention forward: the d2l chapter's DotProductAttention written as
 // plain loops over (b, head, query), one query row at a time. Dot products and
 // the weighted sum accumulate in double so that the reference is at least as
 // accurate as anything it judges. Every option of AttentionForward is spelled
@@ -43,7 +43,7 @@ void attention_forward_reference(const AttentionForward& p) {
         if (kept == 0 || (live == 0 && (kept == K || m.fill_value() == -INFINITY))) {
           // No key takes part, or every score of the row is -inf: the
           // caller's policy, never exp(-inf - -inf) = NaN. When kept keys
-          // score -inf but masked keys hold the seed's finite fill, the
+          // score -inf but masked keys hold the d2l chapter's finite fill, the
           // plain softmax runs over the filled row, as in PyTorch (the
           // masked keys then share the weight).
           const float fill = m.fully_masked == FullyMaskedRows::Uniform

@@ -2,7 +2,7 @@
 // the serial results; the first call's lazy initialisation, training-mode
 // dropout draws, mode/kernel switches and load_state_dict are safe while
 // calls run. The TSan build (scripts/test-sanitizers.sh tsan) runs these to
-// show the absence of data races, not only of wrong answers. Calls take no
+// show the absence of data races, not only of wrong answers. Calls hold no
 // lock (mha/detail/published.h): what changes the parameters writes them in
 // place, so the pointers an optimiser holds stay valid.
 #include <gtest/gtest.h>
