@@ -48,7 +48,8 @@ class HeadParallelAttention {
   // `state`: the full module's state dict (W_q/W_k/W_v (num_hiddens, in),
   // W_o (num_hiddens, num_hiddens), biases all or none), the same on every
   // rank. Throws mha::Error on every rank for bad sizes or a state dict the
-  // d2l chapter's module (num_hiddens, num_heads) would refuse. Collective.
+  // d2l chapter's module (num_hiddens, num_heads) would refuse. Rank r's
+  // shard draws its dropout masks from generator seed + r. Collective.
   HeadParallelAttention(Communicator comm, int64_t num_hiddens, int64_t num_heads, const StateDict& state,
                         float dropout = 0.0f, uint64_t seed = 0);
   ~HeadParallelAttention();
