@@ -5,7 +5,9 @@
 #
 # A layer may include headers of its own layer and of the layers before it in
 # MHA_LAYERS, never of a layer after it.
-set(MHA_LAYERS core kernels nn train plot)
+# dist (multi-process attention over MPI) is last: it is optional (built only
+# with MHA_BUILD_DIST, i.e. when MPI is found), so no other layer may use it.
+set(MHA_LAYERS core kernels nn train plot dist)
 
 # Source folders of each layer, relative to the repository root. A folder's
 # sources are globbed (every .cpp below it), so a file added to or removed
@@ -16,6 +18,7 @@ set(MHA_LAYER_DIRS_kernels src/kernels src/cpu)
 set(MHA_LAYER_DIRS_nn      src/nn src/inspect)
 set(MHA_LAYER_DIRS_train   src/train)
 set(MHA_LAYER_DIRS_plot    src/plot)
+set(MHA_LAYER_DIRS_dist    src/dist)
 
 # The public headers (include/mha/, as included: "mha/<name>") by the layer
 # that may first use them. A header declares vocabulary for its layer and
@@ -67,4 +70,11 @@ set(MHA_LAYER_HEADERS_train
 )
 set(MHA_LAYER_HEADERS_plot
   plot.h
+)
+set(MHA_LAYER_HEADERS_dist
+  dist.h
+  dist/communicator.h
+  dist/environment.h
+  dist/head_parallel.h
+  dist/ring_attention.h
 )

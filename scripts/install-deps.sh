@@ -16,6 +16,7 @@ packages=(
   doxygen                   # make docs: the API reference
   clang libclang-rt-dev     # sanitizer builds and libFuzzer (make test-asan/-tsan/-fuzz)
   libomp-dev                # clang's OpenMP, with the Archer tool TSan needs
+  libopenmpi-dev openmpi-bin   # mha::dist (multi-process attention) and its tests under mpirun
 )
 
 missing=()

@@ -1,0 +1,92 @@
+// mha/dist/ring_attention.h: the d2l chapter's MultiHeadAttention with the
+// sequence split over the ranks (ring attention).
+//
+//   mha::dist::RingAttention attention(comm, 100, 5, state);   // every rank
+//   auto [begin, n] = mha::dist::RingAttention::block_of(Q, comm.size(), comm.rank());
+//   mha::Tensor out = attention.forward(X_mine, Y_mine, Y_mine, lens);  // [B, n, 100]
+//
+// Rank r holds a consecutive block of the queries [B,Q_r,Dq] and of the
+// keys and values [B,K_r,D] (in rank order: rank 0 the first positions; any
+// sizes, 0 included), projects them with the full weights, and attends its
+// queries to every key: the key/value blocks travel round the ring of ranks
+// (each rank sends its current block to rank r+1 and receives the next from
+// rank r-1 while it computes on the current one), and each query row keeps
+// the running maximum and sum of its softmax (online softmax) so that the
+// blocks' partial results merge into the exact softmax over all keys. The
+// output is this rank's rows of the module's output.
+//
+// Masks are those of the whole sequence: valid lengths count global key
+// positions (a rank whose keys all lie past a row's length contributes
+// nothing to that row, or, with the chapter's -1e6 fill, exactly what the
+// fill gives), and causal masking compares global positions. Without
+// `causal` the chapter's masked_softmax applies (masked scores -1e6: a row
+// of length 0 gets uniform weights over all keys); with it, as
+// MultiHeadAttention with CallMasks::causal: masked scores are -inf
+// (lengths included) and a row with no live key gets `fully_masked`.
+//
+// The backward passes each key/value block round the ring again, with its
+// gradients dK, dV accumulated by every rank and arriving back at their
+// owner at the end; weight gradients are summed over the ranks by one
+// all-reduce, so grads() is the same, whole, on every rank.
+//
+// No dropout (evaluation semantics). Calls are collective: every rank calls
+// forward() and backward() in the same order; a call that fails on one rank
+// fails on every rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "mha/dist/communicator.h"
+#include "mha/masks.h"
+#include "mha/multihead.h"
+#include "mha/tensor.h"
+#include "mha/valid_lens.h"
+
+namespace mha::dist {
+
+// MultiHeadAttention over a sequence split into the ranks' blocks (see the file comment).
+class RingAttention {
+ public:
+  // `state`: the full module's state dict (as HeadParallelAttention takes
+  // it), the same on every rank; checked as MultiHeadAttention::load_state_dict
+  // checks it. Collective.
+  RingAttention(Communicator comm, int64_t num_hiddens, int64_t num_heads, const StateDict& state);
+  ~RingAttention();
+  // Moves the module (its communicator, weights and last call); the moved-from one is unusable.
+  RingAttention(RingAttention&&) noexcept;
+  // Move assignment, as the move constructor.
+  RingAttention& operator=(RingAttention&&) noexcept;
+
+  // (begin, count): the block of `length` positions rank `rank` of `size`
+  // holds when they are split as evenly as possible (the first length %
+  // size ranks one more).
+  static std::pair<int64_t, int64_t> block_of(int64_t length, int size, int rank);
+
+  // queries:[B,Q_r,Dq] keys:[B,K_r,Dk] values:[B,K_r,Dv], this rank's
+  // blocks; valid_lens none, (B,) or (B,Q_r) (this rank's queries), counting
+  // keys of the whole sequence -> [B,Q_r,num_hiddens], this rank's rows of
+  // the module's output. Collective.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens = {},
+                 Causal causal = Causal::None, FullyMaskedRows fully_masked = FullyMaskedRows::Uniform);
+  // grad_output:[B,Q_r,num_hiddens] of the last forward -> the gradients of
+  // this rank's queries, keys and values; adds the weights' gradients,
+  // summed over the ranks, into grads(). Collective.
+  MultiHeadAttention::InputGrads backward(const Tensor& grad_output);
+
+  // The weights (the state dict given), by the chapter's names.
+  const StateDict& state_dict() const;
+  // Accumulated weight gradients by name, the same on every rank.
+  const StateDict& grads() const;
+  // Sets the accumulated gradients to zero.
+  void zero_grad();
+  // The communicator the calls run over.
+  const Communicator& communicator() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace mha::dist

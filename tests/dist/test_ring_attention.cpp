@@ -1,0 +1,148 @@
+// RingAttention against the single-process MultiHeadAttention: each rank's
+// block of the output and of the input gradients, and the weight gradients,
+// with the chapter's valid lengths (global key positions), causal masks, odd
+// block sizes and ranks whose keys are all masked or that hold no position.
+#include "dist_test_util.h"
+
+namespace mha::dist::test {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+struct Split {
+  int64_t q_begin, q_count, k_begin, k_count;
+};
+Split split(int64_t Q, int64_t K) {
+  const Communicator& c = world();
+  const auto [qb, qn] = RingAttention::block_of(Q, c.size(), c.rank());
+  const auto [kb, kn] = RingAttention::block_of(K, c.size(), c.rank());
+  return {qb, qn, kb, kn};
+}
+
+// This rank's slice of per-query lengths (B, Q), or the lengths as they are.
+ValidLens local_lens(const ValidLens& lens, int64_t B, int64_t Q, const Split& s) {
+  if (lens.kind() != ValidLens::Kind::PerQuery) return lens;
+  std::vector<float> mine;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < s.q_count; ++i) mine.push_back(lens.values()[static_cast<size_t>(b * Q + s.q_begin + i)]);
+  return ValidLens::per_query(B, s.q_count, mine);
+}
+
+struct Run {
+  int64_t B, Q, K;
+  ValidLens lens;
+  Causal causal = Causal::None;
+  FullyMaskedRows fully = FullyMaskedRows::Uniform;
+  bool backward = false;
+};
+
+void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, uint64_t seed) {
+  const Communicator& c = world();
+  auto ref = reference_module(num_hiddens, num_heads, bias, 7, 6, 5, seed);
+  RingAttention ring(c, num_hiddens, num_heads, ref->state_dict());
+  const Tensor q = randn({run.B, run.Q, 7}, seed + 1), k = randn({run.B, run.K, 6}, seed + 2),
+               v = randn({run.B, run.K, 5}, seed + 3);
+  CallMasks masks;
+  masks.causal = run.causal;
+  masks.fully_masked_rows = run.fully;
+  if (run.backward) ref->train();
+  const Tensor want = run.causal == Causal::None ? ref->forward(q, k, v, run.lens)
+                                                 : ref->forward(q, k, v, run.lens, masks);
+  const Split s = split(run.Q, run.K);
+  const Tensor got = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
+                                  rows(v, s.k_begin, s.k_count), local_lens(run.lens, run.B, run.Q, s), run.causal,
+                                  run.fully);
+  EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol)
+      << "B" << run.B << " Q" << run.Q << " K" << run.K << " rank " << c.rank();
+  if (!run.backward) return;
+  const Tensor grad_out = randn({run.B, run.Q, num_hiddens}, seed + 4);
+  const auto gw = ref->backward(grad_out);
+  const auto gg = ring.backward(rows(grad_out, s.q_begin, s.q_count));
+  EXPECT_LT(relative_error(gg.queries, rows(gw.queries, s.q_begin, s.q_count)), kTol) << "dX_q rank " << c.rank();
+  EXPECT_LT(relative_error(gg.keys, rows(gw.keys, s.k_begin, s.k_count)), kTol) << "dX_k rank " << c.rank();
+  EXPECT_LT(relative_error(gg.values, rows(gw.values, s.k_begin, s.k_count)), kTol) << "dX_v rank " << c.rank();
+  ASSERT_EQ(ring.grads().size(), ref->grads().size());
+  // Relative to the largest gradient of the module: W_k.bias's is 0 up to rounding.
+  double largest = 0;
+  for (const auto& [name, g] : ref->grads())
+    for (float x : g.values()) largest = std::max(largest, static_cast<double>(std::fabs(x)));
+  for (const auto& [name, g] : ref->grads())
+    EXPECT_LT(relative_error(ring.grads().at(name), g, name == "W_k.bias" ? largest : 0.0), kTol) << name;
+}
+
+TEST(RingAttention, BlockOfSplitsEveryPositionOnce) {
+  for (int64_t n : {0, 1, 3, 7, 9})
+    for (int size : {1, 2, 4, 5}) {
+      int64_t next = 0;
+      for (int r = 0; r < size; ++r) {
+        const auto [begin, count] = RingAttention::block_of(n, size, r);
+        EXPECT_EQ(begin, next);
+        EXPECT_GE(count, n / size);
+        EXPECT_LE(count, n / size + 1);
+        next = begin + count;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+
+TEST(RingAttention, ForwardEqualsTheModuleWithTheChaptersLengths) {
+  // Row 0 sees 4 of 9 keys: the later ranks' keys are all masked for it
+  // (-1e6); row 1 has length 0 (uniform weights over all 9 keys).
+  check({2, 7, 9, ValidLens()}, 12, 3, true, 50);
+  check({2, 7, 9, ValidLens::per_batch({4, 0})}, 12, 3, true, 51);
+  check({2, 5, 9, ValidLens::per_query(2, 5, {1, 9, 2.5f, 0, 7, 3, 3, 8, 1.5f, 4})}, 8, 2, false, 52);
+  // Odd and tiny: under -np 4 a rank holds no query and no key.
+  check({1, 3, 3, ValidLens::per_batch({2})}, 6, 1, true, 53);
+  check({3, 1, 2, ValidLens::per_batch({1, 0, 2})}, 8, 4, false, 54);
+  // Per-query lengths with a rank that holds no query (its slice is (B, 0)).
+  check({2, 3, 5, ValidLens::per_query(2, 3, {2, 0, 5, 1.5f, 4, 3})}, 8, 2, true, 55);
+}
+
+TEST(RingAttention, ForwardEqualsTheModuleWithCausalMasks) {
+  check({2, 6, 6, ValidLens(), Causal::TopLeft}, 12, 3, true, 60);
+  check({2, 4, 7, ValidLens::per_batch({5, 3}), Causal::BottomRight}, 12, 3, true, 61);
+  // Length 0 under a causal mask: every key masked, the row gets the policy.
+  check({2, 5, 5, ValidLens::per_batch({0, 3}), Causal::TopLeft, FullyMaskedRows::Uniform}, 8, 2, true, 62);
+  check({2, 5, 5, ValidLens::per_batch({0, 3}), Causal::TopLeft, FullyMaskedRows::Zeros}, 8, 2, true, 63);
+}
+
+TEST(RingAttention, BackwardEqualsTheModule) {
+  check({2, 7, 9, ValidLens::per_batch({4, 0}), Causal::None, FullyMaskedRows::Uniform, true}, 12, 3, true, 70);
+  check({2, 5, 6, ValidLens::per_query(2, 5, {1, 6, 2.5f, 0, 5, 3, 3, 6, 1.5f, 4}), Causal::None,
+         FullyMaskedRows::Uniform, true},
+        8, 2, false, 71);
+  check({2, 6, 6, ValidLens::per_batch({0, 5}), Causal::TopLeft, FullyMaskedRows::Uniform, true}, 8, 2, true, 72);
+  check({2, 4, 7, ValidLens(), Causal::BottomRight, FullyMaskedRows::Zeros, true}, 12, 3, true, 73);
+  check({1, 3, 3, ValidLens::per_batch({2}), Causal::None, FullyMaskedRows::Uniform, true}, 6, 1, true, 74);
+}
+
+TEST(RingAttention, BackwardWithBlocksTooLargeToSendEagerly) {
+  // Blocks of 2 x 2 x 65 x 16 floats (16 KiB and more): MPI sends them by
+  // rendezvous, so a send completes only once its receive is posted; a ring
+  // that waits for its sends at the wrong moment deadlocks here (not with
+  // the small blocks above).
+  check({2, 130, 260, ValidLens::per_batch({200, 7}), Causal::None, FullyMaskedRows::Uniform, true}, 16, 2, true, 75);
+}
+
+TEST(RingAttention, GradientsAccumulateAndZero) {
+  const Communicator& c = world();
+  auto ref = reference_module(8, 2, true, 7, 6, 5, 80);
+  RingAttention ring(c, 8, 2, ref->state_dict());
+  const Split s = split(5, 5);
+  const Tensor q = rows(randn({1, 5, 7}, 81), s.q_begin, s.q_count), k = rows(randn({1, 5, 6}, 82), s.k_begin, s.k_count),
+               v = rows(randn({1, 5, 5}, 83), s.k_begin, s.k_count);
+  const Tensor g = Tensor({1, s.q_count, 8}, 1.0f);
+  ring.forward(q, k, v);
+  ring.backward(g);
+  const Tensor once = ring.grads().at("W_q.weight");
+  ring.forward(q, k, v);
+  ring.backward(g);
+  const Tensor twice = ring.grads().at("W_q.weight");
+  for (int64_t i = 0; i < once.numel(); ++i) EXPECT_NEAR(twice.data()[i], 2 * once.data()[i], 1e-5f * (1 + std::fabs(once.data()[i])));
+  ring.zero_grad();
+  for (const auto& [name, t] : ring.grads())
+    for (float x : t.values()) EXPECT_EQ(x, 0.0f) << name;
+}
+
+}  // namespace
+}  // namespace mha::dist::test
