@@ -25,7 +25,8 @@ set(MHA_LAYER_DIRS_dist    src/dist)
 # those above; its layer is the lowest one whose code includes it.
 # attention.h (AttentionKernel), masks.h (the mask enums) and valid_lens.h
 # (ValidLens) are the vocabulary the kernels are called with, so they sit in
-# the kernels layer although their out-of-line parts are built in src/nn.
+# the kernels layer, and so do their out-of-line parts (src/kernels/masks.cpp,
+# src/kernels/valid_lens.cpp).
 # A new public header must be added to one of these lists: the check fails
 # on an include of a public header that is in none.
 set(MHA_LAYER_HEADERS_core

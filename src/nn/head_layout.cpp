@@ -70,6 +70,24 @@ void HeadLayout::keep(const std::vector<int64_t>& stay) {
   gate_grad = Tensor({static_cast<int64_t>(kept.size())});
 }
 
+void HeadLayout::keep(const std::vector<int64_t>& stay, const char* op, LazyLinear& q, LazyLinear& k, LazyLinear& v,
+                      LazyLinear& o) {
+  const int64_t d = head_dim, width = static_cast<int64_t>(stay.size()) * d;
+  auto slice = [&](const LazyLinear& layer, bool rows) {
+    LazyLinear next(rows ? width : layer.out_features(), layer.has_bias());
+    if (!layer.initialized()) return next;
+    next.set_weight(rows ? take_row_blocks(layer.weight(), stay, d) : take_column_blocks(layer.weight(), stay, d), op);
+    if (layer.has_bias()) next.set_bias(rows ? take_row_blocks(layer.bias(), stay, d) : layer.bias(), op);
+    return next;
+  };
+  LazyLinear next[] = {slice(q, true), slice(k, true), slice(v, true), slice(o, false)};
+  q = std::move(next[0]);
+  k = std::move(next[1]);
+  v = std::move(next[2]);
+  o = std::move(next[3]);
+  keep(stay);
+}
+
 Tensor take_row_blocks(const Tensor& w, const std::vector<int64_t>& heads, int64_t d) {
   const int64_t cols = w.dim() == 2 ? w.size(1) : 1;
   const int64_t rows = static_cast<int64_t>(heads.size()) * d;

@@ -26,28 +26,8 @@ void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   const bool pruned = params_.update([&](Params& live) {  // running calls finish on the old heads
     const std::vector<int64_t> stay = live.heads.staying(op, heads);
     if (stay.empty()) return false;
-    const int64_t d = live.heads.head_dim, kept = static_cast<int64_t>(stay.size()) * d;
-    // New layers of the new widths; initialised ones get the sliced parameters.
-    auto slice_in = [&](LazyLinear& layer) {  // W_q, W_k, W_v: rows of the kept heads
-      LazyLinear next(kept, bias_);
-      if (layer.initialized()) {
-        next.set_weight(detail::take_row_blocks(layer.weight(), stay, d), op);
-        if (bias_) next.set_bias(detail::take_row_blocks(layer.bias(), stay, d), op);
-      }
-      return next;
-    };
-    LazyLinear q = slice_in(live.W_q), k = slice_in(live.W_k), v = slice_in(live.W_v);
-    LazyLinear o(num_hiddens_, bias_);  // W_o: columns of the kept heads, all rows
-    if (live.W_o.initialized()) {
-      o.set_weight(detail::take_column_blocks(live.W_o.weight(), stay, d), op);
-      if (bias_) o.set_bias(live.W_o.bias(), op);
-    }
-    live.W_q = std::move(q);
-    live.W_k = std::move(k);
-    live.W_v = std::move(v);
-    live.W_o = std::move(o);
+    live.heads.keep(stay, op, live.W_q, live.W_k, live.W_v, live.W_o);
     live.num_heads = static_cast<int64_t>(stay.size());
-    live.heads.keep(stay);
     return true;
   });
   if (!pruned) return;

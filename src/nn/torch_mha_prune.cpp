@@ -18,23 +18,10 @@ void TorchMultiheadAttention::prune_heads(const std::vector<int64_t>& heads) {
   const std::vector<int64_t> stay = heads_.staying(op, heads);
   if (stay.empty()) return;
   const int64_t d = heads_.head_dim, kept = static_cast<int64_t>(stay.size()) * d;
-  auto slice_in = [&](LazyLinear& layer) {  // q, k, v projections: rows of the kept heads
-    LazyLinear next(kept, bias_);
-    next.set_weight(detail::take_row_blocks(layer.weight(), stay, d), op);
-    if (bias_) next.set_bias(detail::take_row_blocks(layer.bias(), stay, d), op);
-    layer = std::move(next);
-  };
-  slice_in(q_proj_);
-  slice_in(k_proj_);
-  slice_in(v_proj_);
-  LazyLinear o(embed_dim_, bias_);  // out_proj: columns of the kept heads, all rows
-  o.set_weight(detail::take_column_blocks(out_proj_.weight(), stay, d), op);
-  if (bias_) o.set_bias(out_proj_.bias(), op);
-  out_proj_ = std::move(o);
   for (Tensor* t : {&bias_k_, &bias_v_})
     if (!t->empty()) *t = detail::take_column_blocks(t->reshape({1, t->numel()}), stay, d).reshape({1, 1, kept});
+  heads_.keep(stay, op, q_proj_, k_proj_, v_proj_, out_proj_);
   num_heads_ = num_kv_heads_ = static_cast<int64_t>(stay.size());
-  heads_.keep(stay);
   // Gradients and the saved call describe the old layout. The gradient
   // tensors are emptied, not erased: parameters() handed out pointers to
   // them, and ensure_grads() refills them with zeros.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "mha/linear.h"
 #include "mha/tensor.h"
 
 namespace mha::detail {
@@ -30,6 +31,11 @@ struct HeadLayout {
   std::vector<int64_t> staying(const char* op, const std::vector<int64_t>& remove) const;
   // Keeps the heads at positions `stay` (with their gates); gradients reset.
   void keep(const std::vector<int64_t>& stay);
+  // keep(stay) and the layers to match: q, k, v keep those heads' rows (and
+  // biases), o their columns. Uninitialised layers stay so, with the new
+  // widths. All four are formed before anything is replaced.
+  void keep(const std::vector<int64_t>& stay, const char* op, LazyLinear& q, LazyLinear& k, LazyLinear& v,
+            LazyLinear& o);
   bool pruned() const { return static_cast<int64_t>(kept.size()) < original; }
 };
 

@@ -1,3 +1,4 @@
+// mha::Mask (mha/masks.h): boolean and additive masks, checked when made.
 #include "mha/masks.h"
 
 #include <cmath>

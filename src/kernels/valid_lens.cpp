@@ -1,3 +1,4 @@
+// mha::ValidLens (mha/valid_lens.h): the d2l chapter's valid lengths, checked per call.
 #include "mha/valid_lens.h"
 
 #include <cmath>
