@@ -14,6 +14,7 @@
 #include "mha/error.h"
 #include "mha/multihead.h"
 #include "nn/attention_engine.h"
+#include "nn/module_grads.h"
 
 namespace mha {
 
@@ -47,17 +48,7 @@ void MultiHeadAttention::initialize(int64_t dq, int64_t dk, int64_t dv) {
 
 void MultiHeadAttention::ensure_grads() {
   const Params& p = params_.live();
-  const LazyLinear* layers[] = {&p.W_q, &p.W_k, &p.W_v, &p.W_o};
-  for (int i = 0; i < 4; ++i) {
-    if (!layers[i]->initialized()) continue;
-    const std::string n = kNames[i];
-    Tensor& gw = grads_[n + ".weight"];
-    if (gw.shape() != layers[i]->weight().shape()) gw = Tensor(layers[i]->weight().shape());
-    if (bias_) {
-      Tensor& gb = grads_[n + ".bias"];
-      if (gb.shape() != layers[i]->bias().shape()) gb = Tensor(layers[i]->bias().shape());
-    }
-  }
+  nn::layer_grads(grads_, kNames, {&p.W_q, &p.W_k, &p.W_v, &p.W_o});
 }
 
 const StateDict& MultiHeadAttention::grads() {
@@ -67,9 +58,7 @@ const StateDict& MultiHeadAttention::grads() {
 
 void MultiHeadAttention::zero_grad() {
   ensure_grads();
-  for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
-  Tensor& gate_grad = params_.live().heads.gate_grad;
-  std::fill(gate_grad.values().begin(), gate_grad.values().end(), 0.0f);
+  nn::zero_grads(grads_, params_.live().heads.gate_grad);
 }
 
 void MultiHeadAttention::set_grads(const StateDict& grads) {
@@ -137,14 +126,9 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::Attenti
   if (grad_output.shape() != Shape{B, Q, num_hiddens_})
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
          shape_str({B, Q, num_hiddens_}));
-  ensure_grads();
-  auto grads_of = [&](int i) {
-    const std::string n = kNames[i];
-    return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
-  };
   nn::EngineLayers layers{&p.W_q, &p.W_k, &p.W_v, &p.W_o};
   layers.head_gates = p.heads.gates.data();
-  nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
+  nn::EngineGrads grads = nn::layer_grads(grads_, kNames, layers);
   grads.head_gates = &params_.live().heads.gate_grad;
   nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
   return {std::move(g.queries), std::move(g.keys), std::move(g.values)};

@@ -18,6 +18,7 @@
 #include "mha/error.h"
 #include "mha/torch_mha.h"
 #include "nn/attention_engine.h"
+#include "nn/module_grads.h"
 
 namespace mha {
 
@@ -29,25 +30,16 @@ const char* const kLayers[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 }  // namespace
 
 void TorchMultiheadAttention::ensure_grads() {
-  const LazyLinear* layers[] = {&q_proj_, &k_proj_, &v_proj_, &out_proj_};
-  auto zeros_like = [&](const std::string& name, const Tensor& t) {
-    Tensor& g = grads_[name];
-    if (g.shape() != t.shape()) g = Tensor(t.shape());
-  };
-  for (int i = 0; i < 4; ++i) {
-    zeros_like(std::string(kLayers[i]) + ".weight", layers[i]->weight());
-    if (bias_) zeros_like(std::string(kLayers[i]) + ".bias", layers[i]->bias());
-  }
+  nn::layer_grads(grads_, kLayers, {&q_proj_, &k_proj_, &v_proj_, &out_proj_});
   if (has_bias_kv()) {
-    zeros_like("bias_k", bias_k_);
-    zeros_like("bias_v", bias_v_);
+    nn::grad_like(grads_, "bias_k", bias_k_);
+    nn::grad_like(grads_, "bias_v", bias_v_);
   }
 }
 
 void TorchMultiheadAttention::zero_grad() {
   ensure_grads();
-  for (auto& [name, g] : grads_) std::fill(g.values().begin(), g.values().end(), 0.0f);
-  std::fill(heads_.gate_grad.values().begin(), heads_.gate_grad.values().end(), 0.0f);
+  nn::zero_grads(grads_, heads_.gate_grad);
 }
 
 ParamList TorchMultiheadAttention::parameters() {
@@ -100,12 +92,8 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward_of(const n
     fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ",
          shape_str(ctx.queries.shape()));
   ensure_grads();
-  auto grads_of = [&](int layer) {
-    const std::string n = kLayers[layer];
-    return nn::LinearGrads{&grads_.at(n + ".weight"), bias_ ? &grads_.at(n + ".bias") : nullptr};
-  };
   nn::EngineLayers layers{&q_proj_, &k_proj_, &v_proj_, &out_proj_};
-  nn::EngineGrads grads{grads_of(0), grads_of(1), grads_of(2), grads_of(3)};
+  nn::EngineGrads grads = nn::layer_grads(grads_, kLayers, layers);
   if (has_bias_kv()) {
     layers.bias_k = bias_k_.data();
     layers.bias_v = bias_v_.data();
