@@ -48,6 +48,12 @@ float max_abs(const TensorView& x, int64_t b, int64_t rows) {
 // (~104).
 constexpr double kFarFromFill = 9.9e5;
 
+// Batch row b (of B) is read in full by the fused kernel.
+void read_all(RowPlan& plan, int64_t b, int64_t B) {
+  if (plan.read_all_keys.empty()) plan.read_all_keys.assign(static_cast<size_t>(B), 0);
+  plan.read_all_keys[static_cast<size_t>(b)] = 1;
+}
+
 // Threads for a scan of `floats` values split by batch row: below ~2^18
 // floats (tens of microseconds) waking a team costs more than it saves, and
 // on a loaded machine far more (the d2l chapter's toy call: 3 scans of a few
@@ -128,8 +134,7 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
   }
   for (int64_t b = 0; b < B; ++b) {
     if (!bad[static_cast<size_t>(b)]) continue;
-    if (plan.read_all_keys.empty()) plan.read_all_keys.assign(static_cast<size_t>(B), 0);
-    plan.read_all_keys[static_cast<size_t>(b)] = 1;
+    read_all(plan, b, B);
     plan.needs.k_rows[static_cast<size_t>(b)] = K;
     plan.needs.v_rows[static_cast<size_t>(b)] = K;
   }
@@ -147,11 +152,8 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width) {
     for (int64_t pos = 0; pos < rows && finite; ++pos) finite = all_finite(v.ptr(b, 0, pos), width);
     bad[static_cast<size_t>(b)] = !finite;
   }
-  for (int64_t b = 0; b < B; ++b) {
-    if (!bad[static_cast<size_t>(b)]) continue;
-    if (plan.read_all_keys.empty()) plan.read_all_keys.assign(static_cast<size_t>(B), 0);
-    plan.read_all_keys[static_cast<size_t>(b)] = 1;
-  }
+  for (int64_t b = 0; b < B; ++b)
+    if (bad[static_cast<size_t>(b)]) read_all(plan, b, B);
 }
 
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values, int64_t K,
