@@ -107,6 +107,7 @@ void run_parallel(const ParallelRun& run) {
     }
   } else if (run.mode == Parallel::Sequence) {
     dist::RingAttention ring(c, D, H, state);
+    ring.eval();
     ring.keep_attention_weights(true);
     const auto [q0, qn] = dist::RingAttention::block_of(Q, P, rank);
     const auto [k0, kn] = dist::RingAttention::block_of(K, P, rank);
@@ -121,6 +122,7 @@ void run_parallel(const ParallelRun& run) {
   } else {
     const int G = run.head_groups > 0 ? run.head_groups : default_head_groups(P, H);
     dist::GridAttention grid(c, G, D, H, state);
+    grid.eval();
     grid.keep_attention_weights(true);
     const auto [q0, qn] = grid.query_block(Q);
     const auto [k0, kn] = grid.key_block(K);

@@ -85,6 +85,7 @@ MultiHeadAttention::InputGrads GridAttention::backward(const Tensor& grad_output
   return g;
 }
 
+void GridAttention::train(bool on) { s_->ring->train(on); }
 void GridAttention::keep_attention_weights(bool on) { s_->ring->keep_attention_weights(on); }
 const Tensor& GridAttention::attention_weights() const { return s_->ring->attention_weights(); }
 const RingAttention& GridAttention::ring() const { return *s_->ring; }

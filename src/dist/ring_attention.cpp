@@ -92,6 +92,7 @@ struct RingAttention::State {
   bool bias = false;
   bool output_bias = true;  // W_o's bias is added here (and its gradient kept)
   bool keep_weights = false;
+  bool training = true;  // forward keeps what backward needs (its inputs)
   StateDict params, grads;
   RingStats stats;
 
@@ -247,6 +248,8 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     // What this rank allocates, before it does: a sequence whose share per
     // rank fits the limit runs, however long the whole.
     core::MemoryPlan plan(op);
+    if (s.training)
+      plan.add("inputs, kept for the backward", {B * (Qr * queries.size(2) + Kr * (keys.size(2) + values.size(2)))});
     plan.add("query projections", {B, Qr, Hd});
     plan.add("key/value blocks (the one computed on, the one arriving)", {2, 2, B, Kmax, Hd});
     plan.add("attention output before W_o", {B, Qr, Hd});
@@ -275,9 +278,10 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   s.lens = valid_lens;
   s.causal = causal;
   s.fully_masked = fully_masked;
-  s.xq = queries;
-  s.xk = keys;
-  s.xv = values;
+  // The inputs, for the backward's projections (training mode only).
+  s.xq = s.training ? queries : Tensor();
+  s.xk = s.training ? keys : Tensor();
+  s.xv = s.training ? values : Tensor();
 
   // This rank's projections; the key/value block that starts round the ring.
   s.qp.assign(static_cast<size_t>(B * Qr * Hd), 0.0f);
@@ -387,7 +391,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
       }
   Tensor result({B, Qr, s.num_hiddens});
   project(acc.data(), B * Qr, Hd, s.p("W_o.weight"), s.bias_of("W_o"), result.data());
-  s.have_call = true;
+  s.have_call = s.training;
   return result;
 }
 
@@ -397,7 +401,9 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   const Communicator& c = s.comm;
   const int P = c.size(), r = c.rank();
   agree(c, op, [&] {
-    if (!s.have_call) fail(op, "no forward call to differentiate: call forward() before backward()");
+    if (!s.have_call)
+      fail(op, "no forward call in training mode to differentiate: call forward() (in training mode, the default) "
+               "before backward()");
     const Shape want{s.B, s.Qr, s.num_hiddens};
     if (grad_output.shape() != want)
       fail(op, "grad_output: shape ", shape_str(grad_output.shape()), " is not the output's ", shape_str(want));
@@ -542,6 +548,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
 }
 
 void RingAttention::keep_attention_weights(bool on) { s_->keep_weights = on; }
+void RingAttention::train(bool on) { s_->training = on; }
 const Tensor& RingAttention::attention_weights() const { return s_->weights; }
 const RingStats& RingAttention::stats() const { return s_->stats; }
 const StateDict& RingAttention::state_dict() const { return s_->params; }

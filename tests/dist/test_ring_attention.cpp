@@ -147,6 +147,25 @@ TEST(RingAttention, GradientsAccumulateAndZero) {
     for (float x : t.values()) EXPECT_EQ(x, 0.0f) << name;
 }
 
+TEST(RingAttention, EvaluationModeKeepsNothingForABackward) {
+  const Communicator& c = world();
+  auto ref = reference_module(8, 2, true, 7, 6, 5, 85);
+  RingAttention ring(c, 8, 2, ref->state_dict());
+  const Split s = split(5, 5);
+  const Tensor q = rows(randn({1, 5, 7}, 86), s.q_begin, s.q_count), k = rows(randn({1, 5, 6}, 87), s.k_begin, s.k_count),
+               v = rows(randn({1, 5, 5}, 88), s.k_begin, s.k_count);
+  const Tensor trained = ring.forward(q, k, v);
+  const uint64_t training_bytes = ring.stats().planned_bytes;
+  ring.eval();
+  EXPECT_TRUE(bitwise_equal(ring.forward(q, k, v), trained));
+  // The inputs are no longer kept: B * (Q_r * 7 + K_r * (6 + 5)) floats less.
+  EXPECT_EQ(training_bytes - ring.stats().planned_bytes, static_cast<uint64_t>(4 * (s.q_count * 7 + s.k_count * 11)));
+  EXPECT_THROW(ring.backward(Tensor({1, s.q_count, 8})), Error);
+  ring.train();
+  ring.forward(q, k, v);
+  EXPECT_NO_THROW(ring.backward(Tensor({1, s.q_count, 8})));
+}
+
 // The tiles rank `rank` skips in one batch row: key blocks whose first key
 // (global position) is masked for every query of the rank, when each query
 // has key 0 live. One tile per block here (fewer than 256 queries per rank).
@@ -211,6 +230,7 @@ TEST(RingAttention, RunsASequenceTooLongForOneProcesssMemoryLimit) {
   const int64_t L = 512, D = 256, H = 4;
   auto ref = reference_module(D, H, false, 7, 6, 5, 100);
   RingAttention ring(c, D, H, ref->state_dict());
+  ring.eval();  // as the module: nothing kept for a backward
   const Split s = split(L, L);
   const Tensor q = randn({1, L, 7}, 101), k = randn({1, L, 6}, 102), v = randn({1, L, 5}, 103);
   const Tensor qr = rows(q, s.q_begin, s.q_count), kr = rows(k, s.k_begin, s.k_count), vr = rows(v, s.k_begin, s.k_count);

@@ -74,6 +74,10 @@ class GridAttention {
   // Collective.
   MultiHeadAttention::InputGrads backward(const Tensor& grad_output);
 
+  // Training mode (the default) or evaluation mode, as RingAttention::train.
+  void train(bool on = true);
+  void eval() { train(false); }
+
   // Whether forward() keeps attention_weights(): [B, heads().size(), Q_j, K].
   void keep_attention_weights(bool on);
   const Tensor& attention_weights() const;

@@ -101,6 +101,12 @@ class RingAttention {
   // summed over the ranks, into grads(). Collective.
   MultiHeadAttention::InputGrads backward(const Tensor& grad_output);
 
+  // Training mode (the default): forward() keeps its inputs for backward().
+  // Evaluation mode: it keeps nothing for a backward, and plans less memory.
+  void train(bool on = true);
+  // Evaluation mode.
+  void eval() { train(false); }
+
   // Whether forward() keeps this rank's rows of the attention weights for
   // attention_weights() (off by default: they are [B,H,Q_r,K], the size the
   // ring otherwise avoids).
