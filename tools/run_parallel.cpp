@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <vector>
 
@@ -24,17 +25,15 @@ struct Piece {
   bool sent = true;  // false: another rank sends the same piece
 };
 
-// Rank 0 assembles the whole tensor (`shape`, laid out as [B, H, Q, X]) from
-// every rank's piece; the other ranks send theirs. `tag` tells the
-// gathers apart.
-Tensor gather(const dist::Communicator& c, const Tensor& mine, const std::vector<Piece>& pieces, const Shape& shape,
-              int64_t B, int64_t H, int64_t Q, int64_t X, int tag) {
+// Rank 0 assembles `whole` (laid out as [B, H, Q, X]) from every rank's
+// piece; the other ranks send theirs. `tag` tells the gathers apart.
+void gather(const dist::Communicator& c, const Tensor& mine, const std::vector<Piece>& pieces, Tensor& whole,
+            int64_t B, int64_t H, int64_t Q, int64_t X, int tag) {
   const Piece& own = pieces[static_cast<size_t>(c.rank())];
   if (c.rank() != 0) {
     if (own.sent && own.hn * own.qn > 0) c.send(mine.data(), mine.numel(), 0, tag);
-    return Tensor();
+    return;
   }
-  Tensor whole(shape);
   for (int r = 0; r < c.size(); ++r) {
     const Piece& p = pieces[static_cast<size_t>(r)];
     if (!p.sent || p.hn * p.qn == 0) continue;
@@ -45,7 +44,6 @@ Tensor gather(const dist::Communicator& c, const Tensor& mine, const std::vector
         std::copy(part.data() + ((b * p.hn + h) * p.qn) * X, part.data() + ((b * p.hn + h) * p.qn + p.qn) * X,
                   whole.data() + ((b * H + p.h0 + h) * Q + p.q0) * X);
   }
-  return whole;
 }
 
 // Rows [begin, begin + n) of axis 1 of x:[B, L, D] -> [B, n, D].
@@ -137,8 +135,25 @@ void run_parallel(const ParallelRun& run) {
       weight_pieces[static_cast<size_t>(r)] = {hs.front(), static_cast<int64_t>(hs.size()), b0, bn};
     }
   }
-  const Tensor whole_out = gather(c, output, out_pieces, {B, Q, D}, B, 1, Q, D, 1);
-  const Tensor whole_weights = gather(c, weights, weight_pieces, {B, H, Q, K}, B, H, Q, K, 2);
+  // Rank 0 holds the whole output and weights (as one process does): if it
+  // cannot (--memory-limit), every rank stops before sending it anything.
+  Tensor whole_out, whole_weights;
+  std::exception_ptr error;
+  if (rank == 0) {
+    try {
+      whole_out = Tensor({B, Q, D});
+      whole_weights = Tensor({B, H, Q, K});
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (c.all_gather(error ? 1 : 0)[0]) {
+    if (error) std::rethrow_exception(error);
+    fail(kOp, "--parallel: rank 0 cannot hold the whole output and attention weights (its error is printed "
+              "there); every rank stops");
+  }
+  gather(c, output, out_pieces, whole_out, B, 1, Q, D, 1);
+  gather(c, weights, weight_pieces, whole_weights, B, H, Q, K, 2);
   if (rank != 0) return;
   save_safetensors(run.out, {{"output", whole_out}, {"attention_weights", whole_weights}},
                    {{"num_heads", std::to_string(H)}});
