@@ -16,6 +16,11 @@
 // mha::memory_limit() before it allocates) for the single-process module
 // and for the largest rank share of the ring (read off the memory error of
 // a call made under a 1-byte limit, which refuses before allocating).
+// --peak runs one evaluation-mode forward of each (the module on rank 0,
+// then the ring on every rank) and prints how far each raised the process's
+// resident peak (VmHWM, reset before each call through /proc/self/clear_refs)
+// above its resident size before the call: the memory the call really
+// touched, to set beside the planned bytes.
 // Not a test: CTest does not run it.
 #include <mpi.h>
 
@@ -23,6 +28,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <functional>
 #include <vector>
@@ -78,6 +84,23 @@ uint64_t planned_bytes(const std::function<void()>& call) {
   return at == std::string::npos ? 0 : std::strtoull(message.c_str() + at + 6, nullptr, 10);
 }
 
+// A field of /proc/self/status in KiB (VmRSS, VmHWM); -1 if unreadable.
+long status_kib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::atol(line.c_str() + key.size() + 1);
+  return -1;
+}
+
+// MiB by which `call` raised the resident peak above the resident size before it.
+double peak_growth_mib(const std::function<void()>& call) {
+  { std::ofstream("/proc/self/clear_refs") << "5"; }  // VmHWM <- VmRSS
+  const long before = status_kib("VmRSS");
+  call();
+  return static_cast<double>(status_kib("VmHWM") - before) / 1024.0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,7 +109,8 @@ int main(int argc, char** argv) {
   const int64_t B = argc > 1 ? std::atoll(argv[1]) : 2, L = argc > 2 ? std::atoll(argv[2]) : 1024,
                 D = argc > 3 ? std::atoll(argv[3]) : 256, H = argc > 4 ? std::atoll(argv[4]) : 8;
   const bool plan = argc > 5 && std::string(argv[5]) == "--plan";
-  const int reps = argc > 5 && !plan ? std::atoi(argv[5]) : 5;
+  const bool peak = argc > 5 && std::string(argv[5]) == "--peak";
+  const int reps = argc > 5 && !plan && !peak ? std::atoi(argv[5]) : 5;
   set_num_threads(1);
   MultiHeadAttention m(D, H, 0.0f, true, 1);
   m.initialize(D, D, D);
@@ -111,6 +135,23 @@ int main(int argc, char** argv) {
                   static_cast<long long>(H), static_cast<unsigned long long>(one), one / 1048576.0,
                   static_cast<long long>(most), most / 1048576.0, static_cast<double>(most) / static_cast<double>(one),
                   one / 3.0 / 1048576.0 + 64, static_cast<double>(most) <= one / 3.0 + 64 * 1048576.0 ? "met" : "missed");
+    return 0;
+  }
+  if (peak) {
+    ring.eval();
+    c.barrier();
+    const double one = c.rank() == 0 ? peak_growth_mib([&] { m.forward(X, X, X); }) : 0.0;
+    c.barrier();
+    const double mine = peak_growth_mib([&] { ring.forward(Xr, Xr, Xr); });
+    const std::vector<int64_t> all = c.all_gather(static_cast<int64_t>(mine * 1024));
+    const double most = static_cast<double>(*std::max_element(all.begin(), all.end())) / 1024.0;
+    const uint64_t planned = ring.stats().planned_bytes;
+    if (c.rank() == 0)
+      std::printf("ranks %d, B %lld, L %lld, num_hiddens %lld, heads %lld: resident peak growth of one forward\n"
+                  "  single process                  %9.1f MiB\n"
+                  "  ring, the largest rank          %9.1f MiB (rank 0 planned %.1f MiB)\n",
+                  c.size(), static_cast<long long>(B), static_cast<long long>(L), static_cast<long long>(D),
+                  static_cast<long long>(H), one, most, static_cast<double>(planned) / 1048576.0);
     return 0;
   }
   dist::HeadParallelAttention heads(c, D, H, m.state_dict());
