@@ -52,15 +52,19 @@ class GridAttention {
   // Move assignment, as the move constructor.
   GridAttention& operator=(GridAttention&&) noexcept;
 
-  // This rank's head group g (0 .. head_groups()-1) and sequence block j (0 .. sequence_blocks()-1).
+  // This rank's head group g, 0 .. head_groups()-1.
   int head_group() const;
+  // This rank's sequence block j, 0 .. sequence_blocks()-1.
   int sequence_block() const;
+  // G, the number of head groups.
   int head_groups() const;
+  // S = P / G, the number of sequence blocks (the ranks of each group's ring).
   int sequence_blocks() const;
   // The heads of this rank's group (ascending, contiguous).
   const std::vector<int64_t>& heads() const;
-  // (begin, count) of this rank's block of `length` query or key positions.
+  // (begin, count) of this rank's block of `length` query positions.
   std::pair<int64_t, int64_t> query_block(int64_t length) const;
+  // (begin, count) of this rank's block of `length` key (and value) positions.
   std::pair<int64_t, int64_t> key_block(int64_t length) const;
 
   // queries:[B,Q_j,Dq] keys:[B,K_j,Dk] values:[B,K_j,Dv], this rank's
@@ -76,10 +80,13 @@ class GridAttention {
 
   // Training mode (the default) or evaluation mode, as RingAttention::train.
   void train(bool on = true);
+  // Evaluation mode.
   void eval() { train(false); }
 
-  // Whether forward() keeps attention_weights(): [B, heads().size(), Q_j, K].
+  // Whether forward() keeps attention_weights() (off by default).
   void keep_attention_weights(bool on);
+  // [B, heads().size(), Q_j, K]: the last forward's weights of this group's
+  // heads for block j's queries over every key; empty unless kept.
   const Tensor& attention_weights() const;
   // This rank's ring (its head group's heads over its group's ranks): stats(), grads().
   const RingAttention& ring() const;
