@@ -2,6 +2,7 @@
 // each head group's heads, summed over the head groups by all-reduces.
 #include "mha/dist/grid_attention.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,7 @@ struct GridAttention::State {
   State(Communicator all_ranks, int G) : all(std::move(all_ranks)), groups(G) {}
   Communicator all;
   int groups = 1, blocks = 1, group = 0, block = 0;
+  int64_t num_hiddens = 0, num_heads = 0, head_dim = 0;
   std::vector<int64_t> heads;
   std::unique_ptr<Communicator> across_heads;  // the ranks of this sequence block, one per head group
   std::unique_ptr<RingAttention> ring;         // this head group's ring
@@ -34,6 +36,9 @@ GridAttention::GridAttention(Communicator comm, int head_groups, int64_t num_hid
       fail(op, "head_groups: ", head_groups, " is more than the ", num_heads, " heads; wanted G <= num_heads");
     return 0;
   });
+  s.num_hiddens = num_hiddens;
+  s.num_heads = num_heads;
+  s.head_dim = num_heads > 0 ? num_hiddens / num_heads : 0;  // the ring refuses sizes that do not divide
   s.blocks = P / head_groups;
   s.group = s.all.rank() / s.blocks;
   s.block = s.all.rank() % s.blocks;
@@ -84,6 +89,50 @@ MultiHeadAttention::InputGrads GridAttention::backward(const Tensor& grad_output
   s.across_heads->all_reduce_sum(g.values);
   return g;
 }
+
+StateDict GridAttention::gather_grads() const {
+  const State& s = *s_;
+  const StateDict& mine = s.ring->grads();  // this group's heads, the same on every rank of its ring
+  // Block 0's rank of each group sends its group's tensors, in name order.
+  if (s.all.rank() != 0) {
+    if (s.block == 0) {
+      int tag = 0;
+      for (const auto& [name, t] : mine) s.all.send(t.data(), t.numel(), 0, tag++);
+    }
+    return {};
+  }
+  const int64_t N = s.num_hiddens, d = s.head_dim;
+  StateDict full;
+  for (const auto& [name, t] : mine) {
+    Shape shape = t.shape();
+    if (name != "W_o.bias") shape[name == "W_o.weight" ? 1 : 0] = N;
+    full[name] = name == "W_o.bias" ? t : Tensor(shape);  // W_o's bias: group 0's (rank 0's)
+  }
+  for (int g = 0; g < s.groups; ++g) {
+    const std::vector<int64_t> heads = HeadParallelAttention::heads_of(s.num_heads, s.groups, g);
+    const int64_t r0 = heads.front() * d, n = static_cast<int64_t>(heads.size()) * d;
+    int tag = 0;
+    for (const auto& [name, t] : mine) {
+      Shape shape = t.shape();  // rank 0's (group 0's); group g's has n rows (W_o: columns)
+      if (name != "W_o.bias") shape[name == "W_o.weight" ? 1 : 0] = n;
+      Tensor part = g == 0 ? t : Tensor(shape);
+      if (g != 0) s.all.recv(part.data(), part.numel(), g * s.blocks, tag);
+      ++tag;
+      Tensor& out = full[name];
+      if (name == "W_o.bias") continue;
+      if (name == "W_o.weight") {  // [N, n] -> columns [r0, r0 + n)
+        for (int64_t o = 0; o < N; ++o)
+          std::copy(part.data() + o * n, part.data() + (o + 1) * n, out.data() + o * N + r0);
+      } else {  // rows [r0, r0 + n) of a weight (rows x in) or a bias
+        const int64_t width = part.dim() == 2 ? part.size(1) : 1;
+        std::copy(part.data(), part.data() + part.numel(), out.data() + r0 * width);
+      }
+    }
+  }
+  return full;
+}
+
+void GridAttention::zero_grad() { s_->ring->zero_grad(); }
 
 void GridAttention::train(bool on) { s_->ring->train(on); }
 void GridAttention::keep_attention_weights(bool on) { s_->ring->keep_attention_weights(on); }

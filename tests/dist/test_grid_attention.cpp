@@ -64,6 +64,18 @@ void check(int groups, const Run& run, int64_t num_hiddens, int64_t num_heads, b
   for (int64_t o = 0; o < num_hiddens; ++o)
     std::copy(wo.data() + o * num_hiddens + r0, wo.data() + o * num_hiddens + r0 + n, wo_cols.data() + o * n);
   EXPECT_LT(relative_error(grid.ring().grads().at("W_o.weight"), wo_cols), kTol) << "W_o grad, " << where;
+  // Every group's gradients, assembled on rank 0 (W_k.bias's is 0 up to rounding).
+  const StateDict full = grid.gather_grads();
+  if (c.rank() != 0) {
+    EXPECT_TRUE(full.empty());
+    return;
+  }
+  ASSERT_EQ(full.size(), ref->grads().size());
+  double largest = 0;
+  for (const auto& [name, t] : ref->grads())
+    for (float x : t.values()) largest = std::max(largest, static_cast<double>(std::fabs(x)));
+  for (const auto& [name, t] : ref->grads())
+    EXPECT_LT(relative_error(full.at(name), t, name == "W_k.bias" ? largest : 0.0), kTol) << name << ", " << where;
 }
 
 // The head-group counts a run of P ranks can take here: 1, 2 and P.

@@ -17,7 +17,8 @@
 // group 0): every rank of block j gets rows q0 .. q0+nq of the module's
 // output. Backward: each ring's backward, then one all-reduce per input
 // over the head groups; each rank's weight gradients are its head group's
-// (ring().grads(), summed over the group's ring).
+// (ring().grads(), summed over the group's ring); gather_grads()
+// assembles the full module's on rank 0.
 //
 // Masks as RingAttention takes them (lengths over global key positions,
 // causal). G = 1 is RingAttention, G = P is HeadParallelAttention's split
@@ -88,6 +89,13 @@ class GridAttention {
   // [B, heads().size(), Q_j, K]: the last forward's weights of this group's
   // heads for block j's queries over every key; empty unless kept.
   const Tensor& attention_weights() const;
+  // The full module's accumulated weight gradients (the names and shapes of
+  // its state dict), assembled on rank 0 from each head group's; empty on
+  // the other ranks. Collective.
+  StateDict gather_grads() const;
+  // Sets this rank's accumulated gradients to zero.
+  void zero_grad();
+
   // This rank's ring (its head group's heads over its group's ranks): stats(), grads().
   const RingAttention& ring() const;
 
