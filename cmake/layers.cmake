@@ -76,6 +76,7 @@ set(MHA_LAYER_HEADERS_dist
   dist.h
   dist/communicator.h
   dist/environment.h
+  dist/grid_attention.h
   dist/head_parallel.h
   dist/ring_attention.h
 )

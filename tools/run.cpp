@@ -3,6 +3,7 @@
 // weights and inputs files: see model_io.h.
 // output file: output (B,Q,D) and attention_weights (B,H,Q,K) as F32; for a
 // pruned module H is the kept heads, listed in the metadata's heads_kept.
+// --parallel heads|sequence|grid runs it over MPI ranks (run_parallel.h).
 #include <cstdio>
 #include <map>
 #include <string>
@@ -12,6 +13,7 @@
 #include "mha/mha.h"
 #include "model_io.h"
 #include "outputs.h"
+#include "run_parallel.h"
 
 namespace mha::tools {
 
@@ -22,9 +24,25 @@ const char* kOp = "run";
 struct RunOptions {
   std::string weights, inputs, out;
   int64_t heads = 0;
+  Parallel parallel = Parallel::None;
+  int head_groups = 0;
 };
 
+#ifndef MHA_TOOL_DIST
+// Without mha::dist there is nothing to run the ranks with.
+void run_parallel(const ParallelRun&) {
+  fail(kOp, "--parallel: this mha was built without MPI (mha::dist is off); install an MPI "
+            "(apt-get install libopenmpi-dev openmpi-bin) and rebuild with -DMHA_BUILD_DIST=ON");
+}
+#endif
+
 void run(const RunOptions& opt) {
+  if (opt.head_groups != 0 && opt.parallel != Parallel::Grid)
+    fail(kOp, "--head-groups: ", opt.head_groups, " given without --parallel grid, the only split that takes it");
+  if (opt.parallel != Parallel::None) {
+    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups});
+    return;
+  }
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
   check_outputs(kOp, {{"--out", opt.out}}, {".safetensors"}, {{"--weights", opt.weights}, {"--inputs", opt.inputs}});
   MultiHeadAttention attention = load_attention(opt.weights, opt.heads, kOp);
@@ -54,6 +72,16 @@ void add_run_command(CLI::App& app) {
       ->required();
   cmd->add_option("--heads", opt->heads,
                   "Number of heads (as built; may be left out if the weights file records it)");
+  const std::map<std::string, Parallel> modes{
+      {"heads", Parallel::Heads}, {"sequence", Parallel::Sequence}, {"grid", Parallel::Grid}};
+  cmd->add_option("--parallel", opt->parallel,
+                  "Run over the ranks of `mpirun -np N`: heads (split by heads), sequence (ring attention "
+                  "over blocks of positions) or grid (head groups x sequence blocks); rank 0 writes --out")
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case));
+  cmd->add_option("--head-groups", opt->head_groups,
+                  "With --parallel grid: head groups G (G divides the ranks; default: the largest G with "
+                  "G*G <= ranks and G <= heads)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([opt] { run(*opt); });
 }
 

@@ -111,6 +111,17 @@ Communicator Communicator::world() {
   return Communicator(std::move(s));
 }
 
+Communicator Communicator::split(int color, int key) const {
+  static const char* op = "dist.Communicator.split";
+  if (color < 0) fail(op, "color: ", color, " is negative; wanted >= 0");
+  auto s = std::make_shared<Shared>();
+  check_mpi(MPI_Comm_split(shared_->comm, color, key, &s->comm), op, "MPI_Comm_split");
+  check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), op, "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(s->comm, &s->rank), op, "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(s->comm, &s->size), op, "MPI_Comm_size");
+  return Communicator(std::move(s));
+}
+
 int Communicator::rank() const { return shared_->rank; }
 int Communicator::size() const { return shared_->size; }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,6 +78,36 @@ inline Tensor rows(const Tensor& x, int64_t begin, int64_t n) {
   for (int64_t b = 0; b < B; ++b)
     std::copy(x.data() + (b * L + begin) * D, x.data() + (b * L + begin + n) * D, out.data() + b * n * D);
   return out;
+}
+
+}  // namespace mha::dist::test
+
+namespace mha::dist::test {
+
+// Queries [begin, begin + n) of x:[B, H, Q, K] -> [B, H, n, K].
+inline Tensor query_rows(const Tensor& x, int64_t begin, int64_t n) {
+  const int64_t B = x.size(0), H = x.size(1), Q = x.size(2), K = x.size(3);
+  Tensor out({B, H, n, K});
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    std::copy(x.data() + (bh * Q + begin) * K, x.data() + (bh * Q + begin + n) * K, out.data() + bh * n * K);
+  return out;
+}
+
+// Heads [first, first + n) of x:[B, H, Q, K] -> [B, n, Q, K].
+inline Tensor head_slice(const Tensor& x, int64_t first, int64_t n) {
+  const int64_t B = x.size(0), H = x.size(1), QK = x.size(2) * x.size(3);
+  Tensor out({B, n, x.size(2), x.size(3)});
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(x.data() + (b * H + first) * QK, x.data() + (b * H + first + n) * QK, out.data() + b * n * QK);
+  return out;
+}
+
+// Whether two tensors hold the same bits.
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::equal(a.data(), a.data() + a.numel(), b.data(), [](float x, float y) {
+           return std::memcmp(&x, &y, sizeof x) == 0;
+         });
 }
 
 }  // namespace mha::dist::test

@@ -122,6 +122,28 @@ std::map<std::string, Trigger> triggers() {
                                   r.forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3));
                                   r.backward(randn({2, 2, 9}, 4));
                                 }}},
+      {"dist.ring_memory_limit", {-1, [&c] {
+                                    RingAttention r = ring(c);
+                                    const Tensor q = randn({2, 64, 7}, 1), k = randn({2, 64, 6}, 2),
+                                                 v = randn({2, 64, 5}, 3);
+                                    const uint64_t saved = memory_limit();
+                                    set_memory_limit(1024);  // after the inputs: tensors check it too
+                                    try {
+                                      r.forward(q, k, v);
+                                    } catch (...) {
+                                      set_memory_limit(saved);
+                                      throw;
+                                    }
+                                    set_memory_limit(saved);
+                                  }}},
+      {"dist.split_color", {-1, [&c] { c.split(-1, 0); }}},
+      // 3 groups divide no run of 2 or 4 ranks.
+      {"dist.grid_groups", {-1, [&c] {
+                              GridAttention(c, 3, 8, 2, reference_module(8, 2, true, 7, 6, 5, 1)->state_dict());
+                            }}},
+      {"dist.grid_heads", {-1, [&c] {
+                             GridAttention(c, 2, 8, 1, reference_module(8, 1, true, 7, 6, 5, 1)->state_dict());
+                           }}},
   };
 }
 

@@ -126,5 +126,24 @@ TEST(HeadParallel, ShardsHoldTheirHeadsAndGatherBackToTheStateDict) {
   }
 }
 
+TEST(HeadParallel, SameRanksGiveBitwiseTheSameResults) {
+  const Communicator& c = world();
+  auto ref = reference_module(20, 5, true, 7, 6, 5, 150);
+  const Tensor q = randn({2, 9, 7}, 151), k = randn({2, 11, 6}, 152), v = randn({2, 11, 5}, 153),
+               g = randn({2, 9, 20}, 154);
+  std::vector<Tensor> results[2];
+  for (auto& result : results) {
+    HeadParallelAttention heads(c, 20, 5, ref->state_dict());
+    heads.train();
+    result.push_back(heads.forward(q, k, v, ValidLens::per_batch({4, 11})));
+    const auto grads = heads.backward(g);
+    result.insert(result.end(), {grads.queries, grads.keys, grads.values});
+    for (const auto& [name, t] : heads.gather_grads()) result.push_back(t);
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(bitwise_equal(results[0][i], results[1][i])) << "result " << i << " rank " << c.rank();
+}
+
 }  // namespace
 }  // namespace mha::dist::test

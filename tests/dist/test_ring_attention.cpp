@@ -40,6 +40,7 @@ void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, ui
   const Communicator& c = world();
   auto ref = reference_module(num_hiddens, num_heads, bias, 7, 6, 5, seed);
   RingAttention ring(c, num_hiddens, num_heads, ref->state_dict());
+  ring.keep_attention_weights(true);
   const Tensor q = randn({run.B, run.Q, 7}, seed + 1), k = randn({run.B, run.K, 6}, seed + 2),
                v = randn({run.B, run.K, 5}, seed + 3);
   CallMasks masks;
@@ -54,6 +55,8 @@ void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, ui
                                   run.fully);
   EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol)
       << "B" << run.B << " Q" << run.Q << " K" << run.K << " rank " << c.rank();
+  EXPECT_LT(relative_error(ring.attention_weights(), query_rows(ref->attention_weights(), s.q_begin, s.q_count)), kTol)
+      << "attention weights, rank " << c.rank();
   if (!run.backward) return;
   const Tensor grad_out = randn({run.B, run.Q, num_hiddens}, seed + 4);
   const auto gw = ref->backward(grad_out);
@@ -142,6 +145,136 @@ TEST(RingAttention, GradientsAccumulateAndZero) {
   ring.zero_grad();
   for (const auto& [name, t] : ring.grads())
     for (float x : t.values()) EXPECT_EQ(x, 0.0f) << name;
+}
+
+TEST(RingAttention, EvaluationModeKeepsNothingForABackward) {
+  const Communicator& c = world();
+  auto ref = reference_module(8, 2, true, 7, 6, 5, 85);
+  RingAttention ring(c, 8, 2, ref->state_dict());
+  const Split s = split(5, 5);
+  const Tensor q = rows(randn({1, 5, 7}, 86), s.q_begin, s.q_count), k = rows(randn({1, 5, 6}, 87), s.k_begin, s.k_count),
+               v = rows(randn({1, 5, 5}, 88), s.k_begin, s.k_count);
+  const Tensor trained = ring.forward(q, k, v);
+  const uint64_t training_bytes = ring.stats().planned_bytes;
+  ring.eval();
+  EXPECT_TRUE(bitwise_equal(ring.forward(q, k, v), trained));
+  // The inputs are no longer kept: B * (Q_r * 7 + K_r * (6 + 5)) floats less.
+  EXPECT_EQ(training_bytes - ring.stats().planned_bytes, static_cast<uint64_t>(4 * (s.q_count * 7 + s.k_count * 11)));
+  EXPECT_THROW(ring.backward(Tensor({1, s.q_count, 8})), Error);
+  ring.train();
+  ring.forward(q, k, v);
+  EXPECT_NO_THROW(ring.backward(Tensor({1, s.q_count, 8})));
+}
+
+// The tiles rank `rank` skips in one batch row: key blocks whose first key
+// (global position) is masked for every query of the rank, when each query
+// has key 0 live. One tile per block here (fewer than 256 queries per rank).
+int64_t expected_skips(int64_t Q, int64_t K, float length, Causal causal) {
+  const Communicator& c = world();
+  const Split s = split(Q, K);
+  if (s.q_count == 0 || !(length > 0)) return 0;
+  int64_t skips = 0;
+  for (int o = 0; o < c.size(); ++o) {
+    const auto [k0, kn] = RingAttention::block_of(K, c.size(), o);
+    if (kn == 0) continue;
+    bool all = true;
+    for (int64_t i = s.q_begin; i < s.q_begin + s.q_count; ++i) {
+      const int64_t last = causal == Causal::TopLeft ? i : K - 1;
+      all = all && (static_cast<float>(k0) >= length || k0 > last);
+    }
+    skips += all ? 1 : 0;
+  }
+  return skips;
+}
+
+TEST(RingAttention, SkipsMaskedBlocksWithTheSameResults) {
+  const Communicator& c = world();
+  // Causal over 8 positions: rank r's queries see no key of a later rank's block.
+  check({2, 8, 8, ValidLens(), Causal::TopLeft}, 12, 3, true, 90);
+  check({2, 8, 8, ValidLens(), Causal::TopLeft, FullyMaskedRows::Uniform, true}, 12, 3, true, 91);
+  // Row 0 sees 3 keys of 8, row 1 all (the chapter's -1e6 fill, no causal mask).
+  check({2, 8, 8, ValidLens::per_batch({3, 8}), Causal::None, FullyMaskedRows::Uniform, true}, 12, 3, true, 92);
+  // Row 0 of length 0 sees every key (uniform): its blocks are never skipped.
+  check({2, 8, 8, ValidLens::per_batch({0, 2}), Causal::None, FullyMaskedRows::Uniform, true}, 12, 3, true, 93);
+
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 94);
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  const Split s = split(8, 8);
+  const Tensor q = rows(randn({2, 8, 7}, 95), s.q_begin, s.q_count), k = rows(randn({2, 8, 6}, 96), s.k_begin, s.k_count),
+               v = rows(randn({2, 8, 5}, 97), s.k_begin, s.k_count);
+  const int64_t blocks = s.q_count > 0 ? 2 * c.size() : 0;  // a tile per (batch row, key block)
+  ring.forward(q, k, v, {}, Causal::TopLeft);
+  EXPECT_EQ(ring.stats().tiles, blocks);
+  EXPECT_EQ(ring.stats().tiles_skipped, 2 * expected_skips(8, 8, INFINITY, Causal::TopLeft)) << "rank " << c.rank();
+  if (c.size() > 1 && c.rank() == 0) {
+    EXPECT_EQ(ring.stats().tiles_skipped, 2 * (c.size() - 1));
+  }
+  ring.forward(q, k, v, ValidLens::per_batch({3, 8}));
+  EXPECT_EQ(ring.stats().tiles_skipped, expected_skips(8, 8, 3, Causal::None)) << "rank " << c.rank();
+  ring.forward(q, k, v, ValidLens::per_batch({0, 2}));
+  EXPECT_EQ(ring.stats().tiles_skipped, expected_skips(8, 8, 2, Causal::None)) << "rank " << c.rank();
+  ring.forward(q, k, v);
+  EXPECT_EQ(ring.stats().tiles_skipped, 0);
+}
+
+// Restores the memory limit when a test ends, even a failed one.
+struct MemoryLimitGuard {
+  uint64_t saved = memory_limit();
+  ~MemoryLimitGuard() { set_memory_limit(saved); }
+};
+
+TEST(RingAttention, RunsASequenceTooLongForOneProcesssMemoryLimit) {
+  const Communicator& c = world();
+  if (c.size() < 2) GTEST_SKIP() << "needs 2 ranks or more";
+  MemoryLimitGuard guard;
+  const int64_t L = 512, D = 256, H = 4;
+  auto ref = reference_module(D, H, false, 7, 6, 5, 100);
+  RingAttention ring(c, D, H, ref->state_dict());
+  ring.eval();  // as the module: nothing kept for a backward
+  const Split s = split(L, L);
+  const Tensor q = randn({1, L, 7}, 101), k = randn({1, L, 6}, 102), v = randn({1, L, 5}, 103);
+  const Tensor qr = rows(q, s.q_begin, s.q_count), kr = rows(k, s.k_begin, s.k_count), vr = rows(v, s.k_begin, s.k_count);
+  ring.forward(qr, kr, vr);
+  // The limit: the most any rank's share plans (the same limit on every rank).
+  const std::vector<int64_t> planned = c.all_gather(static_cast<int64_t>(ring.stats().planned_bytes));
+  const uint64_t limit = static_cast<uint64_t>(*std::max_element(planned.begin(), planned.end()));
+  const Tensor want = ref->forward(q, k, v);
+  set_memory_limit(limit);
+  try {
+    ref->forward(q, k, v);
+    ADD_FAILURE() << "the single-process module ran within " << limit << " bytes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("above the memory limit of " + std::to_string(limit)), std::string::npos)
+        << e.what();
+  }
+  const Tensor got = ring.forward(qr, kr, vr);
+  EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol);
+  // One byte less and the ring refuses too, on every rank (the others name the failing ones).
+  set_memory_limit(limit - 1);
+  EXPECT_THROW(ring.forward(qr, kr, vr), Error);
+}
+
+TEST(RingAttention, SameRanksGiveBitwiseTheSameResults) {
+  const Communicator& c = world();
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 110);
+  const Split s = split(600, 520);  // more than one tile of queries per rank under -np 2
+  const Tensor q = rows(randn({2, 600, 7}, 111), s.q_begin, s.q_count),
+               k = rows(randn({2, 520, 6}, 112), s.k_begin, s.k_count),
+               v = rows(randn({2, 520, 5}, 113), s.k_begin, s.k_count),
+               g = randn({2, s.q_count, 12}, 114 + static_cast<uint64_t>(c.rank()));
+  const ValidLens lens = ValidLens::per_batch({300, 520});
+  std::vector<Tensor> results[2];
+  for (auto& result : results) {
+    RingAttention ring(c, 12, 3, ref->state_dict());
+    result.push_back(ring.forward(q, k, v, lens, Causal::TopLeft));
+    const auto grads = ring.backward(g);
+    result.push_back(grads.queries);
+    result.push_back(grads.keys);
+    result.push_back(grads.values);
+    for (const auto& [name, t] : ring.grads()) result.push_back(t);
+  }
+  for (size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(bitwise_equal(results[0][i], results[1][i])) << "result " << i << " rank " << c.rank();
 }
 
 }  // namespace

@@ -308,6 +308,14 @@ def with_recorded_heads(t, meta, heads):
     return argv
 
 
+def with_recorded_pruned(t):
+    """A D=8 run on the weights of a 2-head module pruned to head 1 (one process, MPI's singleton)."""
+    argv = with_heads(files(t, D=8, inp=4, B=1, Q=1, K=1), 2)
+    weights = {"W_q.weight": ones(4, 4), "W_k.weight": ones(4, 4), "W_v.weight": ones(4, 4), "W_o.weight": ones(8, 4)}
+    mha.save_safetensors(str(t / "w.safetensors"), weights, {"num_heads": "2", "heads_kept": "1"})
+    return argv
+
+
 CLI = {
     "mha.divisible": lambda t: with_heads(files(t, D=10, inp=4, B=1, Q=1, K=1), 3),
     "forward.rank": lambda t: files(t, inputs=qkv(q=(2, 4))),
@@ -345,6 +353,8 @@ CLI = {
     "run.extra": lambda t: files(t, inputs=dict(qkv(), bias=ones(1))),
     "run.heads_metadata": lambda t: with_recorded_heads(t, {"num_heads": "x"}, 2),
     "run.heads_disagree": lambda t: with_recorded_heads(t, {"num_heads": "2"}, 4),
+    "run.head_groups": lambda t: files(t) + ["--head-groups", "2"],
+    "run.parallel_pruned": lambda t: with_recorded_pruned(t) + ["--parallel", "heads"],
     "run.input_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F64", [1], bytes(8)),
                                                              ("keys", "F32", [1], f32(1)),
                                                              ("values", "F32", [1], f32(1))])),

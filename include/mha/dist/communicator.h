@@ -59,6 +59,10 @@ class Communicator {
   // Throws mha::Error when MPI is not running (make an Environment first).
   static Communicator world();
 
+  // The ranks that pass the same `color` (>= 0), as a communicator of their
+  // own, numbered by `key` (ties by rank here). Collective.
+  Communicator split(int color, int key) const;
+
   // This process's number, 0 <= rank() < size().
   int rank() const;
   // The number of processes.

@@ -29,9 +29,24 @@
 // owner at the end; weight gradients are summed over the ranks by one
 // all-reduce, so grads() is the same, whole, on every rank.
 //
+// Each rank computes its queries in tiles of up to 256 rows against one key
+// block at a time; a tile whose queries are all masked from every key of the
+// block (by the causal mask or the valid lengths) is skipped, and the block
+// still travels on (stats() counts the tiles). Skipping is exact: such a
+// tile adds exactly zero (with the chapter's -1e6 fill, e^(-1e6 - m) is 0 in
+// float next to any live score m > -999896). A tile holding a row with no
+// live key at all is never skipped: that row's weights span every key.
+//
+// Before it allocates, a forward adds up what it needs on this rank
+// (projections, the two blocks in flight, one tile's scores, the output,
+// the weights if kept) and checks it against mha::memory_limit(): a
+// sequence too long for one process's limit runs when each rank's share
+// fits (stats().planned_bytes).
+//
 // No dropout (evaluation semantics). Calls are collective: every rank calls
 // forward() and backward() in the same order; a call that fails on one rank
-// fails on every rank.
+// fails on every rank. The same ranks, inputs and thread count give bitwise
+// the same results on every run (fixed tiles, fixed order of the ring).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +60,17 @@
 #include "mha/valid_lens.h"
 
 namespace mha::dist {
+
+class GridAttention;
+
+// What the last forward did on this rank (RingAttention::stats()).
+struct RingStats {
+  int64_t tiles = 0;           // (batch row, query tile, key block) tiles met
+  int64_t tiles_skipped = 0;   // of those, skipped: every query masked from every key of the block
+  uint64_t planned_bytes = 0;  // the bytes the call planned, checked against mha::memory_limit()
+  double compute_seconds = 0;  // time in the steps' computation
+  double step_seconds = 0;     // time from each step's start to the next block's arrival (compute + waits)
+};
 
 // MultiHeadAttention over a sequence split into the ranks' blocks (see the file comment).
 class RingAttention {
@@ -75,6 +101,24 @@ class RingAttention {
   // summed over the ranks, into grads(). Collective.
   MultiHeadAttention::InputGrads backward(const Tensor& grad_output);
 
+  // Training mode (the default): forward() keeps its inputs for backward().
+  // Evaluation mode: it keeps nothing for a backward, and plans less memory.
+  void train(bool on = true);
+  // Evaluation mode.
+  void eval() { train(false); }
+
+  // Whether forward() keeps this rank's rows of the attention weights for
+  // attention_weights() (off by default: they are [B,H,Q_r,K], the size the
+  // ring otherwise avoids).
+  void keep_attention_weights(bool on);
+  // [B, num_heads, Q_r, K]: the last forward's softmax weights of this
+  // rank's queries over every key (as MultiHeadAttention::attention_weights
+  // gives them for these rows); empty unless keep_attention_weights(true).
+  const Tensor& attention_weights() const;
+  // What the last forward did on this rank: tiles computed and skipped,
+  // bytes planned, time computing and stepping.
+  const RingStats& stats() const;
+
   // The weights (the state dict given), by the chapter's names.
   const StateDict& state_dict() const;
   // Accumulated weight gradients by name, the same on every rank.
@@ -85,6 +129,12 @@ class RingAttention {
   const Communicator& communicator() const;
 
  private:
+  friend class GridAttention;
+  // Only heads [first_head, first_head + head_count) of the module: their
+  // rows of W_q, W_k, W_v and columns of W_o; W_o's bias only when
+  // `output_bias` (GridAttention's head groups add it once).
+  RingAttention(Communicator comm, int64_t num_hiddens, int64_t num_heads, const StateDict& state,
+                int64_t first_head, int64_t head_count, bool output_bias);
   struct State;
   std::unique_ptr<State> s_;
 };
