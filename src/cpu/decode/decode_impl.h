@@ -128,10 +128,10 @@ struct DecodeKernel {
   // summed, so that a few lines are requested at a time. bfloat16 only.
   // Measured at one thread (B1, 32 heads of 128, 32768 keys, bfloat16, CPU
   // time of the calling thread; two versions alternated in one process, 160
-  // calls each; load average 8-12 on the 2 cores): asking for the whole next tile at its start, 256
-  // prefetches in a row, stalled on the line-fill buffers (perf put 90% of
-  // the kernel's samples on them): 49.5 ms best, 63.6 median, against 40.6
-  // and 52.0 spread out (wall time at 2 threads: 56.4 / 102.1 against
+  // calls each; load average 8-12 on the 2 cores): asking for the whole
+  // next tile at its start, 256 prefetches in a row, stalled on the
+  // line-fill buffers (perf put 90% of the kernel's samples on them): 49.5
+  // ms best, 63.6 median, against 40.6 and 52.0 spread out (wall time at 2 threads: 56.4 / 102.1 against
   // 44.3 / 86.0). float32 rows gained nothing from either (82 / 107 ms
   // without prefetching, 92 / 109 with it spread): the hardware prefetcher
   // keeps up with them alone (twice the bytes per key computed).
