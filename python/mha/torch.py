@@ -245,8 +245,10 @@ def _dropout_seed(training, p):
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
-def _check_cached(op, tensors):
-    """A cached call (cache=...) has no backward: refuse one that a gradient would need."""
+def _check_cached(op, cache, tensors):
+    """cache is an mha.KVCache, and the call needs no gradient (cached calls have no backward)."""
+    if not isinstance(cache, _core.KVCache):
+        raise _checks.wrong_kind(op, "cache", cache, "an mha.KVCache (made by this module's kv_cache())")
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise ValueError(f"[{op}] cache: cached calls have no backward; run them under torch.no_grad() "
                          "or torch.inference_mode() (a parameter or input requires grad)")
@@ -394,7 +396,7 @@ class MultiHeadAttention(nn.Module):
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._ensure_link(queries, keys, values)
         if cache is not None:
-            _check_cached(op, [queries, keys, values, *self._params()])
+            _check_cached(op, cache, [queries, keys, values, *self._params()])
             self._link.sync()
             self._impl.train(self.training)  # a training-mode module's cached call is refused by mha
             nq, nk, nv = _inputs_numpy(queries, keys, values)
@@ -586,10 +588,10 @@ class MultiheadAttention(nn.Module):
             _check_input(x, op, n, (2, 3))
         self._ensure_impl()
         if cache is not None:
+            _check_cached(op, cache, [query, key, value, *(p for _, p in self._named_params())])
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
                                  "causal already); pass key_padding_mask over the cached and new keys")
-            _check_cached(op, [query, key, value, *(p for _, p in self._named_params())])
             self._link.sync()
             self._impl.train(self.training)
             nq, nk, nv = _inputs_numpy(query, key, value)
