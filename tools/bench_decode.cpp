@@ -23,7 +23,8 @@
 // bytes written (STREAM's convention), measured before and after each case
 // (the larger counts), so load from other processes drifts out of the
 // ratio. x read: the step's time over cache bytes / stream GB/s (1.0: the
-// step runs at memory speed).
+// step runs at memory speed). work KiB: the kernel's working memory besides
+// the cache at the case's threads (kernels::decode_working_bytes).
 #include "bench_decode.h"
 
 #include <unistd.h>
@@ -214,9 +215,11 @@ void run_decode_bench(const std::vector<int>& threads, bool quick, double budget
   std::printf("decode step: Qn queries over K cached keys per batch row, 32 query heads of 128 over 32 or 8 "
               "cache heads\n(x read: step time over the time to read the cache once at the stream-copy "
               "bandwidth measured around the case;\n indented: the same step through the module's cached call "
-              "(projections, append, kernel, W_o), x read+W: over the time to read the cache and the weights)\n\n");
-  std::printf("%-36s %3s %10s %8s %10s %10s %7s %9s\n", "case", "thr", "ms", "GB/s", "stream GB/s", "read ms",
-              "x read", "x read+W");
+              "(projections, append, kernel, W_o), x read+W: over the time to read the cache and the weights;\n"
+              " work KiB: the kernel's working memory besides the cache (partials, per-thread scratch, tasks:\n"
+              " kernels::decode_working_bytes, counted by tests/cpp/memory/decode_memory.cpp), %% cache: its share)\n\n");
+  std::printf("%-36s %3s %10s %8s %10s %10s %7s %9s %9s %7s\n", "case", "thr", "ms", "GB/s", "stream GB/s",
+              "read ms", "x read", "x read+W", "work KiB", "% cache");
   struct Target {
     double ratio;
     std::string name;
@@ -231,16 +234,18 @@ void run_decode_bench(const std::vector<int>& threads, bool quick, double budget
         continue;
       }
       const double before = stream_bandwidth(t);
-      double s = 0;
+      double s = 0, work = 0;
       {
         DecodeData data(c);
         s = median_time([&] { kernels::decode_attention(data.p); }, budget);
+        work = static_cast<double>(kernels::decode_working_bytes(data.p, t));
       }
       const ModuleStep mod = time_module_step(c, budget);
       const double bw = std::max(before, stream_bandwidth(t));
       const double read = c.cache_bytes() / bw, read_w = (c.cache_bytes() + mod.weight_bytes) / bw;
-      std::printf("%-36s %3d %10.3f %8.1f %10.1f %10.3f %7.2f\n", c.name().c_str(), t, s * 1e3,
-                  c.cache_bytes() / s / 1e9, bw / 1e9, read * 1e3, s / read);
+      std::printf("%-36s %3d %10.3f %8.1f %10.1f %10.3f %7.2f %9s %9.0f %7.3f\n", c.name().c_str(), t, s * 1e3,
+                  c.cache_bytes() / s / 1e9, bw / 1e9, read * 1e3, s / read, "", work / 1024,
+                  100.0 * work / c.cache_bytes());
       std::printf("  %-34s %3d %10.3f %8s %10s %10.3f %7.2f %9.2f\n", mod.module, t, mod.seconds * 1e3, "", "",
                   read_w * 1e3, mod.seconds / read, mod.seconds / read_w);
       std::fflush(stdout);

@@ -20,6 +20,7 @@ from ._core import (  # noqa: F401
     mask_to_torch_mha,
     DotProductAttention,
     Kernel,
+    KVCache,
     get_num_threads,
     MultiHeadAttention,
     load_safetensors,

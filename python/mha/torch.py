@@ -245,6 +245,15 @@ def _dropout_seed(training, p):
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
+def _check_cached(op, cache, tensors):
+    """cache is an mha.KVCache, and the call needs no gradient (cached calls have no backward)."""
+    if not isinstance(cache, _core.KVCache):
+        raise _checks.wrong_kind(op, "cache", cache, "an mha.KVCache (made by this module's kv_cache())")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise ValueError(f"[{op}] cache: cached calls have no backward; run them under torch.no_grad() "
+                         "or torch.inference_mode() (a parameter or input requires grad)")
+
+
 class DotProductAttention(nn.Module):
     """The d2l chapter's DotProductAttention as a view of the mha module's state:
     dropout (nn.Dropout, its p read at every call) and attention_weights
@@ -279,6 +288,12 @@ class MultiHeadAttention(nn.Module):
     attention.attention_weights: the same as the chapter's (B*num_heads, Q, K).
     train()/eval() switch dropout (attention.dropout.p) on and off.
     kwargs: kernel=mha.Kernel.* chooses mha's attention implementation.
+
+    Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
+    mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
+    under torch.no_grad(): only the new positions are projected, and each new
+    query attends over its row's cached positions and, causally, the new ones
+    (mha.MultiHeadAttention's cached call; no backward, no attention_weights).
     """
 
     def __init__(self, num_hiddens, num_heads, dropout, bias=False, **kwargs):
@@ -359,8 +374,15 @@ class MultiHeadAttention(nn.Module):
         return [p for _, layer in self._layers() for p in
                 ((layer.weight, layer.bias) if layer.bias is not None else (layer.weight,))]
 
-    def forward(self, queries, keys, values, valid_lens=None):
-        """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens)"""
+    def kv_cache(self, batch_size, max_len, dtype="float32"):
+        """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
+        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'."""
+        return self._impl.kv_cache(batch_size, max_len, dtype)
+
+    def forward(self, queries, keys, values, valid_lens=None, *, cache=None):
+        """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens);
+        with cache= (an mha.KVCache of kv_cache()): the cached call of the n new positions,
+        queries, keys, values (B, n, D*), in eval mode without gradients (class docstring)."""
         op = "mha.torch.MultiHeadAttention"
         for x, n in ((queries, "queries"), (keys, "keys"), (values, "values")):
             _check_input(x, op, n, (3,))
@@ -373,6 +395,12 @@ class MultiHeadAttention(nn.Module):
             else:
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._ensure_link(queries, keys, values)
+        if cache is not None:
+            _check_cached(op, cache, [queries, keys, values, *self._params()])
+            self._link.sync()
+            self._impl.train(self.training)  # a training-mode module's cached call is refused by mha
+            nq, nk, nv = _inputs_numpy(queries, keys, values)
+            return torch.from_numpy(self._impl(nq, nk, nv, lens, cache=cache))
         p = float(self.attention.dropout.p)
         call = _Call(self._runner, lens, _dropout_seed(self.training, p), p if self.training else 0.0)
         call.param_names = [n for n, layer in self._layers() for n in
@@ -541,15 +569,34 @@ class MultiheadAttention(nn.Module):
         if self._impl is not None:
             self._impl.kernel = k
 
+    def kv_cache(self, batch_size, max_len, dtype="float32"):
+        """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
+        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'."""
+        self._ensure_impl()
+        return self._impl.kv_cache(batch_size, max_len, dtype)
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+                average_attn_weights=True, is_causal=False, *, cache=None):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-        average_attn_weights=True, is_causal=False) -> (attn_output, attn_weights or None);
-        shapes in the class docstring."""
+        average_attn_weights=True, is_causal=False, *, cache=None) -> (attn_output,
+        attn_weights or None); shapes in the class docstring. With cache= (an mha.KVCache of
+        kv_cache()): the cached call of the n new positions (eval mode, no gradients, causal
+        over the new positions, no attn_mask; key_padding_mask over the cached and new keys),
+        -> (attn_output, None)."""
         op = "mha.torch.MultiheadAttention"
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
         self._ensure_impl()
+        if cache is not None:
+            _check_cached(op, cache, [query, key, value, *(p for _, p in self._named_params())])
+            if attn_mask is not None:
+                raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
+                                 "causal already); pass key_padding_mask over the cached and new keys")
+            self._link.sync()
+            self._impl.train(self.training)
+            nq, nk, nv = _inputs_numpy(query, key, value)
+            mask = _mask_numpy(key_padding_mask, "key_padding_mask")
+            return torch.from_numpy(self._impl(nq, nk, nv, mask, cache=cache)), None
         a = _TorchCallArgs()
         a.key_padding_mask = _mask_numpy(key_padding_mask, "key_padding_mask")
         a.attn_mask = _mask_numpy(attn_mask, "attn_mask")

@@ -181,8 +181,11 @@ inline constexpr int64_t kDecodeMinChunk = 512;
 inline constexpr int64_t kDecodeMaxChunks = 512;
 int64_t decode_chunk_keys(const DecodeParams& p);
 
-// Bytes of working memory decode_attention allocates for p (partials and
-// per-thread scratch at `threads` threads).
+// Bytes of working memory decode_attention allocates for p besides the
+// cache and the output: the chunks' partials (at most about
+// kDecodeMaxChunks + B*Hkv chunks of group*Qn rows of dv + 2 floats,
+// whatever the cache length), per-thread scratch at `threads` threads
+// (group*Qn rows of d + kDecodeTile + dv + 2 floats each) and the task list.
 int64_t decode_working_bytes(const DecodeParams& p, int threads);
 
 }  // namespace mha::kernels

@@ -237,6 +237,8 @@ if torch is not None:
             key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), need_weights=True,
             attn_mask=torch.zeros(3, 5, dtype=torch.bool), average_attn_weights=True, is_causal=False),
         "torch.MultiheadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
+        "torch.MultiHeadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
+        "torch.MultiheadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
     })
 
 # Arguments that are not numbers (paths, labels, names, enum choices, flags
@@ -252,6 +254,8 @@ NOT_NUMERIC = {
     "torch.MultiHeadAttention.kernel =": {"kernel"},
     "torch.MultiheadAttention.kernel =": {"kernel"},
     "torch.MultiheadAttention": {"device", "dtype", "fully_masked_rows", "kernel"},
+    "torch.MultiHeadAttention.kv_cache": {"dtype"},
+    "torch.MultiheadAttention.kv_cache": {"dtype"},
 }
 # Entry points that take no numbers at all.
 NO_NUMBERS = {"read_png", "load_safetensors", "safetensors_metadata", "load_checkpoint", "plot.colormap",
@@ -301,6 +305,8 @@ OPS = {
     "torch.MultiHeadAttention.forward": "mha.torch.MultiHeadAttention",
     "torch.MultiheadAttention": "mha.torch.MultiheadAttention",
     "torch.MultiheadAttention.forward": ("mha.torch.MultiheadAttention", "TorchMultiheadAttention.forward"),
+    "torch.MultiHeadAttention.kv_cache": "MultiHeadAttention.kv_cache",
+    "torch.MultiheadAttention.kv_cache": "TorchMultiheadAttention.kv_cache",
 }
 
 # ---- enumeration -----------------------------------------------------------------

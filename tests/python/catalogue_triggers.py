@@ -342,6 +342,8 @@ PY = {
     "torch.device": lambda t: _torch_call("device"),
     "torch.device_arg": lambda t: _torch_call("device_arg"),
     "torch.rank": lambda t: _torch_call("rank"),
+    "torch.cache_grad": lambda t: _torch_call("cache_grad"),
+    "torch.cache_attn_mask": lambda t: _torch_call("cache_attn_mask"),
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
@@ -416,6 +418,13 @@ def _torch_call(what):
         mt.MultiheadAttention(8, 2, device="cuda")
     elif what == "rank":
         mt.MultiHeadAttention(8, 2, 0.0)(x, x, x[0])
+    elif what == "cache_grad":
+        m = mt.MultiHeadAttention(8, 2, 0.0).eval()
+        m(x, x, x, cache=m.kv_cache(2, 4))
+    elif what == "cache_attn_mask":
+        m = mt.MultiheadAttention(4, 2, batch_first=True).eval()
+        with torch.no_grad():
+            m(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.bool), cache=m.kv_cache(2, 4))
     else:
         mt.MultiheadAttention(4, 2, dropout=2.0, batch_first=True)(x, x, x)
 

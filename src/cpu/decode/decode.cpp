@@ -9,8 +9,11 @@
 //
 // Memory: besides the cache, the partials (at most about kDecodeMaxChunks +
 // B*Hkv chunks, each group*Qn rows of dv + 2 floats) and one scratch per
-// thread (group*Qn rows of d + kDecodeTile + dv + 2 floats); nothing grows
-// with the cache length once it passes kDecodeMaxChunks * kDecodeMinChunk keys.
+// thread (group*Qn rows of d + kDecodeTile + dv + 2 floats), and the task
+// list; nothing grows with the cache length once it passes
+// kDecodeMaxChunks * kDecodeMinChunk keys summed over rows and cache heads
+// (decode_working_bytes; tests/cpp/memory/decode_memory.cpp counts the
+// allocations of a call against it).
 #include <omp.h>
 
 #include <algorithm>
@@ -118,6 +121,9 @@ namespace {
 
 std::vector<Task> make_tasks(const DecodeParams& p, int64_t chunk_keys, std::vector<int64_t>* first) {
   std::vector<Task> tasks;
+  int64_t n = 0;  // reserved exactly: no doubling growth (decode_working_bytes counts the tasks)
+  for (int64_t b = 0; b < p.B; ++b) n += (p.lengths[b] + chunk_keys - 1) / chunk_keys * p.Hkv;
+  tasks.reserve(static_cast<size_t>(n));
   first->assign(static_cast<size_t>(p.B * p.Hkv + 1), 0);
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t g = 0; g < p.Hkv; ++g) {
@@ -136,7 +142,11 @@ int64_t decode_working_bytes(const DecodeParams& p, int threads) {
   const int64_t R = p.group() * p.Qn;
   const int64_t partials = static_cast<int64_t>(tasks.size()) * R * (p.dv + 2);
   const int64_t scratch = static_cast<int64_t>(kernels_for(FusedIsa::Scalar).scratch_floats(p));
-  return 4 * (partials + scratch * threads);
+  // The task list, each (b, g)'s first task and its count of chunks left.
+  const int64_t bookkeeping = static_cast<int64_t>(tasks.size() * sizeof(Task)) +
+                              static_cast<int64_t>(first.size() * sizeof(int64_t)) +
+                              p.B * p.Hkv * static_cast<int64_t>(sizeof(std::atomic<int64_t>));
+  return 4 * (partials + scratch * threads) + bookkeeping;
 }
 
 void decode_attention(const DecodeParams& p) { decode_attention(p, fused_isa()); }

@@ -33,6 +33,12 @@ struct Avx2Decode : fused::Avx2 {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
+  // 2 x 8 bfloat16s -> even and odd elements as float32 (as Avx512Decode's).
+  static void load_bf16_pair(const uint16_t* p, Reg& even, Reg& odd) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
 };
 
 const DecodeIsaKernels kAvx2Decode = decode_kernels<Avx2Decode>();

@@ -55,6 +55,23 @@ struct DecodeKernel {
   template <int NB>
   static constexpr int kSpread = NB >= 8 ? 1 : 8 / NB;
 
+  // bfloat16 keys are read 2L elements at a time as their even and odd
+  // elements (V::load_bf16_pair: a shift and a mask, no widening shuffle),
+  // so the scaled query is kept the same way: in each whole block of 2L
+  // columns, its even columns, then its odd ones; columns past the last
+  // whole block stay in order. 2-3% off a bfloat16 step (same measurement
+  // as prefetch_row's: 40.6 / 52.0 ms against 41.6 / 53.4).
+  static int64_t pair_cols(int64_t d) { return d / (2 * L) * (2 * L); }
+  static void split_pairs(const float* q, float c2, int64_t d, float* out) {
+    const int64_t P = pair_cols(d);
+    for (int64_t b = 0; b < P; b += 2 * L)
+      for (int64_t i = 0; i < L; ++i) {
+        out[b + i] = q[b + 2 * i] * c2;
+        out[b + L + i] = q[b + 2 * i + 1] * c2;
+      }
+    for (int64_t c = P; c < d; ++c) out[c] = q[c] * c2;
+  }
+
   // s[r * T + jj] = qs_r . k_jj for the NB rows starting at qs, keys jj0 <= jj < jj0 + KB.
   template <int NB, int KB, class E>
   static void score_block(const float* qs, int64_t d, const E* k, int64_t ks, int64_t jj0, float* s) {
@@ -62,6 +79,17 @@ struct DecodeKernel {
     for (int r = 0; r < NB; ++r)
       for (int kb = 0; kb < KB; ++kb) a[r][kb] = V::zero();
     int64_t c = 0;
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      for (; c + 2 * L <= d; c += 2 * L) {  // qs in split_pairs' order here
+        Reg qe[NB], qo[NB];
+        for (int r = 0; r < NB; ++r) qe[r] = V::load(qs + r * d + c), qo[r] = V::load(qs + r * d + c + L);
+        for (int kb = 0; kb < KB; ++kb) {
+          Reg ke, ko;
+          V::load_bf16_pair(k + (jj0 + kb) * ks + c, ke, ko);
+          for (int r = 0; r < NB; ++r) a[r][kb] = V::fmadd(qo[r], ko, V::fmadd(qe[r], ke, a[r][kb]));
+        }
+      }
+    }
     for (; c + L <= d; c += L) {
       Reg qv[NB];
       for (int r = 0; r < NB; ++r) qv[r] = V::load(qs + r * d + c);
@@ -80,21 +108,48 @@ struct DecodeKernel {
   }
 
   // s[r * T + jj] = qs_r . k_jj for NB rows starting at qs, jj < n (k: key 0 of the tile).
+  // pf: rows of the next tile to ask for meanwhile (key jj's while key jj is scored).
   template <int NB, class E>
-  static void scores(const float* qs, int64_t d, const E* k, int64_t ks, int64_t n, float* s) {
+  static void scores(const float* qs, int64_t d, const E* k, int64_t ks, int64_t n, float* s, int64_t pf) {
     constexpr int KB = kSpread<NB>;
     int64_t jj = 0;
-    for (; jj + KB <= n; jj += KB) score_block<NB, KB>(qs, d, k, ks, jj, s);
-    for (; jj < n; ++jj) score_block<NB, 1>(qs, d, k, ks, jj, s);
+    for (; jj + KB <= n; jj += KB) {
+      for (int kb = 0; kb < KB && jj + kb < pf; ++kb) prefetch_row(k + (T + jj + kb) * ks, d);
+      score_block<NB, KB>(qs, d, k, ks, jj, s);
+    }
+    for (; jj < n; ++jj) {
+      if (jj < pf) prefetch_row(k + (T + jj) * ks, d);
+      score_block<NB, 1>(qs, d, k, ks, jj, s);
+    }
+  }
+
+  // Asks for the w elements from `row` (a row of the next tile), spread
+  // through the tile's work: key jj + T's row while key jj is scored or
+  // summed, so that a few lines are requested at a time. bfloat16 only.
+  // Measured at one thread (B1, 32 heads of 128, 32768 keys, bfloat16, CPU
+  // time of the calling thread; two versions alternated in one process, 160
+  // calls each; load average 8-12 on the 2 cores): asking for the whole
+  // next tile at its start, 256 prefetches in a row, stalled on the
+  // line-fill buffers (perf put 90% of the kernel's samples on them): 49.5
+  // ms best, 63.6 median, against 40.6 and 52.0 spread out (wall time at 2 threads: 56.4 / 102.1 against
+  // 44.3 / 86.0). float32 rows gained nothing from either (82 / 107 ms
+  // without prefetching, 92 / 109 with it spread): the hardware prefetcher
+  // keeps up with them alone (twice the bytes per key computed).
+  template <class E>
+  static void prefetch_row(const E* row, int64_t w) {
+    const char* b = reinterpret_cast<const char*>(row);
+    for (int64_t at = 0; at < w * static_cast<int64_t>(sizeof(E)); at += 64) __builtin_prefetch(b + at);
   }
 
   // acc[r, c .. c + CB*L) += sum_jj p[r * T + jj] v_jj[c ..] for NB rows, jj < n.
   template <int NB, int CB, class E>
-  static void value_block(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, int64_t c, float* acc) {
+  static void value_block(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, int64_t c, float* acc,
+                          int64_t pf) {
     Reg a[NB][CB];
     for (int r = 0; r < NB; ++r)
       for (int cb = 0; cb < CB; ++cb) a[r][cb] = V::load(acc + r * dv + c + cb * L);
     for (int64_t jj = 0; jj < n; ++jj) {
+      if (jj < pf) prefetch_row(v + (T + jj) * vs + c, CB * L);
       Reg vv[CB];
       for (int cb = 0; cb < CB; ++cb) vv[cb] = load(v + jj * vs + c + cb * L);
       for (int r = 0; r < NB; ++r) {
@@ -108,31 +163,18 @@ struct DecodeKernel {
 
   // acc[r, :] += sum_jj p[r * T + jj] v_jj for NB rows, jj < n (v: key 0 of the tile).
   template <int NB, class E>
-  static void weighted_values(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, float* acc) {
+  static void weighted_values(const float* p, const E* v, int64_t vs, int64_t n, int64_t dv, float* acc,
+                              int64_t pf) {
     constexpr int CB = kSpread<NB>;
     int64_t c = 0;
-    for (; c + CB * L <= dv; c += CB * L) value_block<NB, CB>(p, v, vs, n, dv, c, acc);
-    for (; c + L <= dv; c += L) value_block<NB, 1>(p, v, vs, n, dv, c, acc);
+    for (; c + CB * L <= dv; c += CB * L) value_block<NB, CB>(p, v, vs, n, dv, c, acc, pf);
+    for (; c + L <= dv; c += L) value_block<NB, 1>(p, v, vs, n, dv, c, acc, pf);
     for (; c < dv; ++c)
       for (int r = 0; r < NB; ++r) {
         float x = acc[r * dv + c];
         for (int64_t jj = 0; jj < n; ++jj) x += p[r * T + jj] * scalar(v[jj * vs + c]);
         acc[r * dv + c] = x;
       }
-  }
-
-  // Asks for the next tile's rows (keys j .. min(j + T, end)) while this
-  // one is computed. bfloat16 only: measured at one thread (B1, 32 heads of
-  // 128, 32768 keys, CPU time) it took a bfloat16 step from 62 to 51 ms,
-  // but a float32 one from 90 to 105 ms (the hardware prefetcher alone
-  // keeps up with float32 rows, twice as many bytes per key computed).
-  template <class E>
-  static void prefetch_tile(const E* base, int64_t stride, int64_t w, int64_t j, int64_t end) {
-    const int64_t stop = std::min(j + T, end);
-    for (; j < stop; ++j) {
-      const char* row = reinterpret_cast<const char*>(base + j * stride);
-      for (int64_t b = 0; b < w * static_cast<int64_t>(sizeof(E)); b += 64) __builtin_prefetch(row + b);
-    }
   }
 
   template <class F>
@@ -159,14 +201,16 @@ struct DecodeKernel {
     const int64_t j0 = t.chunk * job.chunk_keys, j1 = std::min(K, j0 + job.chunk_keys);
     const E* kb = static_cast<const E*>(p.k) + t.b * p.k_stride_b + t.g * p.k_stride_h;
     const E* vb = static_cast<const E*>(p.v) + t.b * p.v_stride_b + t.g * p.v_stride_h;
-    float* qs = scratch;     // [R, d], scaled to base 2
+    float* qs = scratch;     // [R, d], scaled to base 2 (bfloat16: split_pairs' column order)
     float* s = qs + R * d;   // [R, T]: scores, then weights
     float* acc = s + R * T;  // [R, dv]
     float* m = acc + R * dv; // [R]
     float* l = m + R;        // [R]
     for (int64_t r = 0; r < R; ++r) {
       const float* q = p.q + t.b * p.q_stride_b + (t.g * G + r / Qn) * p.q_stride_h + (r % Qn) * p.q_stride_i;
-      for (int64_t c = 0; c < d; ++c) qs[r * d + c] = q[c] * job.c2;
+      if constexpr (std::is_same_v<E, uint16_t>) split_pairs(q, job.c2, d, qs + r * d);
+      else
+        for (int64_t c = 0; c < d; ++c) qs[r * d + c] = q[c] * job.c2;
       m[r] = -INFINITY;
       l[r] = 0.0f;
     }
@@ -176,12 +220,13 @@ struct DecodeKernel {
     const float* bias = p.key_bias ? p.key_bias + t.b * p.key_stride_b : nullptr;
     for (int64_t t0 = j0; t0 < j1; t0 += T) {
       const int64_t n = std::min(T, j1 - t0);
-      if constexpr (std::is_same_v<E, uint16_t>) {
-        prefetch_tile(kb, p.k_stride_j, d, t0 + T, j1);
-        prefetch_tile(vb, p.v_stride_j, dv, t0 + T, j1);
-      }
+      // Rows of the next tile that the first row block asks for along the
+      // way (prefetch_row); bfloat16 only.
+      int64_t pf = 0;
+      if constexpr (std::is_same_v<E, uint16_t>) pf = std::max<int64_t>(0, std::min(T, j1 - t0 - T));
       by_block(R, [&](auto nb, int64_t r0) {
-        scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T);
+        scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T,
+                                    r0 == 0 ? pf : 0);
       });
       for (int64_t r = 0; r < R; ++r) {
         float* sr = s + r * T;
@@ -219,7 +264,7 @@ struct DecodeKernel {
       }
       by_block(R, [&](auto nb, int64_t r0) {
         weighted_values<decltype(nb)::value>(s + r0 * T, vb + t0 * p.v_stride_j, p.v_stride_j, n, dv,
-                                             acc + r0 * dv);
+                                             acc + r0 * dv, r0 == 0 ? pf : 0);
       });
     }
     const int64_t S = job.partial_stride();
