@@ -45,9 +45,17 @@ void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
 
 namespace {
 
+// A row block against a packed B, or (b null) the columns [panel0, panel1)
+// of a product run without a PackedB (gemm_unpacked).
 struct Job {
   GemmBlock block;
   const PackedB* b;
+  const float* const* rows;
+  int64_t panel0, panel1;
+  double work() const {
+    const int64_t cols = b ? block.N : std::min(block.N, panel1 * gemm_panel_width()) - panel0 * gemm_panel_width();
+    return static_cast<double>(block.M) * static_cast<double>(cols) * static_cast<double>(block.K);
+  }
 };
 
 bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const GemmBlock& y,
@@ -78,9 +86,16 @@ void GemmBatch::run() const {
     if (p == firsts.size()) firsts.push_back(i);
     pack_of[i] = p;
   }
+  // A right-hand matrix that serves few rows in all (gemm_unpacked_max_rows)
+  // is never packed whole: its products run panel by panel without a
+  // PackedB, split by columns.
+  std::vector<int64_t> rows_of(firsts.size(), 0);
+  for (size_t i = 0; i < products_.size(); ++i) rows_of[pack_of[i]] += products_[i].M;
+  std::vector<bool> unpacked(firsts.size());
+  for (size_t p = 0; p < firsts.size(); ++p) unpacked[p] = rows_of[p] <= gemm_unpacked_max_rows();
   // Packed on every thread, a few column panels at a time: packing reads
   // the whole right-hand matrix from memory (~0.5-2 ms for 768 x 768).
-  std::vector<std::unique_ptr<PackedB>> packs;
+  std::vector<std::unique_ptr<PackedB>> packs(firsts.size());
   struct PackJob {
     size_t pack;
     int64_t panel0, panel1;
@@ -88,10 +103,11 @@ void GemmBatch::run() const {
   std::vector<PackJob> pack_jobs;
   constexpr int64_t kPanelsPerJob = 4;
   for (size_t p = 0; p < firsts.size(); ++p) {
+    if (unpacked[p]) continue;
     const GemmBlock& g = products_[firsts[p]];
-    packs.push_back(std::make_unique<PackedB>(g.K, g.N));
-    for (int64_t j = 0; j < packs.back()->panels(); j += kPanelsPerJob)
-      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs.back()->panels())});
+    packs[p] = std::make_unique<PackedB>(g.K, g.N);
+    for (int64_t j = 0; j < packs[p]->panels(); j += kPanelsPerJob)
+      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs[p]->panels())});
   }
   const int64_t n_pack_jobs = static_cast<int64_t>(pack_jobs.size());
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1 && n_pack_jobs > 1)
@@ -109,8 +125,16 @@ void GemmBatch::run() const {
   for (const GemmBlock& g : products_) total += g.M;
   const int64_t rows = gemm_row_block(total);
   std::vector<Job> jobs;
+  const int64_t nr = gemm_panel_width();
   for (size_t i = 0; i < products_.size(); ++i) {
     const GemmBlock& g = products_[i];
+    if (unpacked[pack_of[i]]) {
+      const int64_t panels = (g.N + nr - 1) / nr;
+      for (int64_t j = 0; j < panels; j += kPanelsPerJob)
+        jobs.push_back({g, nullptr, rows_[i].empty() ? nullptr : rows_[i].data(), j,
+                        std::min(j + kPanelsPerJob, panels)});
+      continue;
+    }
     // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
     const int64_t a_step = g.trans_a ? 1 : g.lda;
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
@@ -118,22 +142,20 @@ void GemmBatch::run() const {
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      jobs.push_back({b, packs[pack_of[i]].get()});
+      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, 0, 0});
     }
   }
   // Largest blocks first, so that the threads finish together (padding
   // leaves blocks of very different sizes); the order does not change any
   // block's result.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
-    return static_cast<double>(a.block.M) * a.block.N * a.block.K >
-           static_cast<double>(b.block.M) * b.block.N * b.block.K;
-  });
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
   const int64_t n = static_cast<int64_t>(jobs.size());
   const int threads = static_cast<int>(std::min<int64_t>(team, n));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) {
     const Job& j = jobs[static_cast<size_t>(i)];
-    gemm_packed(j.block, *j.b);
+    if (j.b) gemm_packed(j.block, *j.b);
+    else gemm_unpacked(j.block, j.rows, j.panel0, j.panel1);
   }
 }
 

@@ -93,7 +93,24 @@ class PackedB {
 // (g.B, g.ldb and g.trans_b are not read). b.K() == g.K, b.N() == g.N.
 void gemm_packed(const GemmBlock& g, const PackedB& b);
 
-// The whole product on the calling thread, packing op(B) itself.
+// Products whose right-hand matrix serves at most this many rows in all
+// skip PackedB: packing all of op(B) (a copy of a whole weight, per call)
+// pays only when many rows reuse its panels. gemm_unpacked instead packs one
+// B panel at a time into an L1 buffer, just before the rows pass it, and
+// feeds the same micro-kernel: the same bits as gemm_packed. The switch
+// depends on the shapes alone (so, like the blocking, not on threads).
+// Measured (bench/gemm_small.cpp, one thread, AVX-512, loaded 2-core
+// machine; ns per call, packed / unpacked):
+//   see kGemmUnpackedMaxRows in gemm.cpp
+int64_t gemm_unpacked_max_rows();
+// Columns [panel0 * w, panel1 * w) (to N) of the product on the calling
+// thread, w = gemm_panel_width(), without a PackedB; `rows` as in
+// PackedB::pack (with trans_b: N row pointers of B, or null).
+void gemm_unpacked(const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1);
+int64_t gemm_panel_width();  // the current ISA's micro-tile width (NR)
+
+// The whole product on the calling thread, packing op(B) itself (or, up to
+// gemm_unpacked_max_rows() rows, through gemm_unpacked).
 void gemm(const GemmBlock& g);
 
 // The plain triple loop, for tests: the same product, no blocking, no SIMD.

@@ -85,6 +85,47 @@ struct Avx512Micro {
     return _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), r);
   }
 
+  // Panel rows k = 0..kc of 32 columns: dst[k*32 + j] = src[j][k]; 16 x 16
+  // blocks transposed in registers (unpack pairs, then pairs of pairs, then
+  // 128-bit lanes), the last block's k past kc masked off.
+  static void transpose_rows(const float* const* src, int64_t kc, float* dst) {
+    for (int half = 0; half < 2; ++half) {
+      const float* const* s = src + 16 * half;
+      for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+        const int64_t n = kc - k0 < 16 ? kc - k0 : 16;
+        const __mmask16 m = n == 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(m, s[i] + k0);
+        for (int i = 0; i < 8; ++i) {
+          t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+          t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c.
+        __m512 u[16];
+        for (int g = 0; g < 4; ++g) {
+          const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+          const __m512d b0 = _mm512_castps_pd(t[4 * g + 2]), b1 = _mm512_castps_pd(t[4 * g + 3]);
+          u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+          u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+          u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+          u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+        }
+        for (int c = 0; c < 4; ++c) {
+          const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+          const __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+          const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+          const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+          const __m512 col[4] = {_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xDD),
+                                 _mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD)};
+          for (int L = 0; L < 4; ++L) {
+            const int64_t k = 4 * L + c;
+            if (k < n) _mm512_store_ps(dst + (k0 + k) * 32 + 16 * half, col[L]);
+          }
+        }
+      }
+    }
+  }
+
   static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {
     __m512 lo[MR], hi[MR];
     accumulate(kc, a, b, lo, hi);
