@@ -28,14 +28,16 @@ struct Avx512Micro {
   static constexpr int MR = Tiles::MR;
   static_assert(Tiles::NR == 32, "two zmm per row");
 
-  // acc[i] (+)= sum_k a[k*MR + i] * b[k*32 .. k*32+31]
+  // acc[i] (+)= sum_k a[k*MR + i] * b[k*32 .. k*32+31], for rows i < R
+  // (each row's sums are the same whatever R is).
+  template <int R = MR>
   static inline void accumulate(int64_t kc, const float* a, const float* b, __m512 (&lo)[MR],
                                 __m512 (&hi)[MR]) {
-    for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; ++k) {
       const __m512 b0 = _mm512_load_ps(b);
       const __m512 b1 = _mm512_load_ps(b + 16);
-      for (int i = 0; i < MR; ++i) {
+      for (int i = 0; i < R; ++i) {
         const __m512 ai = _mm512_set1_ps(a[i]);
         lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
         hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
@@ -65,10 +67,17 @@ struct Avx512Micro {
 
   // An edge tile: rows [0, mr), columns [0, nr) of the micro-tile, through
   // masked loads and stores (the same arithmetic as a whole tile).
+  //
+  // Edge tiles of few rows (products of a few rows: gemm_unpacked) skip the
+  // missing rows' multiply-adds in steps of 4 rows (rows_used), and pack_a
+  // zeroes only those.
+  static constexpr int rows_used(int mr) { return mr <= 4 ? 4 : mr <= 8 ? 8 : MR; }
   static void edge(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr,
                    float alpha, float beta) {
     __m512 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
+    if (mr <= 4) accumulate<4>(kc, a, b, lo, hi);
+    else if (mr <= 8) accumulate<8>(kc, a, b, lo, hi);
+    else accumulate(kc, a, b, lo, hi);
     const __mmask16 m0 = nr >= 16 ? 0xffff : static_cast<__mmask16>((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
     for (int i = 0; i < mr; ++i) {

@@ -98,8 +98,11 @@ struct Driver {
     for (int64_t r0 = 0; r0 < mc; r0 += MR) {
       float* panel = out + r0 * kc;
       const int64_t mr = std::min<int64_t>(MR, mc - r0);
+      // Rows the micro-kernel reads: MR, or fewer for edge tiles (M::rows_used).
+      int64_t used = MR;
+      if constexpr (requires { M::rows_used(1); }) used = M::rows_used(static_cast<int>(mr));
       if (!g.trans_a) {  // op(A)(i, k) = A[i*lda + k]
-        for (int64_t i = 0; i < MR; ++i) {
+        for (int64_t i = 0; i < used; ++i) {
           if (i < mr) {
             const float* src = g.A + (i0 + r0 + i) * g.lda + p0;
             for (int64_t k = 0; k < kc; ++k) panel[k * MR + i] = src[k];
@@ -112,7 +115,7 @@ struct Driver {
           const float* src = g.A + (p0 + k) * g.lda + i0 + r0;
           float* dst = panel + k * MR;
           for (int64_t i = 0; i < mr; ++i) dst[i] = src[i];
-          for (int64_t i = mr; i < MR; ++i) dst[i] = 0.0f;
+          for (int64_t i = mr; i < used; ++i) dst[i] = 0.0f;
         }
       }
     }
