@@ -54,7 +54,7 @@ void run_small_gemm_bench(double budget) {
         const cpu::PackedB b(true, K, N, W.data(), K);
         cpu::gemm_packed(g, b);
       };
-      auto unpacked = [&] { cpu::gemm_unpacked(g, nullptr, 0, panels); };
+      auto unpacked = [&] { cpu::gemm_unpacked(&g, 1, nullptr, 0, panels); };
       // Repetitions per sample: about 2 ms of the packed path.
       packed();
       double t0 = now();

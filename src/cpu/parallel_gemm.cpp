@@ -46,15 +46,20 @@ void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
 namespace {
 
 // A row block against a packed B, or (b null) the columns [panel0, panel1)
-// of a product run without a PackedB (gemm_unpacked).
+// of products that share a B run without a PackedB (gemm_unpacked).
 struct Job {
   GemmBlock block;
   const PackedB* b;
+  const std::vector<GemmBlock>* group;  // with b null: the products sharing B
   const float* const* rows;
   int64_t panel0, panel1;
   double work() const {
-    const int64_t cols = b ? block.N : std::min(block.N, panel1 * gemm_panel_width()) - panel0 * gemm_panel_width();
-    return static_cast<double>(block.M) * static_cast<double>(cols) * static_cast<double>(block.K);
+    if (b) return static_cast<double>(block.M) * static_cast<double>(block.N) * static_cast<double>(block.K);
+    const int64_t w = gemm_panel_width();
+    const int64_t cols = std::min(block.N, panel1 * w) - panel0 * w;
+    double rows = 0;
+    for (const GemmBlock& g : *group) rows += static_cast<double>(g.M);
+    return rows * static_cast<double>(cols) * static_cast<double>(block.K);
   }
 };
 
@@ -125,16 +130,23 @@ void GemmBatch::run() const {
   for (const GemmBlock& g : products_) total += g.M;
   const int64_t rows = gemm_row_block(total);
   std::vector<Job> jobs;
+  // The products of each B that runs without a PackedB, in batch order: one
+  // job per few column panels passes all their rows.
+  std::vector<std::vector<GemmBlock>> groups(firsts.size());
+  for (size_t i = 0; i < products_.size(); ++i)
+    if (unpacked[pack_of[i]]) groups[pack_of[i]].push_back(products_[i]);
   const int64_t nr = gemm_panel_width();
+  for (size_t p = 0; p < firsts.size(); ++p) {
+    if (!unpacked[p]) continue;
+    const GemmBlock& g = products_[firsts[p]];
+    const int64_t panels = (g.N + nr - 1) / nr;
+    for (int64_t j = 0; j < panels; j += kPanelsPerJob)
+      jobs.push_back({g, nullptr, &groups[p], rows_[firsts[p]].empty() ? nullptr : rows_[firsts[p]].data(), j,
+                      std::min(j + kPanelsPerJob, panels)});
+  }
   for (size_t i = 0; i < products_.size(); ++i) {
     const GemmBlock& g = products_[i];
-    if (unpacked[pack_of[i]]) {
-      const int64_t panels = (g.N + nr - 1) / nr;
-      for (int64_t j = 0; j < panels; j += kPanelsPerJob)
-        jobs.push_back({g, nullptr, rows_[i].empty() ? nullptr : rows_[i].data(), j,
-                        std::min(j + kPanelsPerJob, panels)});
-      continue;
-    }
+    if (unpacked[pack_of[i]]) continue;
     // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
     const int64_t a_step = g.trans_a ? 1 : g.lda;
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
@@ -142,7 +154,7 @@ void GemmBatch::run() const {
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, 0, 0});
+      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, nullptr, 0, 0});
     }
   }
   // Largest blocks first, so that the threads finish together (padding
@@ -155,7 +167,7 @@ void GemmBatch::run() const {
   for (int64_t i = 0; i < n; ++i) {
     const Job& j = jobs[static_cast<size_t>(i)];
     if (j.b) gemm_packed(j.block, *j.b);
-    else gemm_unpacked(j.block, j.rows, j.panel0, j.panel1);
+    else gemm_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
   }
 }
 

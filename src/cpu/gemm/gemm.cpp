@@ -95,15 +95,15 @@ constexpr int64_t kGemmUnpackedMaxRows = 32;
 int64_t gemm_unpacked_max_rows() { return kGemmUnpackedMaxRows; }
 int64_t gemm_panel_width() { return kernels_for(g_isa).NR; }
 
-void gemm_unpacked(const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1) {
-  kernels_for(g_isa).run_unpacked(g, rows, panel0, panel1);
+void gemm_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0, int64_t panel1) {
+  kernels_for(g_isa).run_unpacked(g, count, rows, panel0, panel1);
 }
 
 void gemm(const GemmBlock& g) {
   if (g.M <= 0 || g.N <= 0) return;
   if (g.M <= kGemmUnpackedMaxRows) {
     const int64_t nr = gemm_panel_width();
-    return gemm_unpacked(g, nullptr, 0, (g.N + nr - 1) / nr);
+    return gemm_unpacked(&g, 1, nullptr, 0, (g.N + nr - 1) / nr);
   }
   const PackedB b(g.trans_b, g.K, g.N, g.B, g.ldb);
   gemm_packed(g, b);

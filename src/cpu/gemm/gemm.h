@@ -103,10 +103,12 @@ void gemm_packed(const GemmBlock& g, const PackedB& b);
 // machine; ns per call, packed / unpacked):
 //   see kGemmUnpackedMaxRows in gemm.cpp
 int64_t gemm_unpacked_max_rows();
-// Columns [panel0 * w, panel1 * w) (to N) of the product on the calling
-// thread, w = gemm_panel_width(), without a PackedB; `rows` as in
-// PackedB::pack (with trans_b: N row pointers of B, or null).
-void gemm_unpacked(const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1);
+// Columns [panel0 * w, panel1 * w) (to N) of products g[0..count) on the
+// calling thread, w = gemm_panel_width(), without a PackedB. The products
+// share op(B) (B, ldb, trans_b, K, N; with trans_b, `rows` as in
+// PackedB::pack: N row pointers of B, or null), and each B panel is packed
+// once for all of them (the projections of padded batch rows).
+void gemm_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0, int64_t panel1);
 int64_t gemm_panel_width();  // the current ISA's micro-tile width (NR)
 
 // The whole product on the calling thread, packing op(B) itself (or, up to

@@ -59,8 +59,14 @@ struct Avx2Micro {
 
   // Panel rows k = 0..kc of 16 columns: dst[k*16 + j] = src[j][k]; 8 x 8
   // blocks transposed in registers, the last block's k past kc masked off.
-  static void transpose_rows(const float* const* src, int64_t kc, float* dst) {
+  // Rows j >= nr are zeros: a half of them all is stored as zeros.
+  static void transpose_rows(const float* const* src, int64_t nr, int64_t kc, float* dst) {
     for (int half = 0; half < 2; ++half) {
+      if (8 * half >= nr) {
+        const auto z = _mm256_setzero_ps();
+        for (int64_t k = 0; k < kc; ++k) _mm256_store_ps(dst + k * 16 + 8 * half, z);
+        continue;
+      }
       const float* const* s = src + 8 * half;
       for (int64_t k0 = 0; k0 < kc; k0 += 8) {
         const int64_t n = kc - k0 < 8 ? kc - k0 : 8;

@@ -97,8 +97,14 @@ struct Avx512Micro {
   // Panel rows k = 0..kc of 32 columns: dst[k*32 + j] = src[j][k]; 16 x 16
   // blocks transposed in registers (unpack pairs, then pairs of pairs, then
   // 128-bit lanes), the last block's k past kc masked off.
-  static void transpose_rows(const float* const* src, int64_t kc, float* dst) {
+  // Rows j >= nr are zeros: a half of them all is stored as zeros.
+  static void transpose_rows(const float* const* src, int64_t nr, int64_t kc, float* dst) {
     for (int half = 0; half < 2; ++half) {
+      if (16 * half >= nr) {
+        const auto z = _mm512_setzero_ps();
+        for (int64_t k = 0; k < kc; ++k) _mm512_store_ps(dst + k * 32 + 16 * half, z);
+        continue;
+      }
       const float* const* s = src + 16 * half;
       for (int64_t k0 = 0; k0 < kc; k0 += 16) {
         const int64_t n = kc - k0 < 16 ? kc - k0 : 16;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/gemm/gemm_isa.h"
 
@@ -66,7 +67,7 @@ struct Driver {
       // under one here.
       alignas(64) static const float kZeros[KC] = {};
       for (int64_t j = 0; j < NR; ++j) src[j] = j < nr ? (rows ? rows[j0 + j] : B + (j0 + j) * ldb) + p0 : kZeros;
-      M::transpose_rows(src, kc, panel);
+      M::transpose_rows(src, nr, kc, panel);
       return;
     }
     for (int64_t j = 0; j < NR; ++j) {
@@ -161,43 +162,63 @@ struct Driver {
     }
   }
 
-  // The product's columns [panel0 * NR, panel1 * NR) (to N) for a product of
-  // at most MC rows, without a PackedB: per KC-chunk, A is packed once and
-  // each B panel is packed into an L1 buffer just before the row panels
-  // pass it. The same packed operands reach the same micro-kernel calls as
-  // in run(), so every element has the same bits as there.
-  static void run_unpacked(const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1) {
-    if (g.M <= 0 || g.N <= 0) return;
-    const int64_t j_begin = panel0 * NR, j_end = std::min(g.N, panel1 * NR);
+  // Columns [panel0 * NR, panel1 * NR) (to N) of products gs[0..count)
+  // that share op(B) (B, ldb, trans_b, K, N; `rows` as in pack_b), without a
+  // PackedB: per KC-chunk, the A rows of as many products as fill one A
+  // block are packed once, and each B panel is packed into an L1 buffer just
+  // before their row panels pass it. The same packed operands reach the
+  // same micro-kernel calls as in run(), so every element has the same bits
+  // as there.
+  static void run_unpacked(const GemmBlock* gs, int64_t count, const float* const* rows, int64_t panel0,
+                           int64_t panel1) {
+    if (count <= 0 || gs[0].N <= 0) return;
+    const int64_t N = gs[0].N, K = gs[0].K;
+    const int64_t j_begin = panel0 * NR, j_end = std::min(N, panel1 * NR);
     if (j_begin >= j_end) return;
-    float beta = g.beta;
-    if (g.bias) {
-      for (int64_t i = 0; i < g.M; ++i)
-        std::memcpy(g.C + i * g.ldc + j_begin, g.bias + j_begin, sizeof(float) * static_cast<size_t>(j_end - j_begin));
-      beta = 1.0f;
+    for (int64_t p = 0; p < count; ++p) {  // C = bias, or beta C when the sum is empty
+      const GemmBlock& g = gs[p];
+      for (int64_t i = 0; i < g.M; ++i) {
+        float* c = g.C + i * g.ldc;
+        if (g.bias)
+          std::memcpy(c + j_begin, g.bias + j_begin, sizeof(float) * static_cast<size_t>(j_end - j_begin));
+        else if (K <= 0)
+          for (int64_t j = j_begin; j < j_end; ++j) c[j] = g.beta == 0.0f ? 0.0f : g.beta * c[j];
+      }
     }
-    if (g.K <= 0) {  // C = bias (written above), or beta C
-      if (!g.bias)
-        for (int64_t i = 0; i < g.M; ++i)
-          for (int64_t j = j_begin; j < j_end; ++j) {
-            float* c = g.C + i * g.ldc + j;
-            *c = g.beta == 0.0f ? 0.0f : g.beta * *c;
-          }
-      return;
-    }
+    if (K <= 0) return;
+    // Pieces of at most MC rows, in product order; a run of pieces whose
+    // row panels fit one A block shares each B panel.
+    struct Piece {
+      const GemmBlock* g;
+      int64_t i0, mc, at;  // rows i0..i0+mc of *g, at row `at` of the A block
+    };
+    std::vector<Piece> pieces;
+    for (int64_t p = 0; p < count; ++p)
+      for (int64_t i0 = 0; i0 < gs[p].M; i0 += MC) pieces.push_back({&gs[p], i0, std::min<int64_t>(MC, gs[p].M - i0), 0});
     float* a_pack = a_buffer();
     alignas(64) static thread_local float b_panel[KC * NR];
-    for (int64_t i0 = 0; i0 < g.M; i0 += MC) {
-      const int64_t mc = std::min<int64_t>(MC, g.M - i0);
-      for (int64_t p0 = 0; p0 < g.K; p0 += KC) {
-        const int64_t kc = std::min<int64_t>(KC, g.K - p0);
-        pack_a(g, i0, mc, p0, kc, a_pack);
-        const float beta_here = p0 == 0 ? beta : 1.0f;
+    for (size_t first = 0; first < pieces.size();) {
+      size_t last = first;
+      int64_t used = 0;
+      while (last < pieces.size() && used + (pieces[last].mc + MR - 1) / MR * MR <= MC) {
+        pieces[last].at = used;
+        used += (pieces[last].mc + MR - 1) / MR * MR;
+        ++last;
+      }
+      for (int64_t p0 = 0; p0 < K; p0 += KC) {
+        const int64_t kc = std::min<int64_t>(KC, K - p0);
+        for (size_t q = first; q < last; ++q) pack_a(*pieces[q].g, pieces[q].i0, pieces[q].mc, p0, kc, a_pack + pieces[q].at * kc);
         for (int64_t j0 = j_begin; j0 < j_end; j0 += NR) {
-          pack_panel(g.trans_b, g.N, g.B, g.ldb, rows, p0, kc, j0, b_panel);
-          panel_rows(g, i0, mc, kc, a_pack, b_panel, j0, beta_here);
+          pack_panel(gs[0].trans_b, N, gs[0].B, gs[0].ldb, rows, p0, kc, j0, b_panel);
+          for (size_t q = first; q < last; ++q) {
+            const Piece& pc = pieces[q];
+            // A bias is C's starting value (beta 1); later chunks add to C.
+            const float beta_here = p0 > 0 || pc.g->bias ? 1.0f : pc.g->beta;
+            panel_rows(*pc.g, pc.i0, pc.mc, kc, a_pack + pc.at * kc, b_panel, j0, beta_here);
+          }
         }
       }
+      first = last;
     }
   }
 

@@ -21,10 +21,11 @@ struct IsaGemm {
                  const float* const* rows, float* out, int64_t panel0, int64_t panel1);
   // C = alpha op(A) Bp + beta C (+ bias), Bp packed by pack_b, on this thread.
   void (*run)(const GemmBlock& g, const float* packed_b);
-  // Columns [panel0 * NR, panel1 * NR) (to N) of the product, B packed one
-  // panel at a time into an L1 buffer (no PackedB); the same bits as run().
-  // `rows`, with trans_b: as in pack_b. Products of at most MC rows.
-  void (*run_unpacked)(const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1);
+  // Columns [panel0 * NR, panel1 * NR) (to N) of products g[0..count) that
+  // share op(B), B packed one panel at a time into an L1 buffer (no
+  // PackedB); the same bits as run(). `rows`, with trans_b: as in pack_b.
+  void (*run_unpacked)(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
+                       int64_t panel1);
 };
 
 extern const IsaGemm kAvx512Gemm;

@@ -256,10 +256,20 @@ TEST_P(GemmIsaTest, UnpackedProductsGiveThePackedBitsWithinTheFloatBound) {
     const cpu::PackedB b(tb, K, N, o.B.data(), o.ldb);
     cpu::gemm_packed(o.block(packed), b);
     const int64_t panels = (N + nr - 1) / nr;
-    cpu::gemm_unpacked(o.block(unpacked), nullptr, 0, panels);
-    // Any split of the columns into panel ranges (as threads take them).
+    const GemmBlock whole = o.block(unpacked);
+    cpu::gemm_unpacked(&whole, 1, nullptr, 0, panels);
+    // Any split of the columns into panel ranges (as threads take them), and
+    // of the rows into products that share B.
+    std::vector<GemmBlock> parts;
+    for (int64_t r0 = 0, rows = 1; r0 < M; r0 += rows, rows = rows % 5 + 1) {
+      GemmBlock part = o.block(split);
+      part.M = std::min(rows, M - r0);
+      part.A += r0 * (ta ? 1 : o.lda);
+      part.C += r0 * o.ldc;
+      parts.push_back(part);
+    }
     for (int64_t p0 = 0, step = 1; p0 < panels; p0 += step, ++step)
-      cpu::gemm_unpacked(o.block(split), nullptr, p0, std::min(panels, p0 + step));
+      cpu::gemm_unpacked(parts.data(), static_cast<int64_t>(parts.size()), nullptr, p0, std::min(panels, p0 + step));
     const auto where = ::testing::Message() << "trans " << ta << tb << " M" << M << " N" << N << " K" << K
                                             << " pad " << pad << " alpha " << alpha << " beta " << beta
                                             << " bias " << bias;
