@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/parallel.h"
 #include "cpu/blas.h"
 #include "mha/threads.h"
 
@@ -114,15 +115,13 @@ void GemmBatch::run() const {
     for (int64_t j = 0; j < packs[p]->panels(); j += kPanelsPerJob)
       pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs[p]->panels())});
   }
-  const int64_t n_pack_jobs = static_cast<int64_t>(pack_jobs.size());
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1 && n_pack_jobs > 1)
-  for (int64_t i = 0; i < n_pack_jobs; ++i) {
+  core::parallel_for(static_cast<int64_t>(pack_jobs.size()), team, [&](int64_t i) {
     const PackJob& j = pack_jobs[static_cast<size_t>(i)];
     const size_t first = firsts[j.pack];
     const GemmBlock& g = products_[first];
     packs[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1,
                         rows_[first].empty() ? nullptr : rows_[first].data());
-  }
+  });
 
   // One block size for the whole batch, from its total rows: a product that
   // padding cut into short pieces then stays one block per piece.
@@ -163,12 +162,11 @@ void GemmBatch::run() const {
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
   const int64_t n = static_cast<int64_t>(jobs.size());
   const int threads = static_cast<int>(std::min<int64_t>(team, n));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) {
+  core::parallel_for(n, threads, [&](int64_t i) {
     const Job& j = jobs[static_cast<size_t>(i)];
     if (j.b) gemm_packed(j.block, *j.b);
     else gemm_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
-  }
+  });
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/parallel.h"
 #include "kernels/dispatch.h"
 #include "mha/threads.h"
 #include "nn/attention_engine.h"
@@ -119,13 +120,12 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
   // Skipped value rows must be finite (inputs and W_v), else the row is read
   // in full; the scans run on mha's threads, one batch row each.
   const int scan = scan_threads(B, B * K * Dv);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
-  for (int64_t b = 0; b < B; ++b) {
+  core::parallel_for(B, scan, [&](int64_t b) {
     const int64_t v_rows = plan.needs.v_rows[static_cast<size_t>(b)];
-    if (v_rows >= K) continue;
+    if (v_rows >= K) return;
     bad[static_cast<size_t>(b)] =
         !layer_finite || !all_finite(values.data() + (b * K + v_rows) * Dv, (K - v_rows) * Dv);
-  }
+  });
   for (int64_t b = 0; b < B; ++b) {
     if (!bad[static_cast<size_t>(b)]) continue;
     if (plan.read_all_keys.empty()) plan.read_all_keys.assign(static_cast<size_t>(B), 0);
@@ -140,13 +140,12 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width) {
   const int64_t B = v.shape[0], Kt = v.shape[2];
   std::vector<uint8_t> bad(static_cast<size_t>(B), 0);
   const int scan = scan_threads(B, B * Kt * width);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
-  for (int64_t b = 0; b < B; ++b) {
+  core::parallel_for(B, scan, [&](int64_t b) {
     const int64_t rows = plan.needs.v_rows.empty() ? Kt : plan.needs.v_rows[static_cast<size_t>(b)];
     bool finite = true;
     for (int64_t pos = 0; pos < rows && finite; ++pos) finite = all_finite(v.ptr(b, 0, pos), width);
     bad[static_cast<size_t>(b)] = !finite;
-  }
+  });
   for (int64_t b = 0; b < B; ++b) {
     if (!bad[static_cast<size_t>(b)]) continue;
     if (plan.read_all_keys.empty()) plan.read_all_keys.assign(static_cast<size_t>(B), 0);
@@ -160,14 +159,13 @@ void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Ten
   const int64_t B = proj.q.shape[0], Q = proj.q.shape[2];
   std::vector<uint8_t> near(static_cast<size_t>(B), 0);
   const int scan = scan_threads(B, B * (Q + K) * proj.q.shape[1] * proj.q.shape[3]);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(scan) if (scan > 1)
-  for (int64_t b = 0; b < B; ++b) {
-    if (needs.v_rows[static_cast<size_t>(b)] >= K) continue;
+  core::parallel_for(B, scan, [&](int64_t b) {
+    if (needs.v_rows[static_cast<size_t>(b)] >= K) return;
     const double d = static_cast<double>(proj.q.shape[3]);
     const double bound = d * max_abs(proj.q, b, Q) *
                          max_abs(proj.k, b, needs.k_rows[static_cast<size_t>(b)]) / scale_divisor;
     near[static_cast<size_t>(b)] = bound >= kFarFromFill;
-  }
+  });
   for (int64_t b = 0; b < B; ++b)
     if (near[static_cast<size_t>(b)])
       project_rows(values, K, W_v, b, needs.v_rows[static_cast<size_t>(b)], K, proj.v);
