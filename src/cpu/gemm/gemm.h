@@ -97,11 +97,10 @@ void gemm_packed(const GemmBlock& g, const PackedB& b);
 // skip PackedB: packing all of op(B) (a copy of a whole weight, per call)
 // pays only when many rows reuse its panels. gemm_unpacked instead packs one
 // B panel at a time into an L1 buffer, just before the rows pass it, and
-// feeds the same micro-kernel: the same bits as gemm_packed. The switch
-// depends on the shapes alone (so, like the blocking, not on threads).
-// Measured (bench/gemm_small.cpp, one thread, AVX-512, loaded 2-core
-// machine; ns per call, packed / unpacked):
-//   see kGemmUnpackedMaxRows in gemm.cpp
+// feeds the same micro-kernel: the same bits as gemm_packed, so a row's
+// result does not depend on which path its product took. The switch depends
+// on the shapes alone (so, like the blocking, not on threads); its
+// measurement is beside kGemmUnpackedMaxRows in gemm.cpp.
 int64_t gemm_unpacked_max_rows();
 // Columns [panel0 * w, panel1 * w) (to N) of products g[0..count) on the
 // calling thread, w = gemm_panel_width(), without a PackedB. The products
