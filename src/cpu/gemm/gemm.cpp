@@ -93,15 +93,17 @@ namespace {
 // machine under load): C = A W^T + bias, time per call without a PackedB
 // over the time with one (packing included), by rows M:
 //   N x K         M=1   4     8     16    24    32    48    64    96
-//   100 x 100     0.82  0.71  0.81  0.90  0.99  1.04  0.83  0.57  1.09
-//   300 x 100     0.84  0.80  0.85  0.91  0.99  0.95  0.98  0.99  0.99
-//   768 x 768     0.46  0.45  0.48  0.59  0.62  0.69  0.73  0.75  0.78
-//   2304 x 768    0.39  0.41  0.43  0.54  0.56  0.82  0.68  0.66  0.66
-//   4096 x 4096   0.16  0.16  0.18  0.22  0.25  0.29  0.32  0.38  0.41
-// Small weights break even near 24-32 rows; large ones gain at any row
-// count on one thread (packing writes fresh pages), but a PackedB is shared
-// by every row block and thread of a batch, which a switch this low never
-// gives up for a large product. 32 also stays within every ISA's MC.
+//   100 x 100     0.82  0.80  0.84  0.91  0.93  0.96  0.96  0.97  0.98
+//   300 x 100     0.86  0.86  0.89  0.94  0.96  0.97  0.97  0.97  0.98
+//   768 x 768     0.48  0.41  0.46  0.61  0.66  0.72  0.78  0.82  0.84
+//   2304 x 768    0.48  0.50  0.54  0.61  0.68  0.72  0.76  0.77  0.78
+//   4096 x 4096   0.15  0.16  0.18  0.21  0.24  0.27  0.32  0.37  0.45
+// (the toy call's weights: 100 x 100 at 8 rows, 4.4 against 5.2 us). The
+// gain shrinks with the rows as packing is shared by more of them; large
+// weights gain at any row count on one thread (a PackedB is fresh pages),
+// but with threads a PackedB is shared by every row block of a batch, which
+// a switch this low never gives up for a large product. 32 also stays
+// within every ISA's MC (one A block).
 constexpr int64_t kGemmUnpackedMaxRows = 32;
 }  // namespace
 
