@@ -296,6 +296,15 @@ TEST_P(GemmIsaTest, FewRowProductsBitwiseTheSameAtOneAndTwoThreads) {
       ASSERT_TRUE(within_float_bound(o, out)) << "M " << M << ", threads " << threads;
     }
     EXPECT_EQ(results[0], results[1]) << "M " << M;
+    // The same rows as pieces in one batch (padded batch rows' projections):
+    // the pieces share B, run without a PackedB, and keep every row's bits.
+    std::vector<float> pieces(o.C.size());
+    cpu::GemmBatch batch;
+    for (int64_t r0 = 0, step = 1; r0 < M; r0 += step, step = step % 4 + 1)
+      batch.add(std::min(step, M - r0), o.N, o.K, o.A.data() + r0 * o.lda, o.lda, o.B.data(), o.ldb, true,
+                o.b.data(), pieces.data() + r0 * o.ldc, o.ldc);
+    batch.run();
+    EXPECT_EQ(pieces, results[0]) << "M " << M;
     // dX = dY W: op(B) = B, few rows.
     Operands d(gen, false, false, M, 800, 300, 0, 1.0f, 0.0f, false);
     results.clear();
