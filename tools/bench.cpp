@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench_decode.h"
+#include "bench_gemm_small.h"
 #include "bench_masks.h"
 #include "commands.h"
 // Internal (the bench part, CMakeLists.txt mha_tool_bench): the GEMM is timed
@@ -204,13 +205,14 @@ double measure_memory(int index) {
 
 struct BenchOptions {
   std::vector<int> threads{1, 2};
-  bool quick = false, no_memory = false, masks = false, decode = false, prefill = false;
+  bool quick = false, no_memory = false, masks = false, decode = false, prefill = false, small_gemm = false;
   int memory_child = -1;
 };
 
 void run_bench(const BenchOptions& opt) {
   if (opt.memory_child >= 0) return memory_child(opt.memory_child);
   if (opt.masks) return run_mask_bench(opt.threads, opt.quick ? 0.5 : 2.0);
+  if (opt.small_gemm) return run_small_gemm_bench(opt.quick ? 0.2 : 1.0);
   if (opt.prefill) return run_prefill_bench(opt.threads, opt.quick ? 0.1 : 0.5);
   if (opt.decode) return run_decode_bench(opt.threads, opt.quick, opt.quick ? 0.3 : 1.0);
   const std::string core = openblas_get_corename();
@@ -333,6 +335,8 @@ void add_bench_command(CLI::App& app) {
                 "Only the decode kernel: few queries over a KV cache, against the time to read the cache once");
   cmd->add_flag("--prefill", opt->prefill,
                 "Only prefills (many new queries over a KV cache): the decode kernel against the fused kernel");
+  cmd->add_flag("--small-gemm", opt->small_gemm,
+                "Only products of few rows: mha's GEMM with and without a packed copy of the weight (one thread)");
   cmd->add_option("--memory-child", opt->memory_child)->group("");  // hidden
   cmd->callback([opt] { run_bench(*opt); });
 }

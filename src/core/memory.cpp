@@ -48,7 +48,8 @@ MemoryPlan& MemoryPlan::add(const char* what, const Shape& shape, uint64_t item_
     fail(op_, "the tensors of this call overflow 64 bits in total (", what, " ", shape_str(shape), ")");
   if (bytes > largest_) {
     largest_ = bytes;
-    largest_what_ = std::string(what) + " " + shape_str(shape);
+    largest_what_ = what;
+    largest_shape_ = shape;
   }
   return *this;
 }
@@ -57,7 +58,7 @@ void MemoryPlan::check() const {
   const uint64_t limit = memory_limit();
   if (total_ > limit)
     fail(op_, "needs ", total_, " bytes, above the memory limit of ", limit,
-         " bytes (the largest part: ", largest_what_, ", ", largest_, " bytes); ",
+         " bytes (the largest part: ", largest_what_, " ", shape_str(largest_shape_), ", ", largest_, " bytes); ",
          "raise the limit with set_memory_limit (CLI: --memory-limit)");
 }
 

@@ -18,7 +18,8 @@ class MemoryPlan {
  public:
   explicit MemoryPlan(const char* op) : op_(op) {}
 
-  // Adds a tensor called `what` of `shape` with `item_bytes` per element.
+  // Adds a tensor called `what` (a string that outlives the plan: a literal)
+  // of `shape` with `item_bytes` per element.
   // Throws mha::Error naming the op, `what` and the shape when a dimension is
   // negative or the element count or byte size overflows 64 bits.
   MemoryPlan& add(const char* what, const Shape& shape, uint64_t item_bytes = 4);
@@ -34,7 +35,10 @@ class MemoryPlan {
   const char* op_;
   uint64_t total_ = 0;
   uint64_t largest_ = 0;
-  std::string largest_what_;
+  // The largest part, named only when check() fails (formatting its shape
+  // on every call showed in profiles of the d2l chapter's toy call).
+  const char* largest_what_ = "";
+  Shape largest_shape_;
 };
 
 // Throws like MemoryPlan::check() for one buffer of `bytes` called `what`.

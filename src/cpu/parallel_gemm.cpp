@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/parallel.h"
 #include "cpu/blas.h"
 #include "mha/threads.h"
 
@@ -45,9 +46,22 @@ void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
 
 namespace {
 
+// A row block against a packed B, or (b null) the columns [panel0, panel1)
+// of products that share a B run without a PackedB (gemm_unpacked).
 struct Job {
   GemmBlock block;
   const PackedB* b;
+  const std::vector<GemmBlock>* group;  // with b null: the products sharing B
+  const float* const* rows;
+  int64_t panel0, panel1;
+  double work() const {
+    if (b) return static_cast<double>(block.M) * static_cast<double>(block.N) * static_cast<double>(block.K);
+    const int64_t w = gemm_panel_width();
+    const int64_t cols = std::min(block.N, panel1 * w) - panel0 * w;
+    double rows = 0;
+    for (const GemmBlock& g : *group) rows += static_cast<double>(g.M);
+    return rows * static_cast<double>(cols) * static_cast<double>(block.K);
+  }
 };
 
 bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const GemmBlock& y,
@@ -78,9 +92,16 @@ void GemmBatch::run() const {
     if (p == firsts.size()) firsts.push_back(i);
     pack_of[i] = p;
   }
+  // A right-hand matrix that serves few rows in all (gemm_unpacked_max_rows)
+  // is never packed whole: its products run panel by panel without a
+  // PackedB, split by columns.
+  std::vector<int64_t> rows_of(firsts.size(), 0);
+  for (size_t i = 0; i < products_.size(); ++i) rows_of[pack_of[i]] += products_[i].M;
+  std::vector<bool> unpacked(firsts.size());
+  for (size_t p = 0; p < firsts.size(); ++p) unpacked[p] = rows_of[p] <= gemm_unpacked_max_rows();
   // Packed on every thread, a few column panels at a time: packing reads
   // the whole right-hand matrix from memory (~0.5-2 ms for 768 x 768).
-  std::vector<std::unique_ptr<PackedB>> packs;
+  std::vector<std::unique_ptr<PackedB>> packs(firsts.size());
   struct PackJob {
     size_t pack;
     int64_t panel0, panel1;
@@ -88,20 +109,19 @@ void GemmBatch::run() const {
   std::vector<PackJob> pack_jobs;
   constexpr int64_t kPanelsPerJob = 4;
   for (size_t p = 0; p < firsts.size(); ++p) {
+    if (unpacked[p]) continue;
     const GemmBlock& g = products_[firsts[p]];
-    packs.push_back(std::make_unique<PackedB>(g.K, g.N));
-    for (int64_t j = 0; j < packs.back()->panels(); j += kPanelsPerJob)
-      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs.back()->panels())});
+    packs[p] = std::make_unique<PackedB>(g.K, g.N);
+    for (int64_t j = 0; j < packs[p]->panels(); j += kPanelsPerJob)
+      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs[p]->panels())});
   }
-  const int64_t n_pack_jobs = static_cast<int64_t>(pack_jobs.size());
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1 && n_pack_jobs > 1)
-  for (int64_t i = 0; i < n_pack_jobs; ++i) {
+  core::parallel_for(static_cast<int64_t>(pack_jobs.size()), team, [&](int64_t i) {
     const PackJob& j = pack_jobs[static_cast<size_t>(i)];
     const size_t first = firsts[j.pack];
     const GemmBlock& g = products_[first];
     packs[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1,
                         rows_[first].empty() ? nullptr : rows_[first].data());
-  }
+  });
 
   // One block size for the whole batch, from its total rows: a product that
   // padding cut into short pieces then stays one block per piece.
@@ -109,8 +129,23 @@ void GemmBatch::run() const {
   for (const GemmBlock& g : products_) total += g.M;
   const int64_t rows = gemm_row_block(total);
   std::vector<Job> jobs;
+  // The products of each B that runs without a PackedB, in batch order: one
+  // job per few column panels passes all their rows.
+  std::vector<std::vector<GemmBlock>> groups(firsts.size());
+  for (size_t i = 0; i < products_.size(); ++i)
+    if (unpacked[pack_of[i]]) groups[pack_of[i]].push_back(products_[i]);
+  const int64_t nr = gemm_panel_width();
+  for (size_t p = 0; p < firsts.size(); ++p) {
+    if (!unpacked[p]) continue;
+    const GemmBlock& g = products_[firsts[p]];
+    const int64_t panels = (g.N + nr - 1) / nr;
+    for (int64_t j = 0; j < panels; j += kPanelsPerJob)
+      jobs.push_back({g, nullptr, &groups[p], rows_[firsts[p]].empty() ? nullptr : rows_[firsts[p]].data(), j,
+                      std::min(j + kPanelsPerJob, panels)});
+  }
   for (size_t i = 0; i < products_.size(); ++i) {
     const GemmBlock& g = products_[i];
+    if (unpacked[pack_of[i]]) continue;
     // Row r of op(A) starts at A + r*lda, or at column r (A + r) when transposed.
     const int64_t a_step = g.trans_a ? 1 : g.lda;
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
@@ -118,23 +153,20 @@ void GemmBatch::run() const {
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      jobs.push_back({b, packs[pack_of[i]].get()});
+      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, nullptr, 0, 0});
     }
   }
   // Largest blocks first, so that the threads finish together (padding
   // leaves blocks of very different sizes); the order does not change any
   // block's result.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
-    return static_cast<double>(a.block.M) * a.block.N * a.block.K >
-           static_cast<double>(b.block.M) * b.block.N * b.block.K;
-  });
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
   const int64_t n = static_cast<int64_t>(jobs.size());
   const int threads = static_cast<int>(std::min<int64_t>(team, n));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) {
+  core::parallel_for(n, threads, [&](int64_t i) {
     const Job& j = jobs[static_cast<size_t>(i)];
-    gemm_packed(j.block, *j.b);
-  }
+    if (j.b) gemm_packed(j.block, *j.b);
+    else gemm_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
+  });
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

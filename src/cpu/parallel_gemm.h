@@ -10,6 +10,13 @@
 // the threads share them all without a join per product, and products that
 // read the same right-hand matrix share one packing.
 //
+// A right-hand matrix that serves few rows in all (at most
+// gemm_unpacked_max_rows() over the batch's products that read it: the
+// d2l chapter's toy call, decode steps, the padded rows of short batches)
+// is not packed whole: its products run through gemm_unpacked, split into
+// jobs of a few column panels, each job passing all their rows; the same
+// bits as the packed path, so a row's result never depends on the path.
+//
 // (Before mha had its own GEMM, each block was one single-threaded OpenBLAS
 // call: OpenBLAS threads a product by splitting its rows by the thread count
 // and rounds a split's edge blocks differently, so its threaded results

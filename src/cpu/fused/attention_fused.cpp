@@ -86,8 +86,9 @@ void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& 
       static_cast<float*>(std::aligned_alloc(64, stride * sizeof(float) * threads)));
   if (!pool) throw std::bad_alloc();
   float* base = pool.get();
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  // On one thread, no parallel region: libgomp ends even a one-thread
+  // region with a system call (core/parallel.h).
+  auto run = [&] {
     // Flush denormals to zero while the kernel runs (FTZ and DAZ in MXCSR):
     // the CPU takes a ~100x slower microcode path for each one, and next to
     // a softmax sum >= 1 they are invisible. Restored before returning.
@@ -98,11 +99,21 @@ void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& 
 #endif
     float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
     for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
+    if (threads > 1) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
+      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
+    } else {
+      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
+    }
 #if defined(__x86_64__) || defined(__i386__)
     _mm_setcsr(csr);
 #endif
+  };
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    run();
+  } else {
+    run();
   }
 }
 

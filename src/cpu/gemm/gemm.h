@@ -93,7 +93,25 @@ class PackedB {
 // (g.B, g.ldb and g.trans_b are not read). b.K() == g.K, b.N() == g.N.
 void gemm_packed(const GemmBlock& g, const PackedB& b);
 
-// The whole product on the calling thread, packing op(B) itself.
+// Products whose right-hand matrix serves at most this many rows in all
+// skip PackedB: packing all of op(B) (a copy of a whole weight, per call)
+// pays only when many rows reuse its panels. gemm_unpacked instead packs one
+// B panel at a time into an L1 buffer, just before the rows pass it, and
+// feeds the same micro-kernel: the same bits as gemm_packed, so a row's
+// result does not depend on which path its product took. The switch depends
+// on the shapes alone (so, like the blocking, not on threads); its
+// measurement is beside kGemmUnpackedMaxRows in gemm.cpp.
+int64_t gemm_unpacked_max_rows();
+// Columns [panel0 * w, panel1 * w) (to N) of products g[0..count) on the
+// calling thread, w = gemm_panel_width(), without a PackedB. The products
+// share op(B) (B, ldb, trans_b, K, N; with trans_b, `rows` as in
+// PackedB::pack: N row pointers of B, or null), and each B panel is packed
+// once for all of them (the projections of padded batch rows).
+void gemm_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0, int64_t panel1);
+int64_t gemm_panel_width();  // the current ISA's micro-tile width (NR)
+
+// The whole product on the calling thread, packing op(B) itself (or, up to
+// gemm_unpacked_max_rows() rows, through gemm_unpacked).
 void gemm(const GemmBlock& g);
 
 // The plain triple loop, for tests: the same product, no blocking, no SIMD.

@@ -28,14 +28,16 @@ struct Avx512Micro {
   static constexpr int MR = Tiles::MR;
   static_assert(Tiles::NR == 32, "two zmm per row");
 
-  // acc[i] (+)= sum_k a[k*MR + i] * b[k*32 .. k*32+31]
+  // acc[i] (+)= sum_k a[k*MR + i] * b[k*32 .. k*32+31], for rows i < R
+  // (each row's sums are the same whatever R is).
+  template <int R = MR>
   static inline void accumulate(int64_t kc, const float* a, const float* b, __m512 (&lo)[MR],
                                 __m512 (&hi)[MR]) {
-    for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; ++k) {
       const __m512 b0 = _mm512_load_ps(b);
       const __m512 b1 = _mm512_load_ps(b + 16);
-      for (int i = 0; i < MR; ++i) {
+      for (int i = 0; i < R; ++i) {
         const __m512 ai = _mm512_set1_ps(a[i]);
         lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
         hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
@@ -65,10 +67,17 @@ struct Avx512Micro {
 
   // An edge tile: rows [0, mr), columns [0, nr) of the micro-tile, through
   // masked loads and stores (the same arithmetic as a whole tile).
+  //
+  // Edge tiles of few rows (products of a few rows: gemm_unpacked) skip the
+  // missing rows' multiply-adds in steps of 4 rows (rows_used), and pack_a
+  // zeroes only those.
+  static constexpr int rows_used(int mr) { return mr <= 4 ? 4 : mr <= 8 ? 8 : MR; }
   static void edge(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr,
                    float alpha, float beta) {
     __m512 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
+    if (mr <= 4) accumulate<4>(kc, a, b, lo, hi);
+    else if (mr <= 8) accumulate<8>(kc, a, b, lo, hi);
+    else accumulate(kc, a, b, lo, hi);
     const __mmask16 m0 = nr >= 16 ? 0xffff : static_cast<__mmask16>((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
     for (int i = 0; i < mr; ++i) {
@@ -83,6 +92,53 @@ struct Avx512Micro {
     if (beta == 0.0f) return r;
     if (beta == 1.0f) return _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), r);
     return _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), r);
+  }
+
+  // Panel rows k = 0..kc of 32 columns: dst[k*32 + j] = src[j][k]; 16 x 16
+  // blocks transposed in registers (unpack pairs, then pairs of pairs, then
+  // 128-bit lanes), the last block's k past kc masked off.
+  // Rows j >= nr are zeros: a half of them all is stored as zeros.
+  static void transpose_rows(const float* const* src, int64_t nr, int64_t kc, float* dst) {
+    for (int half = 0; half < 2; ++half) {
+      if (16 * half >= nr) {
+        const auto z = _mm512_setzero_ps();
+        for (int64_t k = 0; k < kc; ++k) _mm512_store_ps(dst + k * 32 + 16 * half, z);
+        continue;
+      }
+      const float* const* s = src + 16 * half;
+      for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+        const int64_t n = kc - k0 < 16 ? kc - k0 : 16;
+        const __mmask16 m = n == 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(m, s[i] + k0);
+        for (int i = 0; i < 8; ++i) {
+          t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+          t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c.
+        __m512 u[16];
+        for (int g = 0; g < 4; ++g) {
+          const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+          const __m512d b0 = _mm512_castps_pd(t[4 * g + 2]), b1 = _mm512_castps_pd(t[4 * g + 3]);
+          u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+          u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+          u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+          u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+        }
+        for (int c = 0; c < 4; ++c) {
+          const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+          const __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+          const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+          const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+          const __m512 col[4] = {_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xDD),
+                                 _mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD)};
+          for (int L = 0; L < 4; ++L) {
+            const int64_t k = 4 * L + c;
+            if (k < n) _mm512_store_ps(dst + (k0 + k) * 32 + 16 * half, col[L]);
+          }
+        }
+      }
+    }
   }
 
   static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {

@@ -190,7 +190,9 @@ TEST_P(GemmIsaTest, StackedWeightsReadInPlaceGiveEachLayersProductBitwise) {
   // Three layers W_i:[n_i, K] stacked by rows without a copy: every output
   // column is bitwise its layer's own product, and within the float bound.
   Generator gen(17);
-  const int64_t M = 301, K = 77;
+  // 301 rows: a PackedB; 5 rows: panel by panel (gemm_unpacked).
+  for (const int64_t M : {int64_t{301}, int64_t{5}}) {
+  const int64_t K = 77;
   const int64_t widths[] = {40, 33, 100};  // not multiples of any NR
   std::vector<std::vector<float>> W;
   std::vector<std::pair<const float*, int64_t>> parts;
@@ -227,7 +229,96 @@ TEST_P(GemmIsaTest, StackedWeightsReadInPlaceGiveEachLayersProductBitwise) {
   o.A = A;
   o.B = whole;
   o.b = bias;
-  EXPECT_TRUE(within_float_bound(o, stacked));
+  EXPECT_TRUE(within_float_bound(o, stacked)) << "M " << M;
+  }
+}
+
+// Few rows (at most gemm_unpacked_max_rows) run without a PackedB, B packed
+// one panel at a time (cpu/gemm/gemm.h): held to the double-precision
+// product within the float bound (|error| <= (2K + 4) eps sum |a b|, per
+// element) and bitwise to the packed path, over M 1..40 (both sides of the
+// switch), odd and even N and K, strides, every op() and alpha/beta/bias.
+TEST_P(GemmIsaTest, UnpackedProductsGiveThePackedBitsWithinTheFloatBound) {
+  Generator gen(19);
+  const int64_t widths[] = {1, 2, 7, 16, 31, 32, 33, 64, 100, 129};
+  const int64_t depths[] = {1, 3, 8, 17, 64, 100, 255, 256, 257, 513};
+  const int64_t nr = cpu::gemm_panel_width();
+  for (int trial = 0; trial < 120; ++trial) {
+    const int64_t M = 1 + static_cast<int64_t>(gen.below(40));
+    const int64_t N = widths[gen.below(10)], K = depths[gen.below(10)], pad = gen.below(3);
+    const bool ta = gen.below(2), tb = gen.below(4) != 0;  // weights (trans_b) most often
+    const float alphas[] = {1.0f, -0.5f};
+    const float betas[] = {0.0f, 1.0f, 0.25f};
+    const float alpha = alphas[gen.below(2)], beta = betas[gen.below(3)];
+    const bool bias = gen.below(2) == 0;
+    Operands o(gen, ta, tb, M, N, K, pad, alpha, beta, bias);
+    std::vector<float> packed = o.C, unpacked = o.C, split = o.C;
+    const cpu::PackedB b(tb, K, N, o.B.data(), o.ldb);
+    cpu::gemm_packed(o.block(packed), b);
+    const int64_t panels = (N + nr - 1) / nr;
+    const GemmBlock whole = o.block(unpacked);
+    cpu::gemm_unpacked(&whole, 1, nullptr, 0, panels);
+    // Any split of the columns into panel ranges (as threads take them), and
+    // of the rows into products that share B.
+    std::vector<GemmBlock> parts;
+    for (int64_t r0 = 0, rows = 1; r0 < M; r0 += rows, rows = rows % 5 + 1) {
+      GemmBlock part = o.block(split);
+      part.M = std::min(rows, M - r0);
+      part.A += r0 * (ta ? 1 : o.lda);
+      part.C += r0 * o.ldc;
+      parts.push_back(part);
+    }
+    for (int64_t p0 = 0, step = 1; p0 < panels; p0 += step, ++step)
+      cpu::gemm_unpacked(parts.data(), static_cast<int64_t>(parts.size()), nullptr, p0, std::min(panels, p0 + step));
+    const auto where = ::testing::Message() << "trans " << ta << tb << " M" << M << " N" << N << " K" << K
+                                            << " pad " << pad << " alpha " << alpha << " beta " << beta
+                                            << " bias " << bias;
+    ASSERT_TRUE(within_float_bound(o, unpacked)) << where;
+    ASSERT_EQ(unpacked, packed) << where;  // padding columns of C included: never written
+    ASSERT_EQ(split, packed) << where;
+  }
+}
+
+TEST_P(GemmIsaTest, FewRowProductsBitwiseTheSameAtOneAndTwoThreads) {
+  // Few rows, wide enough to be split by columns across a team (work above
+  // GemmBatch's 2e6 multiply-adds threshold), plain and stacked.
+  Generator gen(23);
+  const int saved = num_threads();
+  for (int64_t M : {int64_t{1}, int64_t{7}, cpu::gemm_unpacked_max_rows()}) {
+    Operands o(gen, false, true, M, 1000, 300, 1, 1.0f, 0.0f, true);
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<float> out(o.C.size());
+      cpu::parallel_sgemm(o.M, o.N, o.K, o.A.data(), o.lda, o.B.data(), o.ldb, true, o.b.data(), out.data(),
+                          o.ldc);
+      results.push_back(out);
+      ASSERT_TRUE(within_float_bound(o, out)) << "M " << M << ", threads " << threads;
+    }
+    EXPECT_EQ(results[0], results[1]) << "M " << M;
+    // The same rows as pieces in one batch (padded batch rows' projections):
+    // the pieces share B, run without a PackedB, and keep every row's bits.
+    std::vector<float> pieces(o.C.size());
+    cpu::GemmBatch batch;
+    for (int64_t r0 = 0, step = 1; r0 < M; r0 += step, step = step % 4 + 1)
+      batch.add(std::min(step, M - r0), o.N, o.K, o.A.data() + r0 * o.lda, o.lda, o.B.data(), o.ldb, true,
+                o.b.data(), pieces.data() + r0 * o.ldc, o.ldc);
+    batch.run();
+    EXPECT_EQ(pieces, results[0]) << "M " << M;
+    // dX = dY W: op(B) = B, few rows.
+    Operands d(gen, false, false, M, 800, 300, 0, 1.0f, 0.0f, false);
+    results.clear();
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<float> out(d.C.size());
+      cpu::sgemm(false, false, d.M, d.N, d.K, 1.0f, d.A.data(), d.lda, d.B.data(), d.ldb, 0.0f, out.data(),
+                 d.ldc);
+      results.push_back(out);
+      ASSERT_TRUE(within_float_bound(d, out)) << "M " << M << ", threads " << threads;
+    }
+    EXPECT_EQ(results[0], results[1]) << "M " << M;
+  }
+  set_num_threads(saved);
 }
 
 TEST(Gemm, PackedBForAnotherShapeIsRefused) {
