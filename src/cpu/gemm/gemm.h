@@ -10,6 +10,25 @@
 // kernel does. OpenBLAS stays as the reference the tests hold this one to.
 // (Measured alternatives, and why they lost, are in gemm_traits.h.)
 //
+// The other GEMMs Debian 12 ships, measured against this one in one process
+// (bench/gemm_libraries.sh: each library through dlopen, time relative to
+// mha's, idle machine, Xeon family 6 model 207) on the modules' products
+// (4096x768x768 x W^T, 768x768x4096, 4096x512x512, 16384x256x256, stacked
+// 4096x2304x768, 8x100x100, 1x4096x4096):
+//   1 thread:  OpenBLAS (no OPENBLAS_CORETYPE) 3.0-5.6x; BLIS 0.9 1.3-1.6x
+//              (0.6x on the 1-row product); oneDNN 2.6 0.71-0.83x, i.e.
+//              1.2-1.4x faster than this product (146-158 GFLOP/s against
+//              98-125), 0.47x on the 1-row product.
+//   2 threads: oneDNN 0.72-0.87x on the D 768 products, 1.00x at D 256 and
+//              1.35x (slower) at D 512, where its threading scales less.
+// So oneDNN's kernels (libdnnl-dev) beat these per thread, by most on the
+// packing this product repeats every call; its own threading does not, and
+// whether its bits stay the same at any thread count is not measured.
+// Kept here for now: bitwise results at any thread count by fixed blocking
+// (tested), no new dependency. The measured next step: oneDNN's single-
+// threaded sgemm on each fixed row block of cpu::GemmBatch, or weights
+// packed once per parameter version.
+//
 // No bfloat16 product here yet, by measurement: a 12 x 32 vdpbf16ps kernel
 // (AVX512_BF16, pairs of bfloat16 into float32 accumulators; all its variants
 // gave the same bits as a portable one) ran at 76 / 75 / 69 GFLOP/s against
