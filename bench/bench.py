@@ -84,7 +84,7 @@ CASES = {
     "cross B4 Q128 K1024": (4, 128, 1024, 512, 256, 384, 512, 8, "cross"),
     "train B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "train"),
 }
-IMPLS = ["mha", "torch.nn.MultiheadAttention", "seed (d2l PyTorch)", "onnxruntime (node)"]
+IMPLS = ["mha", "torch.nn.MultiheadAttention", "the d2l chapter (PyTorch)", "onnxruntime (node)"]
 ORT = "onnxruntime (node)"
 # The forward cases ONNX Runtime runs (its graph: bench/ort_peer.py).
 ORT_CASES = ("B8 L512 D768 h12", "B8 L512 D768 h12 pad40%", "B1 L4096 D512 h8", "B1 L16384 D256 h4")
@@ -137,7 +137,7 @@ def make_callable(case, impl, inputs):
             return out
         return step
     tq, tk, tv = (torch.from_numpy(a) for a in (X, Kx, Vx))
-    if impl == "seed (d2l PyTorch)":
+    if impl == "the d2l chapter (PyTorch)":
         from seed_reference import make_seed_module
         m = make_seed_module(D, h, Dq, Dk, Dv, False).train(train)
         tl = None if lens is None else torch.from_numpy(lens)
