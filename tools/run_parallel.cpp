@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "mha/atomic_file.h"
@@ -136,21 +137,29 @@ void run_parallel(const ParallelRun& run) {
     }
   }
   // Rank 0 holds the whole output and weights (as one process does): if it
-  // cannot (--memory-limit), every rank stops before sending it anything.
+  // cannot (--memory-limit), every rank stops before sending it anything, and
+  // each says why: a rank that exits first makes mpiexec stop the others, so
+  // rank 0's own message may never be printed.
   Tensor whole_out, whole_weights;
   std::exception_ptr error;
+  std::string why;
   if (rank == 0) {
     try {
       whole_out = Tensor({B, Q, D});
       whole_weights = Tensor({B, H, Q, K});
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      why = e.what();
     } catch (...) {
       error = std::current_exception();
+      why = "an error that is not a std::exception";
     }
   }
   if (c.all_gather(error ? 1 : 0)[0]) {
+    why = c.broadcast(why, 0);
     if (error) std::rethrow_exception(error);
-    fail(kOp, "--parallel: rank 0 cannot hold the whole output and attention weights (its error is printed "
-              "there); every rank stops");
+    fail(kOp, "--parallel: rank 0 cannot hold the whole output and attention weights (" + why +
+                  "); every rank stops");
   }
   gather(c, output, out_pieces, whole_out, B, 1, Q, D, 1);
   gather(c, weights, weight_pieces, whole_weights, B, H, Q, K, 2);

@@ -150,6 +150,18 @@ void Communicator::broadcast(float* data, int64_t count, int root) const {
     check_mpi(MPI_Bcast(data + c * kChunk, chunk_count(count, c), MPI_FLOAT, root, shared_->comm), op, "MPI_Bcast");
 }
 
+std::string Communicator::broadcast(const std::string& text, int root) const {
+  static const char* op = "dist.Communicator.broadcast";
+  shared_->check_peer(op, "root", root);
+  int64_t length = static_cast<int64_t>(text.size());
+  check_mpi(MPI_Bcast(&length, 1, MPI_INT64_T, root, shared_->comm), op, "MPI_Bcast");
+  std::string out = rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
+  for (int64_t c = 0; c * kChunk < length; ++c)
+    check_mpi(MPI_Bcast(out.data() + c * kChunk, chunk_count(length, c), MPI_CHAR, root, shared_->comm), op,
+              "MPI_Bcast");
+  return out;
+}
+
 void Communicator::barrier() const {
   check_mpi(MPI_Barrier(shared_->comm), "dist.Communicator.barrier", "MPI_Barrier");
 }

@@ -1,6 +1,7 @@
 // mha::dist::Communicator: every rank's part of a collective or a message
 // arrives where it should, counts are checked, and a Request completes.
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "dist_test_util.h"
@@ -33,6 +34,18 @@ TEST(Communicator, BroadcastCopiesTheRoots) {
   std::vector<float> v(5, static_cast<float>(c.rank()));
   c.broadcast(v.data(), 5, root);
   for (float x : v) EXPECT_EQ(x, static_cast<float>(root));
+}
+
+TEST(Communicator, BroadcastTextCopiesTheRootsWhateverItsLength) {
+  const Communicator& c = world();
+  const int root = c.size() - 1;
+  for (const std::string& text : {std::string(), std::string("rank 0: above the memory limit"),
+                                  std::string(100000, 'x')}) {
+    // Every other rank offers a different text, longer or shorter than the root's.
+    const std::string mine = c.rank() == root ? text : std::string(static_cast<size_t>(c.rank() + 3), 'y');
+    EXPECT_EQ(c.broadcast(mine, root), text) << text.size();
+  }
+  EXPECT_THROW(c.broadcast(std::string("x"), c.size()), Error);
 }
 
 TEST(Communicator, RingOfSendsAndReceives) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "mha/tensor.h"
@@ -77,6 +78,9 @@ class Communicator {
   std::vector<int64_t> all_gather(int64_t value) const;
   // data[0..count) <- root's. Collective.
   void broadcast(float* data, int64_t count, int root) const;
+  // root's `text` on every rank (the others' `text` is not read): how one
+  // rank's error message reaches the ranks that stop with it. Collective.
+  std::string broadcast(const std::string& text, int root) const;
   // Returns when every rank has called it. Collective.
   void barrier() const;
 
