@@ -44,6 +44,7 @@ set(MHA_LAYER_HEADERS_kernels
   attention.h
   kernel.h
   masks.h
+  precision.h
   valid_lens.h
 )
 set(MHA_LAYER_HEADERS_nn

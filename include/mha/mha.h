@@ -14,6 +14,7 @@
 #include "mha/kv_cache.h"
 #include "mha/linear.h"
 #include "mha/masks.h"
+#include "mha/precision.h"
 #include "mha/loss.h"
 #include "mha/model.h"
 #include "mha/memory.h"

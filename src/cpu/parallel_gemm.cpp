@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/parallel.h"
+#include "cpu/bf16.h"
 #include "cpu/blas.h"
 #include "mha/threads.h"
 
@@ -73,6 +74,57 @@ bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const G
 }  // namespace
 
 void GemmBatch::run() const {
+  if (precision_ == Precision::BFloat16) run_bfloat16();
+  else run_float32();
+}
+
+namespace {
+
+// rows x cols floats, `ld` apart, rounded to bfloat16 into a packed copy.
+std::vector<float> rounded_copy(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                const float* const* row_starts) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = row_starts ? row_starts[r] : x + r * ld;
+    float* dst = out.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dst[c] = round_to_bf16(src[c]);
+  }
+  return out;
+}
+
+}  // namespace
+
+// The portable bfloat16 product: op(A) and op(B) rounded into copies (each
+// distinct right-hand matrix once), then the float32 product on them. The
+// products of two bfloat16 values are exact in float32, so this differs from
+// a bfloat16 unit's only in the order of the float32 sums.
+void GemmBatch::run_bfloat16() const {
+  GemmBatch exact(Precision::Float32);
+  std::vector<std::vector<float>> copies;
+  std::vector<std::pair<size_t, size_t>> b_copies;  // (product whose B it is, copy)
+  for (size_t i = 0; i < products_.size(); ++i) {
+    GemmBlock g = products_[i];
+    const int64_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
+    copies.push_back(rounded_copy(g.A, a_rows, a_cols, g.lda, nullptr));
+    g.A = copies.back().data();
+    g.lda = a_cols;
+    size_t b = copies.size();
+    for (const auto& [j, c] : b_copies)
+      if (same_b(products_[j], rows_[j], products_[i], rows_[i])) b = c;
+    if (b == copies.size()) {
+      const int64_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
+      copies.push_back(rounded_copy(g.B, b_rows, b_cols, g.ldb, rows_[i].empty() ? nullptr : rows_[i].data()));
+      b_copies.emplace_back(i, b);
+    }
+    g.B = copies[b].data();
+    g.ldb = g.trans_b ? g.K : g.N;
+    exact.products_.push_back(g);
+    exact.rows_.emplace_back();
+  }
+  exact.run_float32();
+}
+
+void GemmBatch::run_float32() const {
   if (products_.empty()) return;
   // Products smaller than this (multiply-adds) run on the calling thread:
   // waking a team costs more than they take (the d2l chapter's toy shape:
@@ -171,19 +223,19 @@ void GemmBatch::run() const {
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc) {
-  if (omp_in_parallel()) {  // already on one of mha's threads: one block, here
+           int64_t ldc, Precision precision) {
+  if (omp_in_parallel() && precision == Precision::Float32) {  // already on one of mha's threads: here
     gemm({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
     return;
   }
-  GemmBatch batch;
+  GemmBatch batch(precision);
   batch.add(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   batch.run();
 }
 
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc) {
-  GemmBatch batch;
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, Precision precision) {
+  GemmBatch batch(precision);
   batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
   batch.run();
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu/gemm/gemm.h"
+#include "mha/precision.h"
 
 namespace mha::cpu {
 
@@ -38,6 +39,10 @@ int64_t gemm_row_block(int64_t M);
 
 class GemmBatch {
  public:
+  // Precision::BFloat16: every product of the batch rounds op(A) and op(B)
+  // to bfloat16 (nearest, ties to even) and sums in float32 (mha/precision.h);
+  // alpha, beta and the bias apply in float32.
+  explicit GemmBatch(Precision precision = Precision::Float32) : precision_(precision) {}
   // Adds C = alpha op(A) op(B) + beta C, to be cut into row blocks of
   // gemm_row_block(total rows of the batch).
   void add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -58,6 +63,9 @@ class GemmBatch {
   void run() const;
 
  private:
+  void run_float32() const;
+  void run_bfloat16() const;
+  Precision precision_;
   std::vector<GemmBlock> products_;
   // Per product: where each row of B^T starts, for stacked weights (else empty).
   std::vector<std::vector<const float*>> rows_;
@@ -67,6 +75,7 @@ class GemmBatch {
 // (blas.h) is the general one, run the same way (on the calling thread alone
 // when called from inside one of mha's parallel regions).
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc);
+                    int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc,
+                    Precision precision = Precision::Float32);
 
 }  // namespace mha::cpu

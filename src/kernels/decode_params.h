@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/bf16.h"
 #include "cpu/fused/isa.h"
 #include "cpu/fused/limits.h"
 #include "kernels/attention_params.h"
@@ -53,20 +54,8 @@ namespace mha::kernels {
 
 enum class CacheDtype { F32, BF16 };
 
-// A float32 rounded to bfloat16 (nearest, ties to even); NaN stays NaN.
-inline uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+using cpu::from_bf16;
+using cpu::to_bf16;
 
 struct DecodeParams {
   const float* q = nullptr;  // [B,Hq,Qn,d]
