@@ -330,6 +330,14 @@ Rows with every key masked get fully_masked_rows, never NaN.
            "Evaluation mode (dropout off); returns self.")
       .def_property_readonly("training", &TMHA::training)
       .def_property("kernel", &TMHA::kernel, &TMHA::set_kernel, "The attention implementation (mha.Kernel)")
+      .def_property(
+          "precision", [](const TMHA& s) { return std::string(mha::to_string(s.precision())); },
+          [](TMHA& s, const std::string& p) {
+            s.set_precision(mha::parse_precision("TorchMultiheadAttention.precision", p));
+          },
+          "'float32' (default) or 'bfloat16' ('bf16'): the matrix products' format. bfloat16 rounds\n"
+          "both inputs of every product to bfloat16 and sums in float32; parameters, gradients and\n"
+          "optimiser steps stay float32, and attention runs on the BLAS kernel.")
       .def_property("fully_masked_rows", &TMHA::fully_masked_rows, &TMHA::set_fully_masked_rows)
       .def_property_readonly("embed_dim", &TMHA::embed_dim)
       .def_property_readonly("num_heads", &TMHA::num_heads)

@@ -204,11 +204,15 @@ query with no key left attends uniformly, as a length of 0 does. The input width
 fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
 )doc")
-      .def(py::init([](int64_t num_hiddens, int64_t num_heads, mha::python::Real dropout, bool bias, uint64_t seed) {
-             return std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
+      .def(py::init([](int64_t num_hiddens, int64_t num_heads, mha::python::Real dropout, bool bias, uint64_t seed,
+                       const std::string& precision) {
+             const mha::Precision p = mha::parse_precision("MultiHeadAttention", precision);
+             auto m = std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
+             m->set_precision(p);
+             return m;
            }),
            py::arg("num_hiddens"), py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias").noconvert() = false,
-           py::arg("seed") = 0)
+           py::arg("seed") = 0, py::arg("precision") = "float32")
       .def(
           "__call__",
           [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
@@ -279,6 +283,14 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
            "Load parameters by d2l's names; every name must be present, shapes must fit.")
       .def_property("kernel", &mha::MultiHeadAttention::kernel, &mha::MultiHeadAttention::set_kernel,
                     "The attention implementation (mha.Kernel)")
+      .def_property(
+          "precision", [](const mha::MultiHeadAttention& s) { return std::string(mha::to_string(s.precision())); },
+          [](mha::MultiHeadAttention& s, const std::string& p) {
+            s.set_precision(mha::parse_precision("MultiHeadAttention.precision", p));
+          },
+          "'float32' (default) or 'bfloat16' ('bf16'): the matrix products' format. bfloat16 rounds\n"
+          "both inputs of every product to bfloat16 and sums in float32; parameters, gradients and\n"
+          "optimiser steps stay float32, and attention runs on the BLAS kernel.")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
       .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "mha/random.h"
+#include "mha/precision.h"
 #include "mha/tensor.h"
 
 namespace mha {
@@ -41,9 +42,10 @@ class LazyLinear {
 
   // x:[..., in] -> y:[..., out]; initialises on the first call.
   Tensor forward(const Tensor& x, Generator& gen, const char* op = "LazyLinear");
-  // x:[rows, in] (row stride in) -> y:[rows, out] (row stride ldy >= out).
-  // The layer must be initialised.
-  void forward_rows(const float* x, int64_t rows, float* y, int64_t ldy) const;
+  // x:[rows, in] (row stride in) -> y:[rows, out] (row stride ldy >= out),
+  // the product in `precision` (mha/precision.h). The layer must be initialised.
+  void forward_rows(const float* x, int64_t rows, float* y, int64_t ldy,
+                    Precision precision = Precision::Float32) const;
 
   const Tensor& weight() const { return weight_; }  // [out, in]
   const Tensor& bias() const { return bias_; }      // [out] (empty without bias)

@@ -53,6 +53,7 @@
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/parameter.h"
+#include "mha/precision.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
@@ -201,6 +202,13 @@ class MultiHeadAttention {
   void set_kernel(AttentionKernel k) { kernel_.set(k); }
   // The implementation in use.
   AttentionKernel kernel() const { return kernel_.get(); }
+  // The number format of the matrix products (mha/precision.h; default
+  // Float32). BFloat16 keeps the parameters, gradients and optimiser steps
+  // in float32 and runs attention on the Blas kernel whatever kernel() says
+  // (the one kernel that multiplies in bfloat16); decoding with a KV cache
+  // stays float32. Calls that have already started keep theirs.
+  void set_precision(Precision p) { precision_.set(p); }
+  Precision precision() const { return precision_.get(); }
   // Restart the generator behind initialisation and dropout from `s`.
   void seed(uint64_t s);
 
@@ -287,6 +295,7 @@ class MultiHeadAttention {
   detail::Relaxed<float> dropout_;
   detail::Relaxed<bool> training_{true};
   detail::Relaxed<AttentionKernel> kernel_{AttentionKernel::Fused};
+  detail::Relaxed<Precision> precision_{Precision::Float32};
   detail::KeyStream dropout_keys_;  // one key per training-mode call
   Generator gen_;                   // the lazy initialisation's; only writers touch it
   detail::Published<Params> params_;

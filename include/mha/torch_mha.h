@@ -55,6 +55,7 @@
 #include "mha/masks.h"
 #include "mha/multihead.h"
 #include "mha/parameter.h"
+#include "mha/precision.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -219,6 +220,11 @@ class TorchMultiheadAttention {
   void set_kernel(AttentionKernel k) { kernel_ = k; }
   // The attention kernel the calls use.
   AttentionKernel kernel() const { return kernel_; }
+  // The number format of the matrix products (mha/precision.h; default
+  // Float32). BFloat16 keeps parameters, gradients and optimiser steps in
+  // float32 and runs attention on the Blas kernel whatever kernel() says.
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
   // What a row whose every key is masked gets, from the next call on.
   void set_fully_masked_rows(FullyMaskedRows p) { fully_masked_ = p; }
   // What a row whose every key is masked gets.
@@ -289,6 +295,7 @@ class TorchMultiheadAttention {
   FullyMaskedRows fully_masked_;
   bool training_ = true;
   AttentionKernel kernel_ = AttentionKernel::Blas;
+  Precision precision_ = Precision::Float32;
   Generator gen_;                   // the parameters' initialisation
   detail::KeyStream dropout_keys_;  // one key per training-mode call
   LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;

@@ -63,3 +63,16 @@ def real_array(value, op, name):
         raise ArgumentTypeError(f"[{op}] {name}: dtype {a.dtype} is not a real number type; "
                                 "wanted bool, integer or floating")
     return a
+
+
+_PRECISIONS = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def precision(value, op):
+    """'float32' / 'fp32' / 'bfloat16' / 'bf16' as 'float32' or 'bfloat16'."""
+    if not isinstance(value, str):
+        raise wrong_kind(op, "precision", value, "a string ('float32' or 'bfloat16')")
+    if value not in _PRECISIONS:
+        raise ValueError(f"[{op}] precision: '{value}' is not a precision; wanted 'float32' ('fp32') "
+                         "or 'bfloat16' ('bf16')")
+    return _PRECISIONS[value]

@@ -287,7 +287,9 @@ class MultiHeadAttention(nn.Module):
     attention_weights: (B, num_heads, Q, K), the last call's weights before dropout;
     attention.attention_weights: the same as the chapter's (B*num_heads, Q, K).
     train()/eval() switch dropout (attention.dropout.p) on and off.
-    kwargs: kernel=mha.Kernel.* chooses mha's attention implementation.
+    kwargs: kernel=mha.Kernel.* chooses mha's attention implementation;
+    precision='bfloat16' ('bf16') multiplies in bfloat16 with float32 sums
+    (parameters, gradients and optimiser steps stay float32; default 'float32').
 
     Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
     mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
@@ -304,6 +306,9 @@ class MultiHeadAttention(nn.Module):
         dropout = _checks.real(dropout, op, "dropout")
         bias = _checks.flag(bias, op, "bias")
         kernel = kwargs.pop("kernel", None)
+        precision = _checks.precision(kwargs.pop("precision", "float32"), op)
+        if kwargs:
+            raise TypeError(f"[{op}] unexpected keyword arguments: {', '.join(sorted(kwargs))}")
         self.num_heads = num_heads
         self.num_hiddens = num_hiddens
         self.attention = DotProductAttention(dropout, self)
@@ -313,10 +318,12 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.LazyLinear(num_hiddens, bias=bias)
         self._bias = bias
         self._kernel = kernel
+        self._precision = precision
         self._make_impl()
 
     def _make_impl(self):
-        impl = _core.MultiHeadAttention(self.num_hiddens, self.num_heads, 0.0, self._bias)
+        impl = _core.MultiHeadAttention(self.num_hiddens, self.num_heads, 0.0, self._bias,
+                                        precision=self._precision)
         if self._kernel is not None:
             impl.kernel = self._kernel
         self._impl = impl
@@ -342,6 +349,17 @@ class MultiHeadAttention(nn.Module):
     def kernel(self, k):
         self._kernel = k
         self._impl.kernel = k
+
+    @property
+    def precision(self):
+        """The matrix products' format: 'float32' or 'bfloat16'."""
+        return self._impl.precision
+
+    @precision.setter
+    def precision(self, p):
+        p = _checks.precision(p, "mha.torch.MultiHeadAttention.precision")
+        self._impl.precision = p
+        self._precision = p
 
     def _layers(self):
         return (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v), ("W_o", self.W_o))
@@ -436,7 +454,7 @@ class MultiheadAttention(nn.Module):
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                        add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
                        device=None, dtype=None, *, fully_masked_rows=mha.FullyMaskedRows.ZEROS,
-                       kernel=None)
+                       kernel=None, precision='float32')
 
     The same parameters, names, initialisation (torch's, from torch's generator)
     and state dict as nn.MultiheadAttention, so either's state dict loads into
@@ -453,7 +471,9 @@ class MultiheadAttention(nn.Module):
     bias_k/bias_v, + 1 with add_zero_attn). Differences from PyTorch 1.13: a row
     whose every key is masked gets fully_masked_rows (zeros by default), not NaN;
     is_causal=True always applies the causal mask; the weights are not
-    differentiable and masks get no gradient.
+    differentiable and masks get no gradient. precision='bfloat16' ('bf16')
+    multiplies in bfloat16 with float32 sums; parameters, gradients and
+    optimiser steps stay float32.
 
     Note: in eval mode under no_grad, torch's TransformerEncoderLayer may skip
     self_attn.forward for its own fused kernel, reading these same parameters.
@@ -461,7 +481,7 @@ class MultiheadAttention(nn.Module):
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
-                 dtype=None, *, fully_masked_rows=None, kernel=None):
+                 dtype=None, *, fully_masked_rows=None, kernel=None, precision="float32"):
         super().__init__()
         op = "mha.torch.MultiheadAttention"
         embed_dim = _checks.integer(embed_dim, op, "embed_dim")
@@ -497,6 +517,7 @@ class MultiheadAttention(nn.Module):
         self.add_zero_attn = add_zero_attn
         self._fully_masked_rows = fully_masked_rows
         self._kernel = kernel
+        self._precision = _checks.precision(precision, op)
         self._impl = None
         self._link = None
         self._runner = None
@@ -543,6 +564,7 @@ class MultiheadAttention(nn.Module):
             add_zero_attn=self.add_zero_attn, dropout=0.0, **kw)
         if self._kernel is not None:
             impl.kernel = self._kernel
+        impl.precision = self._precision
         views = impl._parameter_views()
         link = _Link(impl)
         for name, p in named:
@@ -568,6 +590,19 @@ class MultiheadAttention(nn.Module):
         self._kernel = k
         if self._impl is not None:
             self._impl.kernel = k
+
+    @property
+    def precision(self):
+        """The matrix products' format: 'float32' or 'bfloat16'."""
+        self._ensure_impl()
+        return self._impl.precision
+
+    @precision.setter
+    def precision(self, p):
+        p = _checks.precision(p, "mha.torch.MultiheadAttention.precision")
+        if self._impl is not None:
+            self._impl.precision = p
+        self._precision = p
 
     def kv_cache(self, batch_size, max_len, dtype="float32"):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,

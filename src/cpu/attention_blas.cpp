@@ -1,22 +1,32 @@
 // The unfused attention forward: for each (batch row, head) the (Q, K) score
 // matrix is one BLAS product, the masked softmax runs over its rows, and the
-// output is a second BLAS product. Its cost is the Q x K scratch per head; it
+// output is a second BLAS product. Its cost is the Q x K scratch per thread; it
 // is the path that materialises attention weights most simply, and the one
 // that honours every option of AttentionForward (the fallback of the others).
+#include <omp.h>
+
 #include <vector>
 
 #include "cpu/blas.h"
 #include "cpu/attention_kernels.h"
 #include "kernels/masked_row.h"
+#include "mha/threads.h"
 
 namespace mha::kernels {
 
 void attention_forward_blas(const AttentionForward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  std::vector<float> scratch;
-  if (!p.weights) scratch.resize(static_cast<size_t>(Q * K));
-  std::vector<float> dropped;
-  if (p.dropout.active()) dropped.resize(static_cast<size_t>(Q * K));
+  // The (batch row, head) pairs split over mha's threads, each pair from
+  // start to end on one thread, so that the softmax runs in parallel with
+  // the products; cpu::sgemm inside is one single-threaded product whose
+  // bits do not depend on where it runs (cpu/parallel_gemm.h). One pair
+  // alone runs its products on every thread instead.
+  const int threads = B * H > 1 ? num_threads() : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+  std::vector<float> scratch(p.weights ? 0 : static_cast<size_t>(Q * K));
+  std::vector<float> dropped(p.dropout.active() ? static_cast<size_t>(Q * K) : 0);
+#pragma omp for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = p.kv_head(h);  // grouped heads share k and v
@@ -24,7 +34,7 @@ void attention_forward_blas(const AttentionForward& p) {
       float* s = p.weights ? p.weights + base : scratch.data();
       // s:[Q,K] = q_bh:[Q,d] @ k_bhk:[K,d]^T
       cpu::sgemm(false, true, Q, K, d, 1.0f, p.q.ptr(b, h), p.q.stride[2], p.k.ptr(b, hk),
-                 p.k.stride[2], 0.0f, s, K);
+                 p.k.stride[2], 0.0f, s, K, p.precision);
       for (int64_t i = 0; i < Q; ++i)
         masked_softmax_row(p.masks, p.length(b, i), p.scale_divisor, b, h, i, Q, K, s + i * K);
       const float* pw = s;
@@ -34,8 +44,9 @@ void attention_forward_blas(const AttentionForward& p) {
       }
       // out_bh:[Q,dv] = pw:[Q,K] @ v_bhk:[K,dv]
       cpu::sgemm(false, false, Q, dv, K, 1.0f, pw, K, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
-                 p.out.ptr(b, h), p.out.stride[2]);
+                 p.out.ptr(b, h), p.out.stride[2], p.precision);
     }
+  }
   }
 }
 

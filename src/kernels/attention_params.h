@@ -29,6 +29,7 @@
 #include "kernels/dropout.h"
 #include "kernels/softmax_stats.h"
 #include "mha/masks.h"
+#include "mha/precision.h"
 #include "mha/tensor.h"
 
 namespace mha::kernels {
@@ -103,6 +104,12 @@ struct AttentionForward {
   // outputs. All their k and v rows must be valid. (The other kernels read
   // every row anyway.)
   const uint8_t* read_all_keys = nullptr;
+
+  // BFloat16: the products' inputs (q, k, the weights after dropout, v; and
+  // in the backward dO and dS) are rounded to bfloat16, sums in float32
+  // (mha/precision.h). Only the Blas kernel multiplies in bfloat16; the
+  // modules run it whenever the precision is BFloat16 (nn/attention_engine.h).
+  Precision precision = Precision::Float32;
 
   int64_t B() const { return q.shape[0]; }
   int64_t H() const { return q.shape[1]; }

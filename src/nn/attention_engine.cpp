@@ -116,6 +116,7 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
   p.dropout = ctx.dropout;
   p.masks = ctx.masks.options();
   p.read_all_keys = ctx.read_all_keys.empty() ? nullptr : ctx.read_all_keys.data();
+  p.precision = ctx.precision;
   if (!ctx.stats.empty()) {
     const size_t n = ctx.stats.size() / 2;
     p.stats = {const_cast<float*>(ctx.stats.data()), const_cast<float*>(ctx.stats.data()) + n};  // read only
@@ -124,6 +125,10 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
 }
 
 }  // namespace
+
+AttentionKernel engine_kernel(AttentionKernel chosen, Precision precision) {
+  return precision == Precision::BFloat16 ? AttentionKernel::Blas : chosen;
+}
 
 std::vector<Tensor> release_buffers(AttentionContext& c) {
   std::vector<Tensor> buffers = std::move(c.proj.buffers);
@@ -134,7 +139,7 @@ std::vector<Tensor> release_buffers(AttentionContext& c) {
 
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout) {
   const int64_t B = call.layout.B, Kt = call.Kt(layers);
-  const bool fused = kernels::runs_fused(call.kernel, Kt);
+  const bool fused = kernels::runs_fused(engine_kernel(call.kernel, call.precision), Kt);
   // The fused kernel forms no (B, h, Q, K) weights unless asked, only two
   // floats per query (and per thread, one head's keys and values, packed).
   if (fused)
@@ -150,6 +155,7 @@ void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const Engin
 
 EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                const EngineLayers& layers, EngineCall call, std::vector<Tensor>* reuse) {
+  call.kernel = engine_kernel(call.kernel, call.precision);
   const RowLayout& layout = call.layout;
   const int64_t B = layout.B, Q = call.Q, K = call.K, Kt = call.Kt(layers);
   const int64_t H = call.H, Hkv = call.Hkv, d = call.d, E = H * d;
@@ -161,6 +167,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   c.Q = Q, c.K = K, c.Kt = Kt, c.H = H, c.Hkv = Hkv, c.d = d;
   c.scale_divisor = std::sqrt(static_cast<float>(d));
   c.kernel = call.kernel;
+  c.precision = call.precision;
   c.lens = std::move(call.lens);
   c.masks = std::move(call.masks);
   c.dropout = call.dropout;
@@ -170,7 +177,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   // last kept key; the other kernels read every row).
   const bool masked = !c.lens.is_none() || c.masks.any();
   RowPlan plan = fused ? plan_rows(c.lens, c.masks, layout, Q, K, Kt, values, *layers.v) : RowPlan{};
-  c.proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v, {layout, Q, K, Kt, H, Hkv, d},
+  c.proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v, {layout, Q, K, Kt, H, Hkv, d, call.precision},
                        plan.needs, reuse);
   if (Kt > K) {
     append_rows(c.proj.k, layers.bias_k, layers.zero_row, K);
@@ -210,7 +217,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   }
   EngineOutput out;
   out.output = Tensor(call.out_shape);
-  layers.o->forward_rows(concat.data(), B * Q, out.output.data(), layers.o->out_features());
+  layers.o->forward_rows(concat.data(), B * Q, out.output.data(), layers.o->out_features(), call.precision);
   // Finite inputs and parameters whose projections or scores overflow
   // float32 (inputs ~1e20) would give NaN: an error instead. NaN or infinite
   // inputs are computed through, as PyTorch does (docs/errors.md).
@@ -254,12 +261,12 @@ void keys_backward(const LazyLinear& layer, const Tensor& x, const Tensor& dy, c
   const int64_t width = layer.out_features(), in = layer.in_features(), B = c.B();
   if (c.layout.seq_first || c.Kt == c.K) {
     // The K given positions are the first B*K rows in both layouts here.
-    linear_backward(layer, x.data(), dy.data(), B * c.K, dx.data(), *g.weight, g.bias);
+    linear_backward(layer, x.data(), dy.data(), B * c.K, dx.data(), *g.weight, g.bias, c.precision);
     return;
   }
   for (int64_t b = 0; b < B; ++b)
     linear_backward(layer, x.data() + b * c.K * in, dy.data() + b * c.Kt * width, c.K, dx.data() + b * c.K * in,
-                    *g.weight, g.bias);
+                    *g.weight, g.bias, c.precision);
 }
 
 // grad (width elements) += the sum over the batch of dy's row at `pos`.
@@ -280,7 +287,7 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // out = concat W_o^T + b_o.
   Tensor d_concat({B * c.Q, E});
   linear_backward(*layers.o, c.concat.data(), grad_output.data(), B * c.Q, d_concat.data(), *grads.o.weight,
-                  grads.o.bias);
+                  grads.o.bias, c.precision);
   // concat = the heads' outputs scaled by the head gates.
   const Tensor& heads_out = c.heads_out();
   if (layers.head_gates || grads.head_gates)
@@ -310,7 +317,8 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
 
   // q = queries W_q^T + b_q, and likewise for the K given keys and values.
   EngineInputGrads g{Tensor(c.queries.shape()), Tensor(c.keys.shape()), Tensor(c.values.shape())};
-  linear_backward(*layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias);
+  linear_backward(*layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias,
+                  c.precision);
   keys_backward(*layers.k, c.keys, dk, c, g.keys, grads.k);
   keys_backward(*layers.v, c.values, dv, c, g.values, grads.v);
   return g;

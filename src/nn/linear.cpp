@@ -47,12 +47,13 @@ Tensor LazyLinear::forward(const Tensor& x, Generator& gen, const char* op) {
   return y;
 }
 
-void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy) const {
+void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision) const {
   // y = b + x W^T, as PyTorch's addmm: W is (out, in) row-major, so
   // op(B) = W^T. Row blocks fixed by the shape: the same result at any
   // thread count (cpu/parallel_gemm.h).
   cpu::parallel_sgemm(rows, out_features_, in_features_, x, in_features_, weight_.data(),
-                      in_features_, /*trans_b=*/true, has_bias_ ? bias_.data() : nullptr, y, ldy);
+                      in_features_, /*trans_b=*/true, has_bias_ ? bias_.data() : nullptr, y, ldy,
+                      precision);
 }
 
 void LazyLinear::set_weight(const Tensor& w, const char* op) {

@@ -7,10 +7,10 @@
 namespace mha::nn {
 
 void linear_backward(const LazyLinear& layer, const float* x, const float* dy, int64_t rows,
-                     float* dx, Tensor& dW, Tensor* db) {
+                     float* dx, Tensor& dW, Tensor* db, Precision precision) {
   const int64_t in = layer.in_features(), out = layer.out_features();
   // dW:[out,in] += dy^T:[out,rows] @ x:[rows,in]
-  cpu::sgemm(true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dW.data(), in);
+  cpu::sgemm(true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dW.data(), in, precision);
   if (db) {
     // Column sums in double, in row order: deterministic and accurate.
     std::vector<double> sum(static_cast<size_t>(out), 0.0);
@@ -20,7 +20,7 @@ void linear_backward(const LazyLinear& layer, const float* x, const float* dy, i
     for (int64_t j = 0; j < out; ++j) b[j] += static_cast<float>(sum[j]);
   }
   // dx:[rows,in] = dy:[rows,out] @ W:[out,in]
-  if (dx) cpu::sgemm(false, false, rows, in, out, 1.0f, dy, out, layer.weight().data(), in, 0.0f, dx, in);
+  if (dx) cpu::sgemm(false, false, rows, in, out, 1.0f, dy, out, layer.weight().data(), in, 0.0f, dx, in, precision);
 }
 
 }  // namespace mha::nn

@@ -119,6 +119,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
 
   // One snapshot of the settings for the whole call (see multihead.h).
   const AttentionKernel kernel = kernel_.get();
+  const Precision precision = precision_.get();
   const bool training = training_.get();
   const float dropout = dropout_.get();
   // The call as the engine runs it (nn/attention_engine.h): batch-major
@@ -131,6 +132,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   call.out_shape = {B, Q, num_hiddens_};
   call.lens = valid_lens;
   call.kernel = kernel;
+  call.precision = precision;
   call.keep_for_backward = training;
   call.keep_for_weights = true;  // attention_weights() of the last call
   // Everything this call allocates, checked before anything is (the first

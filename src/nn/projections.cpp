@@ -149,7 +149,7 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
   }
   // Every product of every input in one batch of row blocks: one parallel
   // region for all of them, however many batch rows padding splits them into.
-  cpu::GemmBatch batch;
+  cpu::GemmBatch batch(s.precision);
   std::vector<Tensor> stacks;
   for (const Group& g : groups) project_group(g, s, result, batch, stacks, reuse);
   batch.run();

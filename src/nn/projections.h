@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "mha/linear.h"
+#include "mha/precision.h"
 #include "mha/tensor.h"
 
 namespace mha::nn {
@@ -58,6 +59,7 @@ struct ProjectionShape {
   RowLayout layout;
   int64_t Q = 0, K = 0, Kt = 0;  // query positions, given key positions, key rows per batch row
   int64_t H = 0, Hkv = 0, d = 0;
+  Precision precision = Precision::Float32;  // of the products (mha/precision.h)
 };
 
 // The layers must be initialised with the inputs' widths. Buffers are taken

@@ -94,6 +94,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   c.masks = nn::build_masks(kForward, call.key_padding_mask, kept_head_slices(call.attn_mask, g.B), call.causal,
                             fully_masked_, {batched, g.B, g.Q, g.K, g.Kt, H});
   c.kernel = kernel_;
+  c.precision = precision_;
   c.need_weights = call.need_weights;
   c.keep_for_backward = training_;  // a training-mode forward keeps what backward() needs
   c.keep_for_weights = call.keep_context;

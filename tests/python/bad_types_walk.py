@@ -229,14 +229,17 @@ if torch is not None:
         "torch.MultiHeadAttention": dict(num_hiddens=8, num_heads=2, dropout=0.0, bias=False),
         "torch.MultiHeadAttention.forward": dict(queries=t3, keys=t3, values=t3, valid_lens=torch.tensor([1, 2])),
         "torch.MultiHeadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
+        "torch.MultiHeadAttention.precision =": dict(precision="bf16"),
         "torch.MultiheadAttention": dict(embed_dim=4, num_heads=2, dropout=0.0, bias=True, add_bias_kv=False,
                                          add_zero_attn=False, kdim=None, vdim=None, batch_first=True,
-                                         device=None, dtype=None, fully_masked_rows=None, kernel=None),
+                                         device=None, dtype=None, fully_masked_rows=None, kernel=None,
+                                         precision="float32"),
         "torch.MultiheadAttention.forward": dict(
             query=t3, key=torch.ones(2, 5, 4), value=torch.ones(2, 5, 4),
             key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), need_weights=True,
             attn_mask=torch.zeros(3, 5, dtype=torch.bool), average_attn_weights=True, is_causal=False),
         "torch.MultiheadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
+        "torch.MultiheadAttention.precision =": dict(precision="bf16"),
         "torch.MultiHeadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
         "torch.MultiheadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
     })
@@ -253,13 +256,16 @@ NOT_NUMERIC = {
     "plot.cell_center": {"layout"},
     "torch.MultiHeadAttention.kernel =": {"kernel"},
     "torch.MultiheadAttention.kernel =": {"kernel"},
-    "torch.MultiheadAttention": {"device", "dtype", "fully_masked_rows", "kernel"},
+    "torch.MultiHeadAttention.precision =": {"precision"},
+    "torch.MultiheadAttention.precision =": {"precision"},
+    "torch.MultiheadAttention": {"device", "dtype", "fully_masked_rows", "kernel", "precision"},
     "torch.MultiHeadAttention.kv_cache": {"dtype"},
     "torch.MultiheadAttention.kv_cache": {"dtype"},
 }
 # Entry points that take no numbers at all.
 NO_NUMBERS = {"read_png", "load_safetensors", "safetensors_metadata", "load_checkpoint", "plot.colormap",
               "mask_to_torch_mha", "mask_to_sdpa", "MultiHeadAttention.kernel =", "TorchMultiheadAttention.kernel =",
+              "torch.MultiHeadAttention.precision =", "torch.MultiheadAttention.precision =",
               "TorchMultiheadAttention.fully_masked_rows =", "AttentionModel.layer"}
 # (entry point, argument) where None is a valid value though not the default.
 NONE_OK = {

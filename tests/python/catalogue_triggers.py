@@ -26,6 +26,11 @@ def ones(*shape):
     return np.ones(shape, np.float32)
 
 
+def _torch_module_with_precision(precision):
+    import mha.torch
+    return mha.torch.MultiheadAttention(16, 2, precision=precision)
+
+
 # ---- checkpoints ------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
@@ -347,6 +352,8 @@ PY = {
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
+    "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
+    "py.precision": lambda t: _torch_module_with_precision("fp16"),
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
     "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),
 }

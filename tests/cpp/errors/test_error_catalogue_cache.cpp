@@ -27,6 +27,7 @@ struct Cached {
 Triggers cache_triggers() {
   return {
       {"kv_cache.batch_size", [] { MultiHeadAttention(16, 2).kv_cache(0, 4); }},
+      {"precision.name", [] { parse_precision("MultiHeadAttention", "fp16"); }},
       {"kv_cache.max_len", [] { MultiHeadAttention(16, 2).kv_cache(2, -1); }},
       {"kv_cache.memory_limit",
        [] {
