@@ -21,7 +21,8 @@ What is measured
 - % sgemm: GFLOP/s over torch.mm's 4096x4096 rate at the same thread count,
   measured in this run just before and after each case (the larger of the
   two), so that load from other processes drifts out of the ratio.
-- speedup: the peer's ms over mha's ms (> 1: mha is faster).
+- speedup: the peer's ms over mha's ms (> 1: mha is faster); for mha's
+  bfloat16 mode (precision="bf16"), mha's float32 ms over its ms.
 - padding target: besides the two separate cases (timed minutes apart), mha's
   padded and unpadded calls alternate on one module, and the median of the
   per-round ratios is the figure compared with the target.
@@ -84,7 +85,8 @@ CASES = {
     "cross B4 Q128 K1024": (4, 128, 1024, 512, 256, 384, 512, 8, "cross"),
     "train B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "train"),
 }
-IMPLS = ["mha", "torch.nn.MultiheadAttention", "the d2l chapter (PyTorch)", "onnxruntime (node)"]
+BF16 = "mha precision=bf16"
+IMPLS = ["mha", BF16, "torch.nn.MultiheadAttention", "the d2l chapter (PyTorch)", "onnxruntime (node)"]
 ORT = "onnxruntime (node)"
 # The forward cases ONNX Runtime runs (its graph: bench/ort_peer.py).
 ORT_CASES = ("B8 L512 D768 h12", "B8 L512 D768 h12 pad40%", "B1 L4096 D512 h8", "B1 L16384 D256 h4")
@@ -124,9 +126,9 @@ def make_callable(case, impl, inputs):
     B, Q, K, Dq, Dk, Dv, D, h, kind = CASES[case]
     X, Kx, Vx, lens = inputs
     train = kind == "train"
-    if impl == "mha":
+    if impl in ("mha", BF16):
         import mha
-        m = mha.MultiHeadAttention(D, h, 0.0, False).train(train)
+        m = mha.MultiHeadAttention(D, h, 0.0, False, precision="bf16" if impl == BF16 else "float32").train(train)
         if not train:
             return lambda: m(X, Kx, Vx, lens)
         ones = np.ones((B, Q, D), np.float32)
@@ -352,7 +354,7 @@ def main():
                     except RuntimeError as e:
                         results[(t, case, impl)] = None
                         ort_notes[(t, case)] = str(e)
-                elif impl != "mha" and "L16384" in case and peer_memory_estimate_mb(case) > 0.8 * available_mb():
+                elif impl not in ("mha", BF16) and "L16384" in case and peer_memory_estimate_mb(case) > 0.8 * available_mb():
                     results[(t, case, impl)] = None
                 else:
                     inputs = make_inputs(case, np)
@@ -382,7 +384,7 @@ def main():
         for n, (case, impl) in enumerate(cases_impls):
             sys.stderr.write(f"\r\033[K[memory {n + 1}/{len(cases_impls)}] {case}: {impl}")
             sys.stderr.flush()
-            if impl != "mha" and peer_memory_estimate_mb(case) > 0.8 * available_mb():
+            if impl not in ("mha", BF16) and peer_memory_estimate_mb(case) > 0.8 * available_mb():
                 memory[(case, impl)] = (None, "skipped: not enough free memory")
                 continue
             memory[(case, impl)] = measure_memory(case, impl)
@@ -409,7 +411,8 @@ def main():
                     print(f"{case:26} {t:>3} {impl:28} {why:>10} {'':>8} {'':>8} {'':>8} {mem_s}")
                     continue
                 rate = fl / ms / 1e9
-                speed = "" if impl == "mha" or ours is None else f"{ms / ours:7.2f}x"
+                speed = ("" if impl == "mha" or ours is None else
+                         f"{ours / ms:7.2f}x" if impl == BF16 else f"{ms / ours:7.2f}x")
                 print(f"{case:26} {t:>3} {impl:28} {ms * 1e3:>10.3f} {rate:>8.1f} "
                       f"{100 * rate / roof[(t, case)]:>7.1f}% {speed:>8} {mem_s}")
 
@@ -461,6 +464,11 @@ def main():
     if toy:
         print(f"  the d2l chapter's toy shape: {toy * 1e3:.4f} ms per forward call from Python "
               f"(target <= 0.02 ms): {'met' if toy <= 2e-5 else 'MISSED'}")
+    for case, want in (("B8 L512 D768 h12", 1.7), ("B1 L4096 D512 h8", 1.7), ("train B8 L512 D768 h12", 1.5)):
+        a, b = results.get((t, case, "mha")), results.get((t, case, BF16))
+        if a and b:
+            print(f"  bfloat16 mode, {case}: {a / b:.2f}x mha's float32 (target >= {want}x): "
+                  f"{'met' if a / b >= want else 'MISSED'}")
     pct = pct_of("train B8 L512 D768 h12")
     if pct is not None:
         print(f"  training step B8 L512 D768 h12 (3x forward FLOPs): {pct:.1f}% of sgemm (target >= 80%): "
