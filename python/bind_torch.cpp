@@ -335,9 +335,9 @@ Rows with every key masked get fully_masked_rows, never NaN.
           [](TMHA& s, const std::string& p) {
             s.set_precision(mha::parse_precision("TorchMultiheadAttention.precision", p));
           },
-          "'float32' (default) or 'bfloat16' ('bf16'): the matrix products' format. bfloat16 rounds\n"
-          "both inputs of every product to bfloat16 and sums in float32; parameters, gradients and\n"
-          "optimiser steps stay float32, and attention runs on the BLAS kernel.")
+          "'float32' (default) or 'bfloat16' ('bf16'). bfloat16: the projections' products (and their\n"
+          "backward) round both inputs to bfloat16 and sum in float32, and q, k, v are rounded to\n"
+          "bfloat16; attention itself, parameters, gradients and optimiser steps stay float32.")
       .def_property("fully_masked_rows", &TMHA::fully_masked_rows, &TMHA::set_fully_masked_rows)
       .def_property_readonly("embed_dim", &TMHA::embed_dim)
       .def_property_readonly("num_heads", &TMHA::num_heads)

@@ -288,9 +288,9 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           [](mha::MultiHeadAttention& s, const std::string& p) {
             s.set_precision(mha::parse_precision("MultiHeadAttention.precision", p));
           },
-          "'float32' (default) or 'bfloat16' ('bf16'): the matrix products' format. bfloat16 rounds\n"
-          "both inputs of every product to bfloat16 and sums in float32; parameters, gradients and\n"
-          "optimiser steps stay float32, and attention runs on the BLAS kernel.")
+          "'float32' (default) or 'bfloat16' ('bf16'). bfloat16: the projections' products (and their\n"
+          "backward) round both inputs to bfloat16 and sum in float32, and q, k, v are rounded to\n"
+          "bfloat16; attention itself, parameters, gradients and optimiser steps stay float32.")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
       .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)

@@ -202,10 +202,9 @@ class MultiHeadAttention {
   void set_kernel(AttentionKernel k) { kernel_.set(k); }
   // The implementation in use.
   AttentionKernel kernel() const { return kernel_.get(); }
-  // The number format of the matrix products (mha/precision.h; default
-  // Float32). BFloat16 keeps the parameters, gradients and optimiser steps
-  // in float32 and runs attention on the Blas kernel whatever kernel() says
-  // (the one kernel that multiplies in bfloat16); decoding with a KV cache
+  // The number format of the projections' products and of q, k, v
+  // (mha/precision.h; default Float32). BFloat16 keeps parameters,
+  // gradients and optimiser steps in float32; cached decoding (kv_cache)
   // stays float32. Calls that have already started keep theirs.
   void set_precision(Precision p) { precision_.set(p); }
   Precision precision() const { return precision_.get(); }

@@ -1,14 +1,20 @@
 // mha/precision.h: the number format of a module's matrix products.
 //
 // Float32 (the default) is exact to the d2l chapter's PyTorch code within
-// float32 rounding. BFloat16 rounds both inputs of every matrix product (the
-// projections, the attention scores and the weighted sums, forward and
-// backward) to bfloat16 (8 bits of mantissa, nearest, ties to even) and sums
-// their products in float32; everything else (softmax and its statistics,
-// masks, dropout, biases, gradients as stored, the parameters and the
-// optimisers' updates of them) stays float32. On CPUs with AMX (AMX-BF16) the
-// products run on its tile units; elsewhere on float32 micro-kernels fed
-// with the rounded values (the same bound, tests/python/test_bf16.py).
+// float32 rounding. BFloat16 is the mixed precision of bfloat16 inference
+// and training:
+// - the four projections (W_q, W_k, W_v, W_o) and their backward products
+//   (dW = dy^T x, dx = dy W) round both inputs to bfloat16 (8 bits of
+//   mantissa, nearest, ties to even) and sum in float32;
+// - the projected q, k and v are rounded to bfloat16 (their gradients pass
+//   through the rounding unchanged), and attention runs on them with the
+//   chosen kernel as in float32: scores, softmax and its statistics, the
+//   weights, the weighted sum and the attention backward stay float32;
+// - parameters, biases, gradients as stored and the optimisers' updates of
+//   them stay float32 (the bfloat16 copies exist only inside products).
+// On CPUs with AMX (AMX-BF16) the bfloat16 products run on its tile units;
+// elsewhere on float32 micro-kernels fed with the rounded values (the same
+// results but for the order of float32 sums; tests/python/test_bf16.py).
 #pragma once
 
 #include <string>

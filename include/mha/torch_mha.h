@@ -220,9 +220,10 @@ class TorchMultiheadAttention {
   void set_kernel(AttentionKernel k) { kernel_ = k; }
   // The attention kernel the calls use.
   AttentionKernel kernel() const { return kernel_; }
-  // The number format of the matrix products (mha/precision.h; default
-  // Float32). BFloat16 keeps parameters, gradients and optimiser steps in
-  // float32 and runs attention on the Blas kernel whatever kernel() says.
+  // The number format of the projections' products and of q, k, v
+  // (mha/precision.h; default Float32). BFloat16 keeps parameters,
+  // gradients and optimiser steps in float32; cached decoding (kv_cache)
+  // stays float32. Calls that have already started keep theirs.
   void set_precision(Precision p) { precision_ = p; }
   Precision precision() const { return precision_; }
   // What a row whose every key is masked gets, from the next call on.

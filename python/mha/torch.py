@@ -288,8 +288,9 @@ class MultiHeadAttention(nn.Module):
     attention.attention_weights: the same as the chapter's (B*num_heads, Q, K).
     train()/eval() switch dropout (attention.dropout.p) on and off.
     kwargs: kernel=mha.Kernel.* chooses mha's attention implementation;
-    precision='bfloat16' ('bf16') multiplies in bfloat16 with float32 sums
-    (parameters, gradients and optimiser steps stay float32; default 'float32').
+    precision='bfloat16' ('bf16') runs the projections' products in bfloat16
+    with float32 sums and rounds q, k, v to bfloat16 (attention, parameters,
+    gradients and optimiser steps stay float32; default 'float32').
 
     Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
     mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
@@ -472,8 +473,9 @@ class MultiheadAttention(nn.Module):
     whose every key is masked gets fully_masked_rows (zeros by default), not NaN;
     is_causal=True always applies the causal mask; the weights are not
     differentiable and masks get no gradient. precision='bfloat16' ('bf16')
-    multiplies in bfloat16 with float32 sums; parameters, gradients and
-    optimiser steps stay float32.
+    runs the projections' products in bfloat16 with float32 sums and rounds
+    q, k, v to bfloat16; attention, parameters, gradients and optimiser steps
+    stay float32.
 
     Note: in eval mode under no_grad, torch's TransformerEncoderLayer may skip
     self_attn.forward for its own fused kernel, reading these same parameters.

@@ -89,7 +89,6 @@ void attention_backward_blas(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   const int64_t group = H / p.Hkv();  // query heads per kv head
   const bool masked = uses_masks(p);
-  const Precision prec = p.fwd.precision;  // of the four products (and the weights' recomputation)
   const size_t QK = static_cast<size_t>(Q * K);
   const int64_t Hkv = p.Hkv();
   const int threads = B * Hkv > 1 ? num_threads() : 1;
@@ -116,10 +115,10 @@ void attention_backward_blas(const AttentionBackward& p) {
       const int64_t ld_dO = p.grad_out.stride[2];
       // grad_v:[K,dv] (+)= Pd^T:[K,Q] @ dO:[Q,dv]
       cpu::sgemm(true, false, K, dv, Q, 1.0f, Pd, K, dO, ld_dO, beta, p.grad_v.ptr(b, hk),
-                 p.grad_v.stride[2], prec);
+                 p.grad_v.stride[2]);
       // dS:[Q,K] <- dO:[Q,dv] @ v^T:[dv,K], then * M, then the softmax's Jacobian.
       cpu::sgemm(false, true, Q, K, dv, 1.0f, dO, ld_dO, p.fwd.v.ptr(b, hk), p.fwd.v.stride[2], 0.0f,
-                 dS.data(), K, prec);
+                 dS.data(), K);
       for (int64_t i = 0; i < Q; ++i) {
         float* row = dS.data() + i * K;
         if (p.fwd.dropout.active())
@@ -128,9 +127,9 @@ void attention_backward_blas(const AttentionBackward& p) {
       }
       // grad_q:[Q,d] = dS:[Q,K] @ k:[K,d];  grad_k:[K,d] (+)= dS^T:[K,Q] @ q:[Q,d]
       cpu::sgemm(false, false, Q, d, K, 1.0f, dS.data(), K, p.fwd.k.ptr(b, hk), p.fwd.k.stride[2], 0.0f,
-                 p.grad_q.ptr(b, h), p.grad_q.stride[2], prec);
+                 p.grad_q.ptr(b, h), p.grad_q.stride[2]);
       cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.fwd.q.ptr(b, h), p.fwd.q.stride[2], beta,
-                 p.grad_k.ptr(b, hk), p.grad_k.stride[2], prec);
+                 p.grad_k.ptr(b, hk), p.grad_k.stride[2]);
     }
     }
   }

@@ -44,7 +44,7 @@ void attention_forward_blas(const AttentionForward& p) {
       }
       // out_bh:[Q,dv] = pw:[Q,K] @ v_bhk:[K,dv]
       cpu::sgemm(false, false, Q, dv, K, 1.0f, pw, K, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
-                 p.out.ptr(b, h), p.out.stride[2], p.precision);
+                 p.out.ptr(b, h), p.out.stride[2]);
     }
   }
   }

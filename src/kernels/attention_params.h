@@ -105,10 +105,11 @@ struct AttentionForward {
   // every row anyway.)
   const uint8_t* read_all_keys = nullptr;
 
-  // BFloat16: the products' inputs (q, k, the weights after dropout, v; and
-  // in the backward dO and dS) are rounded to bfloat16, sums in float32
-  // (mha/precision.h). Only the Blas kernel multiplies in bfloat16; the
-  // modules run it whenever the precision is BFloat16 (nn/attention_engine.h).
+  // BFloat16: q and k hold bfloat16 values (the engine rounds the
+  // projections, mha/precision.h), so a kernel may form q k^T on bfloat16
+  // units (the Blas kernel does) with the same result as in float32 but for
+  // the order of the float32 sums. Nothing else changes: the weights, v and
+  // the backward's gradients stay float32 and so do their products.
   Precision precision = Precision::Float32;
 
   int64_t B() const { return q.shape[0]; }

@@ -6,8 +6,11 @@
 #include <cstring>
 
 #include "core/finite.h"
+#include "core/parallel.h"
+#include "cpu/bf16.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
+#include "mha/threads.h"
 #include "nn/linear_backward.h"
 #include "nn/row_plan.h"
 
@@ -98,6 +101,18 @@ bool finite_layers(const EngineLayers& l) {
   return true;
 }
 
+// Every projected q, k and v (and appended) row rounded to bfloat16 in place:
+// what the attention kernels multiply in bfloat16 mode.
+void round_projections_to_bf16(Projected& proj) {
+  for (Tensor& t : proj.buffers) {
+    float* x = t.data();
+    const int64_t n = t.numel(), chunk = 1 << 16;
+    core::parallel_for((n + chunk - 1) / chunk, n > chunk ? num_threads() : 1, [&](int64_t c) {
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = cpu::round_to_bf16(x[i]);
+    });
+  }
+}
+
 // A copy of x in a buffer from `reuse` where one fits: a training step keeps
 // its inputs, and fresh pages for them cost ~5% of a B8 L512 step.
 Tensor kept_copy(const Tensor& x, std::vector<Tensor>* reuse) {
@@ -126,10 +141,6 @@ kernels::AttentionForward forward_params(const AttentionContext& ctx) {
 
 }  // namespace
 
-AttentionKernel engine_kernel(AttentionKernel chosen, Precision precision) {
-  return precision == Precision::BFloat16 ? AttentionKernel::Blas : chosen;
-}
-
 std::vector<Tensor> release_buffers(AttentionContext& c) {
   std::vector<Tensor> buffers = std::move(c.proj.buffers);
   for (Tensor* t : {&c.concat, &c.queries, &c.keys, &c.values})
@@ -139,7 +150,7 @@ std::vector<Tensor> release_buffers(AttentionContext& c) {
 
 void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const EngineLayers& layers, int64_t Dout) {
   const int64_t B = call.layout.B, Kt = call.Kt(layers);
-  const bool fused = kernels::runs_fused(engine_kernel(call.kernel, call.precision), Kt);
+  const bool fused = kernels::runs_fused(call.kernel, Kt);
   // The fused kernel forms no (B, h, Q, K) weights unless asked, only two
   // floats per query (and per thread, one head's keys and values, packed).
   if (fused)
@@ -155,7 +166,6 @@ void add_call_memory(core::MemoryPlan& plan, const EngineCall& call, const Engin
 
 EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                const EngineLayers& layers, EngineCall call, std::vector<Tensor>* reuse) {
-  call.kernel = engine_kernel(call.kernel, call.precision);
   const RowLayout& layout = call.layout;
   const int64_t B = layout.B, Q = call.Q, K = call.K, Kt = call.Kt(layers);
   const int64_t H = call.H, Hkv = call.Hkv, d = call.d, E = H * d;
@@ -186,8 +196,9 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   if (fused && masked) {
     flag_nonfinite_values(plan, c.proj.v, Hkv * d);
     if (!c.masks.neg_inf_fill)
-      complete_values_near_fill(c.proj, plan.needs, values, K, *layers.v, c.scale_divisor);
+      complete_values_near_fill(c.proj, plan.needs, values, K, *layers.v, c.scale_divisor, call.precision);
   }
+  if (call.precision == Precision::BFloat16) round_projections_to_bf16(c.proj);
   c.read_all_keys = std::move(plan.read_all_keys);
 
   // The kernel writes each head's output into its columns of `concat`, so

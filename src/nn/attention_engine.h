@@ -87,9 +87,9 @@ struct EngineCall {
   ValidLens lens;            // the d2l chapter's valid lengths (checked)
   AttentionMasks masks;
   AttentionKernel kernel = AttentionKernel::Fused;
-  // BFloat16: every matrix product of the call, forward and backward, in
-  // bfloat16 (mha/precision.h); the attention then runs on the Blas kernel,
-  // the one that multiplies in bfloat16 (engine_kernel).
+  // BFloat16 (mha/precision.h): the projections' products (W_q, W_k, W_v,
+  // W_o, forward and backward) in bfloat16, and q, k, v rounded to bfloat16
+  // once projected; the attention kernel then runs as in float32 on them.
   Precision precision = Precision::Float32;
   kernels::Dropout dropout;  // p and key; inactive outside training
   bool need_weights = false;      // return every (B, H, Q, Kt) weight (before dropout)
@@ -99,18 +99,13 @@ struct EngineCall {
   int64_t Kt(const EngineLayers& l) const { return K + (l.bias_k ? 1 : 0) + (l.zero_row ? 1 : 0); }
 };
 
-// The kernel a call with `precision` runs when `chosen` is asked for: in
-// bfloat16 the Blas kernel, whatever was chosen (the fused and reference
-// kernels multiply in float32 only).
-AttentionKernel engine_kernel(AttentionKernel chosen, Precision precision);
-
 // What a forward keeps (see the file comment); its backward and its weights
 // come from it alone and the layers.
 struct AttentionContext {
   RowLayout layout;
   int64_t Q = 0, K = 0, Kt = 0, H = 0, Hkv = 0, d = 0;
   float scale_divisor = 1.0f;
-  AttentionKernel kernel = AttentionKernel::Fused;  // as run (engine_kernel)
+  AttentionKernel kernel = AttentionKernel::Fused;
   Precision precision = Precision::Float32;
   ValidLens lens;
   AttentionMasks masks;

@@ -168,11 +168,11 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
 }
 
 void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
-                  const TensorView& dst) {
+                  const TensorView& dst, Precision precision) {
   const int64_t in = x.size(-1);
   cpu::parallel_sgemm(p1 - p0, layer.out_features(), in, x.data() + (b * L + p0) * in, in,
                       layer.weight().data(), in, true, layer.has_bias() ? layer.bias().data() : nullptr,
-                      dst.ptr(b, 0, p0), dst.stride[2]);
+                      dst.ptr(b, 0, p0), dst.stride[2], precision);
 }
 
 }  // namespace mha::nn

@@ -81,6 +81,6 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse);
 // row) through `layer`, written to the same positions of dst, a head view
 // (B, heads, Kt, d) of the layer's whole output.
 void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
-                  const TensorView& dst);
+                  const TensorView& dst, Precision precision = Precision::Float32);
 
 }  // namespace mha::nn

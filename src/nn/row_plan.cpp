@@ -167,7 +167,7 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width) {
 }
 
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values, int64_t K,
-                               const LazyLinear& W_v, float scale_divisor) {
+                               const LazyLinear& W_v, float scale_divisor, Precision precision) {
   if (needs.v_rows.empty()) return;
   const int64_t B = proj.q.shape[0], Q = proj.q.shape[2];
   std::vector<uint8_t> near(static_cast<size_t>(B), 0);
@@ -181,7 +181,7 @@ void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Ten
   });
   for (int64_t b = 0; b < B; ++b)
     if (near[static_cast<size_t>(b)])
-      project_rows(values, K, W_v, b, needs.v_rows[static_cast<size_t>(b)], K, proj.v);
+      project_rows(values, K, W_v, b, needs.v_rows[static_cast<size_t>(b)], K, proj.v, precision);
 }
 
 }  // namespace mha::nn

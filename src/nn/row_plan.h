@@ -49,7 +49,8 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width);
 // Under the -1e6 fill: where a batch row's v rows were cut short and its
 // scores are not bounded away from the fill (d max|q| max|k| / scale_divisor
 // < 9.9e5), project its remaining v rows from `values` (K positions per row).
+// `precision`: of those products (mha/precision.h).
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values, int64_t K,
-                               const LazyLinear& W_v, float scale_divisor);
+                               const LazyLinear& W_v, float scale_divisor, Precision precision);
 
 }  // namespace mha::nn
