@@ -61,10 +61,19 @@ class GemmBatch {
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
+  // The same on at most `threads` threads (1: the calling thread alone, e.g.
+  // inside a parallel region); the same bits as run().
+  void run_on(int threads) const;
 
  private:
-  void run_float32() const;
-  void run_bfloat16() const;
+  void run_float32(int threads) const;
+  void run_bfloat16(int threads) const;
+  // The portable bfloat16 path: rounded copies into the float32 product.
+  void run_bfloat16_portable(int threads) const;
+  // The AMX path (cpu/gemm/gemm_amx.h), when amx_usable().
+  void run_bfloat16_amx(int threads) const;
+  // Products x and y read the same right-hand matrix (one packing serves both).
+  bool shares_b(size_t x, size_t y) const;
   Precision precision_;
   std::vector<GemmBlock> products_;
   // Per product: where each row of B^T starts, for stacked weights (else empty).

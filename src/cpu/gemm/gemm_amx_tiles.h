@@ -1,0 +1,231 @@
+// src/cpu/gemm/gemm_amx_tiles.h: the tile code of the AMX product
+// (gemm_amx.h): rounding to bfloat16 in zmm registers, the packing of op(B)
+// and op(A) into 16 x 32 bfloat16 tiles, the 2 x 2-tile kernel and the
+// driver over one row block. Included by gemm_amx.cpp inside its
+// amx-tile/amx-bf16/avx512f target region only.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "cpu/gemm/gemm_amx.h"
+
+namespace mha::cpu::amx {
+
+// Rows of op(A) rounded and packed at a time: the A block (kRowBlock x K
+// bfloat16: 192 KB at K 768) stays in L2 while every B panel passes it;
+// measured with bench/bench_gemm_bf16.cpp (see gemm_amx.h).
+constexpr int64_t kRowBlock = 128;
+
+// cpu::to_bf16 on 16 lanes: each lane's low 16 bits the bfloat16 (nearest,
+// ties to even; NaN kept quiet), high bits zero.
+inline __m512i round_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i top = _mm512_srli_epi32(u, 16);
+  const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
+}
+
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// 32 consecutive floats from src, those past `n` read as zero, rounded: as
+// 16 words, word r = bf16(src[2r]) | bf16(src[2r + 1]) << 16 (one tile row).
+inline __m512i round_pairs(const float* src, int64_t n) {
+  const __m256i lo = _mm512_cvtepi32_epi16(round_bits(_mm512_maskz_loadu_ps(first_lanes(n), src)));
+  const __m256i hi = _mm512_cvtepi32_epi16(round_bits(_mm512_maskz_loadu_ps(first_lanes(n - 16), src + 16)));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Two rows of 16 floats (k and k+1 of 16 columns or rows) -> 16 words,
+// word c = bf16(even[c]) | bf16(odd[c]) << 16.
+inline __m512i pair_rows(__m512 even, __m512 odd) {
+  return _mm512_or_si512(round_bits(even), _mm512_slli_epi32(round_bits(odd), 16));
+}
+
+// Word m * 16 + r of a tile: its row m, k pair r.
+inline __m512i tile_rows_index() {
+  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+}
+
+// One B tile, op(B) = B: k0..k0+31 (to K) by columns j0..j0+cols, B[k,j] at
+// B[k*ldb + j]; tile row r = the pairs (k0+2r, k0+2r+1) of 16 columns.
+inline void pack_rows_tile(const float* B, int64_t ldb, int64_t j0, int64_t cols, int64_t k0, int64_t K,
+                           uint32_t* tile) {
+  const __mmask16 m = first_lanes(cols);
+  for (int r = 0; r < 16; ++r) {
+    const int64_t k = k0 + 2 * r;
+    const __m512 even = cols > 0 && k < K ? _mm512_maskz_loadu_ps(m, B + k * ldb + j0) : _mm512_setzero_ps();
+    const __m512 odd = cols > 0 && k + 1 < K ? _mm512_maskz_loadu_ps(m, B + (k + 1) * ldb + j0) : _mm512_setzero_ps();
+    _mm512_store_si512(tile + r * 16, pair_rows(even, odd));
+  }
+}
+
+// One B tile, op(B) = B^T: column j of op(B) is row j of B (at rows[j], or
+// B + j*ldb), contiguous along k; its 16 words go down tile column c.
+inline void pack_columns_tile(const float* B, int64_t ldb, const float* const* rows, int64_t j0, int64_t cols,
+                              int64_t k0, int64_t K, uint32_t* tile) {
+  std::memset(tile, 0, 1024);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float* src = (rows ? rows[j0 + c] : B + (j0 + c) * ldb) + k0;
+    _mm512_i32scatter_epi32(tile + c, tile_rows_index(), round_pairs(src, K - k0), 4);
+  }
+}
+
+// op(A) rows i0..i0+mr (mr <= 32) over all `steps` 32-deep steps of K into
+// `out`: per step, tile 0 (rows 0-15) then tile 1 (rows 16-31, only when
+// mr > 16), 16 rows of 16 k pairs; rows past mr and k past K zero.
+inline void pack_a_group(const GemmBlock& g, int64_t i0, int64_t mr, int64_t steps, uint16_t* out) {
+  const int halves = mr > 16 ? 2 : 1;
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t k0 = t * 32;
+    for (int h = 0; h < halves; ++h) {
+      uint32_t* tile = reinterpret_cast<uint32_t*>(out + (t * 2 + h) * 512);
+      const int64_t rows = std::clamp<int64_t>(mr - 16 * h, 0, 16);
+      if (!g.trans_a) {  // op(A)(i, k) = A[i*lda + k]: a row is contiguous along k
+        for (int64_t m = 0; m < 16; ++m)
+          _mm512_store_si512(tile + m * 16, m < rows ? round_pairs(g.A + (i0 + 16 * h + m) * g.lda + k0, g.K - k0)
+                                                     : _mm512_setzero_si512());
+        continue;
+      }
+      // op(A)(i, k) = A[k*lda + i]: for each k, the rows are contiguous.
+      const __mmask16 lanes = first_lanes(rows);
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t k = k0 + 2 * r;
+        const float* src = g.A + i0 + 16 * h;
+        const __m512 even = k < g.K ? _mm512_maskz_loadu_ps(lanes, src + k * g.lda) : _mm512_setzero_ps();
+        const __m512 odd = k + 1 < g.K ? _mm512_maskz_loadu_ps(lanes, src + (k + 1) * g.lda) : _mm512_setzero_ps();
+        _mm512_i32scatter_epi32(tile + r, tile_rows_index(), pair_rows(even, odd), 4);
+      }
+    }
+  }
+}
+
+// Tiles 0-3: the 2 x 2 accumulators (rows 0-15 / 16-31 by columns 0-15 /
+// 16-31); 4, 5: A; 6, 7: B. 16 rows of 64 bytes each.
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+inline void configure_tiles() {
+  thread_local bool configured = false;
+  if (configured) return;
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  configured = true;
+}
+
+// acc:[32,32] (R = 2) or its first 16 rows (R = 1) = the A group (packed by
+// pack_a_group) times one B panel, all `steps` steps accumulated in tiles,
+// from zero, in order: the same sums for a row whichever group it is in.
+template <int R>
+void panel_tiles(int64_t steps, const uint16_t* a, const uint16_t* b, float* acc) {
+  // The tile loads and stores are asm the compiler cannot see into.
+  __asm__ volatile("" ::: "memory");
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (R == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t t = 0; t < steps; ++t, a += 1024, b += 1024) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (R == 2) {
+      _tile_loadd(5, a + 512, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, acc, 128);
+  _tile_stored(1, acc + 16, 128);
+  if constexpr (R == 2) {
+    _tile_stored(2, acc + 512, 128);
+    _tile_stored(3, acc + 528, 128);
+  }
+  __asm__ volatile("" ::: "memory");
+}
+
+// C rows i0..i0+rows, columns j0..j0+cols = alpha acc + (bias, or beta C);
+// the same operations, in the same order, as update() in gemm_impl.h.
+inline void write_back(const GemmBlock& g, const float* acc, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const __mmask16 m = first_lanes(cols - c0);
+      __m512 r = _mm512_load_ps(acc + i * 32 + c0);
+      if (g.alpha != 1.0f) r = _mm512_mul_ps(alpha, r);
+      float* c = g.C + (i0 + i) * g.ldc + j0 + c0;
+      if (g.bias) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g.bias + j0 + c0), r);
+      else if (g.beta == 1.0f) r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), r);
+      else if (g.beta != 0.0f) r = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m, c), r);
+      _mm512_mask_storeu_ps(c, m, r);
+    }
+}
+
+struct FreeBuffer {
+  void operator()(uint16_t* p) const { std::free(p); }
+};
+
+// This thread's A block, at least `elements` bfloat16, 64-byte aligned.
+inline uint16_t* a_buffer(size_t elements) {
+  thread_local std::unique_ptr<uint16_t[], FreeBuffer> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < elements) {
+    buffer.reset(static_cast<uint16_t*>(std::aligned_alloc(64, elements * sizeof(uint16_t))));
+    if (!buffer) throw std::bad_alloc();
+    capacity = elements;
+  }
+  return buffer.get();
+}
+
+// C:[M,N] = alpha op(A):[M,K] op(B):[K,N] + beta C (+ bias), op(B) in b.
+inline void run(const GemmBlock& g, const PackedBf16B& b) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (g.K <= 0) {  // the empty sum: C = bias, or beta C (beta 0 never reads C)
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.N; ++j) {
+        float* c = g.C + i * g.ldc + j;
+        *c = g.bias ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c;
+      }
+    return;
+  }
+  configure_tiles();
+  const int64_t steps = b.steps(), group = steps * 1024;  // bfloat16 per 32-row group
+  uint16_t* a = a_buffer(static_cast<size_t>(kRowBlock / 32 * group));
+  alignas(64) float acc[32 * 32];
+  for (int64_t i0 = 0; i0 < g.M; i0 += kRowBlock) {
+    const int64_t mc = std::min(kRowBlock, g.M - i0);
+    for (int64_t q = 0; q * 32 < mc; ++q) pack_a_group(g, i0 + q * 32, std::min<int64_t>(32, mc - q * 32), steps, a + q * group);
+    for (int64_t p = 0; p < b.panels(); ++p) {
+      const int64_t j0 = p * 32, cols = std::min<int64_t>(32, g.N - j0);
+      for (int64_t q = 0; q * 32 < mc; ++q) {
+        const int64_t rows = std::min<int64_t>(32, mc - q * 32);
+        if (rows > 16) panel_tiles<2>(steps, a + q * group, b.panel(p), acc);
+        else panel_tiles<1>(steps, a + q * group, b.panel(p), acc);
+        write_back(g, acc, i0 + q * 32, rows, j0, cols);
+      }
+    }
+  }
+}
+
+}  // namespace mha::cpu::amx
