@@ -5,8 +5,10 @@
 // or thread computes them, so the results are the same at any thread count.
 // The choice between the two paths depends on the machine (and on
 // set_amx_enabled), never on the shapes: a row's bits do not change with the
-// batch it is in. Measured on the d2l chapter's toy product (10 x 100 x 100,
-// one thread), the AMX path is also the faster one there (gemm_amx.h).
+// batch it is in. Measured on products of few rows too (the d2l chapter's
+// toy 10 x 100 x 100, decode steps 1 x 768 x 768 and 8 x 2304 x 768, one
+// thread), the AMX path is the faster one there as well: 28 / 4.8 / 23
+// GFLOP/s against 15 / 2.0 / 15 (gemm_amx.h).
 #include <algorithm>
 #include <memory>
 #include <vector>

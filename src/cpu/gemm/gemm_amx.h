@@ -6,10 +6,35 @@
 // into 16 x 16 float32 sums (16384 flops); a loop of them ran at ~760
 // GFLOP/s on one thread of the Xeon (family 6 model 207) mha is measured on,
 // against ~125 for the float32 AVX-512 product (gemm.h) and ~75 for a
-// vdpbf16ps kernel. What it reaches here (RESULTS below) is limited by what
-// feeds the tiles: op(B) is rounded and packed once per product, op(A) per
-// row block, C passes through a float buffer, and a 2 x 2 block of
-// accumulator tiles loads two A and two B tiles (4 KB) per 4 tdpbf16ps.
+// vdpbf16ps kernel.
+//
+// Measured (build/mha_bench_gemm_bf16 5, built by `cmake --build build
+// --target mha_bench_gemm_bf16`; GemmBatch GFLOP/s, packing and rounding
+// included, best of two runs of 5 samples; the 2-core machine was NOT idle:
+// load 4-9 from another build throughout, so these are lower bounds):
+//   M x N x K (op)          1 thread: AMX / bf16 portable / float32   2 threads: AMX / f32
+//   4096 x 768 x 768 (A W^T)     451 / 109 / 120  (3.8x)               463 / 101
+//   768 x 768 x 4096 (A^T G)     402 /  93 / 100  (4.0x)               170 /  90
+//   4096 x 512 x 512 (A W^T)     523 /  86 /  97  (5.4x)               133 /  93
+//   16384 x 256 x 256 (A W^T)    276 /  92 / 117  (2.4x)               134 /  77
+//   512 x 512 x 64 (Q K^T)       384 / 123 / 144  (2.7x)                 2 /   3 *
+//   512 x 64 x 512 (P V)         228 /  64 / 104  (2.2x)                 4 /   5 *
+//   10 x 100 x 100 (the toy)      28 /  15 /  43  (0.65x)               38 /  51
+//   1 x 768 x 768 (decode)       4.8 / 2.0 / 7.9 (0.61x)               5.3 / 8.1
+//   8 x 2304 x 768 (decode QKV)   23 /  15 /  48  (0.48x)              3.5 / 3.8 *
+// (* every path alike: the second thread waited for a core held by the
+// other build; the 2-thread column is scheduler noise on this machine.)
+// With op(B) already packed, one thread, best thread CPU time, the tiles
+// ran at 555-771 GFLOP/s on the first four shapes (the loop's rate), 515 on
+// Q K^T, 280 on P V (N = 64: rounding op(A), 512 x 512, per 2 column
+// panels), 110 on the toy call. So the large products reach 2.2-5.4x the
+// float32 product; what limits them is the rounding and packing of op(B)
+// per call (768 x 768 B^T: ~240 us, bound by reading B; 768 x 4096 B:
+// ~1.7 ms) and of op(A) per row block. Products of few rows lose to
+// float32 (0.5-0.65x) because rounding all of B each call costs more than
+// the product; still faster than the portable bfloat16 path, which
+// GemmBatch therefore never takes where AMX is usable. The next step for
+// them: bfloat16 weights packed once per parameter version.
 //
 // Layout. op(B) is packed (PackedBf16B) into column panels of 32 (two tiles
 // of 16 columns), K padded with zeros to a multiple of 32, each 32-deep step
@@ -24,8 +49,6 @@
 // bfloat16 is cpu::to_bf16's (nearest, ties to even, denormals kept), but
 // tdpbf16ps treats denormal inputs as zero and flushes denormal sums: values
 // below 2^-126 count as zero, unlike the portable path.
-//
-// RESULTS (filled in by measurement, see bench/bench_gemm_bf16.cpp).
 #pragma once
 
 #include <cstdint>

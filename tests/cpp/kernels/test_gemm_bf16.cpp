@@ -68,9 +68,10 @@ struct Operands {
 
 // The bound: |got - want| <= 1e-5 (|alpha| sum_k |a_ik b_kj| + |prior|)
 // + 1e-30, want = alpha sum_k a_ik b_kj + prior in double over the
-// bfloat16-rounded a and b (prior: bias, or beta C). Float32 sums of K <=
-// 1000 products of values in [-1, 1] stay ~10x inside it; a product that
-// rounded an input differently, or lost a k, is far outside.
+// bfloat16-rounded a and b (prior: bias, or beta C). Both paths' float32
+// sums of K <= 1000 products of values in [-1, 1] stay more than 10x inside
+// it (every shape here passes at 1e-6); the float32 product of the unrounded
+// inputs is outside it (BoundRejectsTheUnroundedProduct).
 ::testing::AssertionResult within_bf16_bound(const Operands& o, const std::vector<float>& c0,
                                              const std::vector<float>& got) {
   const bool has_beta = !o.bias && o.beta != 0.0f;
