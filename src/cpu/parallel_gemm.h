@@ -41,7 +41,9 @@ class GemmBatch {
  public:
   // Precision::BFloat16: every product of the batch rounds op(A) and op(B)
   // to bfloat16 (nearest, ties to even) and sums in float32 (mha/precision.h);
-  // alpha, beta and the bias apply in float32.
+  // alpha, beta and the bias apply in float32. Where amx_usable() (cpu/gemm/
+  // gemm_amx.h) the products run on AMX tiles, in the same row blocks;
+  // elsewhere on rounded copies (parallel_gemm_bf16.cpp).
   explicit GemmBatch(Precision precision = Precision::Float32) : precision_(precision) {}
   // Adds C = alpha op(A) op(B) + beta C, to be cut into row blocks of
   // gemm_row_block(total rows of the batch).
