@@ -87,20 +87,16 @@ namespace mha::cpu {
 
 void PackedBf16B::pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, int64_t panel1,
                        const float* const* rows) {
-  for (int64_t p = panel0; p < std::min(panel1, panels()); ++p) {
-    uint16_t* out = data_.get() + p * steps() * 2 * 512;
-    const int64_t j0 = p * kPanel;
-    for (int64_t t = 0; t < steps(); ++t)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t jh = j0 + 16 * h, cols = std::clamp<int64_t>(N_ - jh, 0, 16);
-        uint32_t* tile = reinterpret_cast<uint32_t*>(out + (t * 2 + h) * 512);
-        if (trans_b) amx::pack_columns_tile(B, ldb, rows, jh, cols, t * kStep, K_, tile);
-        else amx::pack_rows_tile(B, ldb, jh, cols, t * kStep, K_, tile);
-      }
-  }
+  for (int64_t p = panel0; p < std::min(panel1, panels()); ++p)
+    amx::pack_panel(trans_b, B, ldb, rows, K_, N_, p, data_.get() + p * steps() * 2 * 512);
 }
 
 void gemm_amx_packed(const GemmBlock& g, const PackedBf16B& b) { amx::run(g, b); }
+
+void gemm_amx_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
+                       int64_t panel1) {
+  amx::run_unpacked(g, count, rows, panel0, panel1);
+}
 
 }  // namespace mha::cpu
 
@@ -116,6 +112,7 @@ void gemm_amx_packed(const GemmBlock& g, const PackedBf16B& b) { amx::run(g, b);
 namespace mha::cpu {
 void PackedBf16B::pack(bool, const float*, int64_t, int64_t, int64_t, const float* const*) {}
 void gemm_amx_packed(const GemmBlock&, const PackedBf16B&) {}
+void gemm_amx_unpacked(const GemmBlock*, int64_t, const float* const*, int64_t, int64_t) {}
 }  // namespace mha::cpu
 
 #endif

@@ -33,8 +33,10 @@
 // ~1.7 ms) and of op(A) per row block. Products of few rows lose to
 // float32 (0.5-0.65x) because rounding all of B each call costs more than
 // the product; still faster than the portable bfloat16 path, which
-// GemmBatch therefore never takes where AMX is usable. The next step for
-// them: bfloat16 weights packed once per parameter version.
+// GemmBatch therefore never takes where AMX is usable. (These rows were
+// measured with op(B) packed whole; GemmBatch now takes gemm_amx_unpacked
+// for up to 32 rows per weight, see parallel_gemm_bf16.cpp.) The next step
+// for them: bfloat16 weights packed once per parameter version.
 //
 // Layout. op(B) is packed (PackedBf16B) into column panels of 32 (two tiles
 // of 16 columns), K padded with zeros to a multiple of 32, each 32-deep step
@@ -99,5 +101,14 @@ class PackedBf16B {
 // packed (g.B, g.ldb, g.trans_b are not read); b.K() == g.K, b.N() == g.N.
 // Only when amx_usable().
 void gemm_amx_packed(const GemmBlock& g, const PackedBf16B& b);
+
+// Columns of panels [panel0, panel1) (32 columns each, to N) of products
+// g[0..count) that share op(B) (B, ldb, trans_b, K, N; with trans_b, `rows`
+// as in PackedBf16B::pack), on the calling thread, each B panel packed into
+// a thread-local buffer just before the rows pass it (no PackedBf16B: for
+// products of few rows, which would not reuse a whole packing). The same
+// bits as gemm_amx_packed. Only when amx_usable().
+void gemm_amx_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
+                       int64_t panel1);
 
 }  // namespace mha::cpu

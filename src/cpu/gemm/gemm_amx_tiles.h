@@ -218,14 +218,31 @@ inline void write_back(const GemmBlock& g, const float* acc, int64_t i0, int64_t
     }
 }
 
+// Panel p of op(B):[K,N] (columns 32p..32p+31, zero past N) into `out`:
+// steps x 2 tiles, step-major (PackedBf16B's layout of one panel).
+inline void pack_panel(bool trans_b, const float* B, int64_t ldb, const float* const* rows, int64_t K, int64_t N,
+                       int64_t p, uint16_t* out) {
+  const int64_t steps = (K + 31) / 32;
+  for (int64_t t = 0; t < steps; ++t)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t jh = p * 32 + 16 * h, cols = std::clamp<int64_t>(N - jh, 0, 16);
+      uint32_t* tile = reinterpret_cast<uint32_t*>(out + (t * 2 + h) * 512);
+      if (trans_b) pack_columns_tile(B, ldb, rows, jh, cols, t * 32, K, tile);
+      else pack_rows_tile(B, ldb, jh, cols, t * 32, K, tile);
+    }
+}
+
 struct FreeBuffer {
   void operator()(uint16_t* p) const { std::free(p); }
 };
 
-// This thread's A block, at least `elements` bfloat16, 64-byte aligned.
-inline uint16_t* a_buffer(size_t elements) {
-  thread_local std::unique_ptr<uint16_t[], FreeBuffer> buffer;
-  thread_local size_t capacity = 0;
+// This thread's buffer `which` (0: the A block, 1: one B panel), at least
+// `elements` bfloat16, 64-byte aligned.
+inline uint16_t* thread_buffer(int which, size_t elements) {
+  thread_local std::unique_ptr<uint16_t[], FreeBuffer> buffers[2];
+  thread_local size_t capacities[2] = {0, 0};
+  std::unique_ptr<uint16_t[], FreeBuffer>& buffer = buffers[which];
+  size_t& capacity = capacities[which];
   if (capacity < elements) {
     buffer.reset(static_cast<uint16_t*>(std::aligned_alloc(64, elements * sizeof(uint16_t))));
     if (!buffer) throw std::bad_alloc();
@@ -234,20 +251,22 @@ inline uint16_t* a_buffer(size_t elements) {
   return buffer.get();
 }
 
+// Columns j0..j1 of C when K = 0: C = bias, or beta C (beta 0 never reads C).
+inline void empty_sum(const GemmBlock& g, int64_t j0, int64_t j1) {
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = j0; j < j1; ++j) {
+      float* c = g.C + i * g.ldc + j;
+      *c = g.bias ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c;
+    }
+}
+
 // C:[M,N] = alpha op(A):[M,K] op(B):[K,N] + beta C (+ bias), op(B) in b.
 inline void run(const GemmBlock& g, const PackedBf16B& b) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0) {  // the empty sum: C = bias, or beta C (beta 0 never reads C)
-    for (int64_t i = 0; i < g.M; ++i)
-      for (int64_t j = 0; j < g.N; ++j) {
-        float* c = g.C + i * g.ldc + j;
-        *c = g.bias ? g.bias[j] : g.beta == 0.0f ? 0.0f : g.beta * *c;
-      }
-    return;
-  }
+  if (g.K <= 0) return empty_sum(g, 0, g.N);
   configure_tiles();
   const int64_t steps = b.steps(), group = steps * 1024;  // bfloat16 per 32-row group
-  uint16_t* a = a_buffer(static_cast<size_t>(kRowBlock / 32 * group));
+  uint16_t* a = thread_buffer(0, static_cast<size_t>(kRowBlock / 32 * group));
   alignas(64) float acc[32 * 32];
   for (int64_t i0 = 0; i0 < g.M; i0 += kRowBlock) {
     const int64_t mc = std::min(kRowBlock, g.M - i0);
@@ -261,6 +280,44 @@ inline void run(const GemmBlock& g, const PackedBf16B& b) {
         write_back(g, acc, i0 + q * 32, rows, j0, cols);
       }
     }
+  }
+}
+
+// Columns of panels [panel0, panel1) of products gs[0..count), which share
+// op(B) (B, ldb, trans_b, K, N; `rows` as in PackedBf16B::pack), each of at
+// most kRowBlock rows, without a PackedBf16B: each B panel is packed into
+// this thread's buffer just before every product's rows pass it. The same
+// tiles reach the same kernel as in run(), so the bits are run()'s.
+inline void run_unpacked(const GemmBlock* gs, int64_t count, const float* const* rows, int64_t panel0,
+                         int64_t panel1) {
+  if (count <= 0 || gs[0].N <= 0) return;
+  const int64_t N = gs[0].N, K = gs[0].K, j_end = std::min(N, panel1 * 32);
+  if (K <= 0) {
+    for (int64_t q = 0; q < count; ++q) empty_sum(gs[q], panel0 * 32, j_end);
+    return;
+  }
+  configure_tiles();
+  const int64_t steps = (K + 31) / 32, group = steps * 1024;
+  int64_t groups = 0;
+  for (int64_t q = 0; q < count; ++q) groups += (gs[q].M + 31) / 32;
+  uint16_t* a = thread_buffer(0, static_cast<size_t>(groups * group));
+  uint16_t* b = thread_buffer(1, static_cast<size_t>(group));
+  uint16_t* at = a;
+  for (int64_t q = 0; q < count; ++q)
+    for (int64_t i0 = 0; i0 < gs[q].M; i0 += 32, at += group)
+      pack_a_group(gs[q], i0, std::min<int64_t>(32, gs[q].M - i0), steps, at);
+  alignas(64) float acc[32 * 32];
+  for (int64_t p = panel0; p * 32 < j_end; ++p) {
+    pack_panel(gs[0].trans_b, gs[0].B, gs[0].ldb, rows, K, N, p, b);
+    const int64_t cols = std::min<int64_t>(32, N - p * 32);
+    at = a;
+    for (int64_t q = 0; q < count; ++q)
+      for (int64_t i0 = 0; i0 < gs[q].M; i0 += 32, at += group) {
+        const int64_t mr = std::min<int64_t>(32, gs[q].M - i0);
+        if (mr > 16) panel_tiles<2>(steps, at, b, acc);
+        else panel_tiles<1>(steps, at, b, acc);
+        write_back(gs[q], acc, i0, mr, p * 32, cols);
+      }
   }
 }
 

@@ -35,7 +35,8 @@ class GemmAmx : public ::testing::Test {
 };
 
 // A batch like a module's: a projection with bias, a weight gradient
-// (trans_a), and padded rows sharing one weight; 1 and 2 threads.
+// (trans_a), padded rows sharing one weight, and a few rows against a
+// weight of their own (packed panel by panel); 1 and 2 threads.
 TEST_F(GemmAmx, SameBitsAtOneAndTwoThreads) {
   Generator gen(21);
   const int64_t M = 1500, N = 300, K = 200;
@@ -44,16 +45,19 @@ TEST_F(GemmAmx, SameBitsAtOneAndTwoThreads) {
   auto run = [&](int threads) {
     const int saved = num_threads();
     set_num_threads(threads);
-    std::vector<float> Y(static_cast<size_t>(M * N)), dW = C0, Z(static_cast<size_t>(7 * N));
+    std::vector<float> Y(static_cast<size_t>(M * N)), dW = C0, Z(static_cast<size_t>(7 * N)), V(static_cast<size_t>(3 * N));
     cpu::GemmBatch batch(Precision::BFloat16);
     batch.add(M, N, K, A.data(), K, W.data(), K, true, bias.data(), Y.data(), N);
     batch.add(true, false, K, N, M, 0.5f, A.data(), K, G.data(), N, 1.0f, dW.data(), N);  // dW += 0.5 A^T G
     for (int64_t r = 0; r < 7; ++r)  // rows of different lengths' leftovers, one product each
       batch.add(1, N, K, A.data() + r * 13 * K, K, W.data(), K, true, nullptr, Z.data() + r * N, N);
+    // 3 rows against a weight of their own: unpacked, its panels split into jobs.
+    batch.add(3, N, K, A.data() + 5 * K, K, G.data(), K, true, bias.data(), V.data(), N);
     batch.run();
     set_num_threads(saved);
     Y.insert(Y.end(), dW.begin(), dW.end());
     Y.insert(Y.end(), Z.begin(), Z.end());
+    Y.insert(Y.end(), V.begin(), V.end());
     return Y;
   };
   const std::vector<float> one = run(1), two = run(2);
@@ -83,7 +87,14 @@ TEST_F(GemmAmx, RowsIndependentOfWhereTheirBlockStarts) {
       const std::vector<float> want(whole.begin() + r0 * N, whole.begin() + (r0 + len) * N);
       EXPECT_TRUE(same_bits(part, want)) << "rows " << r0 << ".." << r0 + len << " trans_a " << trans_a;
     }
-    // Through GemmBatch too (its own row blocks): rows 37.. of the product.
+    // Through GemmBatch too: 5 rows (few: B packed panel by panel,
+    // gemm_amx_unpacked), and rows 37.. (its own row blocks).
+    std::vector<float> few(static_cast<size_t>(5 * N));
+    cpu::GemmBatch few_rows(Precision::BFloat16);
+    few_rows.add(trans_a, false, 5, N, K, 1.5f, trans_a ? A.data() + 37 : A.data() + 37 * K, lda, B.data(), N, 0.0f,
+                 few.data(), N);
+    few_rows.run();
+    EXPECT_TRUE(same_bits(few, std::vector<float>(whole.begin() + 37 * N, whole.begin() + 42 * N)));
     std::vector<float> tail(static_cast<size_t>((M - 37) * N));
     cpu::GemmBatch batch(Precision::BFloat16);
     batch.add(trans_a, false, M - 37, N, K, 1.5f, trans_a ? A.data() + 37 : A.data() + 37 * K, lda, B.data(), N, 0.0f,
