@@ -81,6 +81,7 @@ PackedBf16B::PackedBf16B(int64_t K, int64_t N) : K_(K), N_(N) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "cpu/gemm/gemm_amx_driver.h"
 #include "cpu/gemm/gemm_amx_tiles.h"
 
 namespace mha::cpu {
