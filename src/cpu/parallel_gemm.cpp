@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "core/parallel.h"
-#include "cpu/bf16.h"
 #include "cpu/blas.h"
 #include "mha/threads.h"
 
@@ -73,58 +72,18 @@ bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const G
 
 }  // namespace
 
-void GemmBatch::run() const {
-  if (precision_ == Precision::BFloat16) run_bfloat16();
-  else run_float32();
+bool GemmBatch::shares_b(size_t x, size_t y) const {
+  return same_b(products_[x], rows_[x], products_[y], rows_[y]);
 }
 
-namespace {
+void GemmBatch::run() const { run_on(num_threads()); }
 
-// rows x cols floats, `ld` apart, rounded to bfloat16 into a packed copy.
-std::vector<float> rounded_copy(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                                const float* const* row_starts) {
-  std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* src = row_starts ? row_starts[r] : x + r * ld;
-    float* dst = out.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) dst[c] = round_to_bf16(src[c]);
-  }
-  return out;
+void GemmBatch::run_on(int threads) const {
+  if (precision_ == Precision::BFloat16) run_bfloat16(threads);
+  else run_float32(threads);
 }
 
-}  // namespace
-
-// The portable bfloat16 product: op(A) and op(B) rounded into copies (each
-// distinct right-hand matrix once), then the float32 product on them. The
-// products of two bfloat16 values are exact in float32, so this differs from
-// a bfloat16 unit's only in the order of the float32 sums.
-void GemmBatch::run_bfloat16() const {
-  GemmBatch exact(Precision::Float32);
-  std::vector<std::vector<float>> copies;
-  std::vector<std::pair<size_t, size_t>> b_copies;  // (product whose B it is, copy)
-  for (size_t i = 0; i < products_.size(); ++i) {
-    GemmBlock g = products_[i];
-    const int64_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
-    copies.push_back(rounded_copy(g.A, a_rows, a_cols, g.lda, nullptr));
-    g.A = copies.back().data();
-    g.lda = a_cols;
-    size_t b = copies.size();
-    for (const auto& [j, c] : b_copies)
-      if (same_b(products_[j], rows_[j], products_[i], rows_[i])) b = c;
-    if (b == copies.size()) {
-      const int64_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
-      copies.push_back(rounded_copy(g.B, b_rows, b_cols, g.ldb, rows_[i].empty() ? nullptr : rows_[i].data()));
-      b_copies.emplace_back(i, b);
-    }
-    g.B = copies[b].data();
-    g.ldb = g.trans_b ? g.K : g.N;
-    exact.products_.push_back(g);
-    exact.rows_.emplace_back();
-  }
-  exact.run_float32();
-}
-
-void GemmBatch::run_float32() const {
+void GemmBatch::run_float32(int threads) const {
   if (products_.empty()) return;
   // Products smaller than this (multiply-adds) run on the calling thread:
   // waking a team costs more than they take (the d2l chapter's toy shape:
@@ -132,7 +91,7 @@ void GemmBatch::run_float32() const {
   constexpr double kMinParallelWork = 2e6;
   double work = 0;
   for (const GemmBlock& g : products_) work += static_cast<double>(g.M) * g.N * g.K;
-  const int team = work < kMinParallelWork ? 1 : num_threads();
+  const int team = work < kMinParallelWork ? 1 : threads;
 
   // Each distinct right-hand matrix packed once (the projections of padded
   // batch rows are one product per row, all reading the same weight).
@@ -213,8 +172,7 @@ void GemmBatch::run_float32() const {
   // block's result.
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
   const int64_t n = static_cast<int64_t>(jobs.size());
-  const int threads = static_cast<int>(std::min<int64_t>(team, n));
-  core::parallel_for(n, threads, [&](int64_t i) {
+  core::parallel_for(n, static_cast<int>(std::min<int64_t>(team, n)), [&](int64_t i) {
     const Job& j = jobs[static_cast<size_t>(i)];
     if (j.b) gemm_packed(j.block, *j.b);
     else gemm_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
@@ -230,7 +188,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   GemmBatch batch(precision);
   batch.add(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  batch.run();
+  // Inside a parallel region (one of mha's threads): on this thread alone,
+  // no nested team.
+  batch.run_on(omp_in_parallel() ? 1 : num_threads());
 }
 
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,

@@ -41,7 +41,9 @@ class GemmBatch {
  public:
   // Precision::BFloat16: every product of the batch rounds op(A) and op(B)
   // to bfloat16 (nearest, ties to even) and sums in float32 (mha/precision.h);
-  // alpha, beta and the bias apply in float32.
+  // alpha, beta and the bias apply in float32. Where amx_usable() (cpu/gemm/
+  // gemm_amx.h) the products run on AMX tiles, in the same row blocks;
+  // elsewhere on rounded copies (parallel_gemm_bf16.cpp).
   explicit GemmBatch(Precision precision = Precision::Float32) : precision_(precision) {}
   // Adds C = alpha op(A) op(B) + beta C, to be cut into row blocks of
   // gemm_row_block(total rows of the batch).
@@ -61,10 +63,19 @@ class GemmBatch {
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
+  // The same on at most `threads` threads (1: the calling thread alone, e.g.
+  // inside a parallel region); the same bits as run().
+  void run_on(int threads) const;
 
  private:
-  void run_float32() const;
-  void run_bfloat16() const;
+  void run_float32(int threads) const;
+  void run_bfloat16(int threads) const;
+  // The portable bfloat16 path: rounded copies into the float32 product.
+  void run_bfloat16_portable(int threads) const;
+  // The AMX path (cpu/gemm/gemm_amx.h), when amx_usable().
+  void run_bfloat16_amx(int threads) const;
+  // Products x and y read the same right-hand matrix (one packing serves both).
+  bool shares_b(size_t x, size_t y) const;
   Precision precision_;
   std::vector<GemmBlock> products_;
   // Per product: where each row of B^T starts, for stacked weights (else empty).
