@@ -26,6 +26,7 @@ struct RunOptions {
   int64_t heads = 0;
   Parallel parallel = Parallel::None;
   int head_groups = 0;
+  std::string precision = "float32";
 };
 
 #ifndef MHA_TOOL_DIST
@@ -39,6 +40,9 @@ void run_parallel(const ParallelRun&) {
 void run(const RunOptions& opt) {
   if (opt.head_groups != 0 && opt.parallel != Parallel::Grid)
     fail(kOp, "--head-groups: ", opt.head_groups, " given without --parallel grid, the only split that takes it");
+  const Precision precision = parse_precision(kOp, opt.precision);
+  if (opt.parallel != Parallel::None && precision != Precision::Float32)
+    fail(kOp, "--precision: ", opt.precision, " with --parallel; the ranks compute in float32 only");
   if (opt.parallel != Parallel::None) {
     run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups});
     return;
@@ -46,6 +50,7 @@ void run(const RunOptions& opt) {
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
   check_outputs(kOp, {{"--out", opt.out}}, {".safetensors"}, {{"--weights", opt.weights}, {"--inputs", opt.inputs}});
   MultiHeadAttention attention = load_attention(opt.weights, opt.heads, kOp);
+  attention.set_precision(precision);
   const AttentionInputs in = load_inputs(opt.inputs, kOp);
   const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);
   const Tensor weights = attention.attention_weights();
@@ -82,6 +87,9 @@ void add_run_command(CLI::App& app) {
                   "With --parallel grid: head groups G (G divides the ranks; default: the largest G with "
                   "G*G <= ranks and G <= heads)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--precision", opt->precision,
+                  "float32 (default) or bfloat16 (bf16): bfloat16 projections and q, k, v, float32 sums and "
+                  "attention (mha/precision.h)");
   cmd->callback([opt] { run(*opt); });
 }
 

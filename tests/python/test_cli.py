@@ -55,6 +55,37 @@ def test_run_matches_the_seed(mha_tool, tmp_path, lens):
     np.testing.assert_allclose(got["attention_weights"], expected_w, rtol=1e-5, atol=1e-6)
 
 
+def test_run_in_bfloat16_is_the_modules_bfloat16_mode(mha_tool, tmp_path):
+    """--precision bf16 gives what MultiHeadAttention(precision='bf16') gives, bit for bit,
+    and differs from the float32 run by bfloat16 rounding (not 0, under 5e-2 of the scale)."""
+    import mha
+    rng = np.random.default_rng(3)
+    B, Q, K, H, D = 2, 5, 7, 4, 16
+    seed_mod = make_seed_module(D, H, 6, 6, 6, bias=True).eval()
+    state = state_dict_numpy(seed_mod)
+    weights, inputs = tmp_path / "w.safetensors", tmp_path / "i.safetensors"
+    spec.write(weights, state)
+    tensors = {n: rng.standard_normal((B, L, 6)).astype(np.float32) for n, L in (("queries", Q), ("keys", K), ("values", K))}
+    spec.write(inputs, tensors)
+    outs = {}
+    for precision in ("float32", "bf16"):
+        out = tmp_path / f"{precision}.safetensors"
+        r = run(mha_tool, "run", "--weights", str(weights), "--inputs", str(inputs), "--out", str(out),
+                "--heads", str(H), "--precision", precision)
+        assert r.returncode == 0, r.stderr
+        outs[precision] = spec.read(out)[0]["output"]
+    m = mha.MultiHeadAttention(D, H, 0.0, True, precision="bf16")
+    m.load_state_dict(state)
+    m.eval()
+    np.testing.assert_array_equal(outs["bf16"], m(tensors["queries"], tensors["keys"], tensors["values"]))
+    err = np.abs(outs["bf16"] - outs["float32"]).max() / np.abs(outs["float32"]).max()
+    assert 0 < err < 5e-2, err
+    r = run(mha_tool, "run", "--weights", str(weights), "--inputs", str(inputs), "--out",
+            str(tmp_path / "x.safetensors"), "--heads", str(H), "--precision", "fp16")
+    assert r.returncode == 1 and "precision: 'fp16' is not a precision" in r.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_run_errors_leave_no_output(mha_tool, tmp_path):
     rng = np.random.default_rng(1)
     weights, inputs, out = tmp_path / "w.safetensors", tmp_path / "i.safetensors", tmp_path / "o.safetensors"
