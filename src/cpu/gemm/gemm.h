@@ -29,13 +29,16 @@
 // threaded sgemm on each fixed row block of cpu::GemmBatch, or weights
 // packed once per parameter version.
 //
-// No bfloat16 product here yet, by measurement: a 12 x 32 vdpbf16ps kernel
+// The bfloat16 product (Precision::BFloat16) is not a micro-kernel here but
+// AMX tiles (gemm_amx.h), by measurement: a 12 x 32 vdpbf16ps kernel
 // (AVX512_BF16, pairs of bfloat16 into float32 accumulators; all its variants
 // gave the same bits as a portable one) ran at 76 / 75 / 69 GFLOP/s against
 // this float32 kernel's 124 / 126 / 139 on the shapes of gemm_traits.h, one
 // thread, on the Xeon (family 6 model 207) it was meant for: that CPU issues
 // vdpbf16ps at about a third of its vfmadd231ps rate, so the bfloat16
-// kernel would be 0.55-0.6x, not the 2x the instruction's width suggests.
+// kernel would be 0.55-0.6x, not the 2x the instruction's width suggests,
+// while its AMX tiles reach 2.2-5.4x. Without AMX, bfloat16 products run
+// here on values rounded beforehand (parallel_gemm_bf16.cpp).
 //
 // The product is the BLAS's: C:[M,N] = alpha op(A) op(B) + beta C, row-major,
 // op(X) = X^T when trans_x. beta = 0 never reads C (it may hold NaN).
