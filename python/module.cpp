@@ -296,9 +296,11 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)
       .def_property_readonly("bias", &mha::MultiHeadAttention::has_bias)
       .def("__repr__", [](const mha::MultiHeadAttention& s) {
-        std::string r = py::str("mha.MultiHeadAttention(num_hiddens={}, num_heads={}, dropout={:g}, bias={})")
+        std::string r = py::str("mha.MultiHeadAttention(num_hiddens={}, num_heads={}, dropout={:g}, bias={}")
                             .format(s.num_hiddens(), s.original_num_heads(), s.dropout(), s.has_bias() ? "True" : "False")
                             .cast<std::string>();
+        if (s.precision() != mha::Precision::Float32) r += std::string(", precision='") + mha::to_string(s.precision()) + "'";
+        r += ")";
         if (s.num_heads() < s.original_num_heads())
           r += py::str(" with heads {} kept").format(py::cast(s.kept_heads())).cast<std::string>();
         return r;

@@ -219,6 +219,9 @@ def test_printing_a_module_shows_its_configuration():
     assert repr(m) == "mha.MultiHeadAttention(num_hiddens=12, num_heads=4, dropout=0.1, bias=False)"
     m.prune_heads([1])
     assert repr(m).endswith("with heads [0, 2, 3] kept")
+    m.precision = "bf16"
+    assert repr(m) == ("mha.MultiHeadAttention(num_hiddens=12, num_heads=4, dropout=0.1, bias=False, "
+                       "precision='bfloat16') with heads [0, 2, 3] kept")
     assert "num_layers=2" in repr(mha.AttentionModel(5, 3, 8, num_hiddens=4, num_heads=2, num_layers=2))
     t = mha.TorchMultiheadAttention.from_state_dict({"in_proj_weight": np.ones((12, 4)),
                                                      "out_proj.weight": np.ones((4, 4))}, num_heads=2)
