@@ -1,0 +1,136 @@
+// src/cpu/gemm_schedule.h: how GemmBatch runs its products on mha's threads,
+// written once for either packed right-hand matrix: float32 (PackedB,
+// cpu/gemm/gemm.h) and bfloat16 on AMX tiles (PackedBf16B,
+// cpu/gemm/gemm_amx.h).
+//
+// 1. Products that read the same right-hand matrix share one packing (the
+//    projections of padded batch rows are one product per row, all reading
+//    the same weight); each packing is made on every thread, a few column
+//    panels at a time (packing reads the whole matrix from memory).
+// 2. A right-hand matrix that serves at most Backend::max_unpacked_rows()
+//    rows in all is never packed whole: its products run a few panels per
+//    job, each job passing all their rows (Backend::run_unpacked; the same
+//    bits as the packed path).
+// 3. The other products are cut into row blocks of gemm_row_block(total
+//    rows of the batch): fixed by the shapes, so a product that padding cut
+//    into short pieces stays one block per piece, and the results do not
+//    depend on the thread count.
+// 4. Jobs run largest first on `team` threads, so that the threads finish
+//    together; the order changes no block's result.
+//
+//   struct Backend {
+//     using Pack = ...;                                     // packed op(B)
+//     static int64_t max_unpacked_rows();
+//     static int64_t panel_width();                         // columns per panel
+//     static std::unique_ptr<Pack> make(int64_t K, int64_t N);
+//     static void pack(Pack&, const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1);
+//     static void run_packed(const GemmBlock& block, const Pack&);
+//     static void run_unpacked(const GemmBlock* g, int64_t count, const float* const* rows,
+//                              int64_t panel0, int64_t panel1);
+//   };
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/parallel.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/parallel_gemm.h"
+
+namespace mha::cpu {
+
+// products[i] reads B rows at b_rows[i] (stacked weights) or as its B, ldb;
+// shares_b(x, y): products x and y read the same right-hand matrix.
+template <class Backend, class SharesB>
+void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector<std::vector<const float*>>& b_rows,
+                       const SharesB& shares_b, int team) {
+  using Pack = typename Backend::Pack;
+  const auto rows_ptr = [&](size_t i) { return b_rows[i].empty() ? nullptr : b_rows[i].data(); };
+  std::vector<size_t> pack_of(products.size());
+  std::vector<size_t> firsts;  // the product each packing is made from
+  for (size_t i = 0; i < products.size(); ++i) {
+    size_t p = 0;
+    while (p < firsts.size() && !shares_b(firsts[p], i)) ++p;
+    if (p == firsts.size()) firsts.push_back(i);
+    pack_of[i] = p;
+  }
+  std::vector<int64_t> rows_of(firsts.size(), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < products.size(); ++i) {
+    rows_of[pack_of[i]] += products[i].M;
+    total += products[i].M;
+  }
+
+  std::vector<std::unique_ptr<Pack>> packs(firsts.size());  // null: runs unpacked
+  struct PackJob {
+    size_t pack;
+    int64_t panel0, panel1;
+  };
+  std::vector<PackJob> pack_jobs;
+  constexpr int64_t kPanelsPerJob = 4;
+  for (size_t p = 0; p < firsts.size(); ++p) {
+    if (rows_of[p] <= Backend::max_unpacked_rows()) continue;
+    const GemmBlock& g = products[firsts[p]];
+    packs[p] = Backend::make(g.K, g.N);
+    for (int64_t j = 0; j < packs[p]->panels(); j += kPanelsPerJob)
+      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs[p]->panels())});
+  }
+  core::parallel_for(static_cast<int64_t>(pack_jobs.size()), team, [&](int64_t i) {
+    const PackJob& j = pack_jobs[static_cast<size_t>(i)];
+    Backend::pack(*packs[j.pack], products[firsts[j.pack]], rows_ptr(firsts[j.pack]), j.panel0, j.panel1);
+  });
+
+  // A row block against a packed B, or (b null) the columns [panel0, panel1)
+  // of the products that share an unpacked B.
+  struct Job {
+    GemmBlock block;
+    const Pack* b;
+    const std::vector<GemmBlock>* group;
+    const float* const* rows;
+    int64_t panel0, panel1;
+    double work() const {
+      if (b) return static_cast<double>(block.M) * static_cast<double>(block.N) * static_cast<double>(block.K);
+      const int64_t w = Backend::panel_width();
+      const int64_t cols = std::min(block.N, panel1 * w) - panel0 * w;
+      double rows = 0;
+      for (const GemmBlock& g : *group) rows += static_cast<double>(g.M);
+      return rows * static_cast<double>(cols) * static_cast<double>(block.K);
+    }
+  };
+  std::vector<Job> jobs;
+  std::vector<std::vector<GemmBlock>> groups(firsts.size());  // products of each unpacked B, in batch order
+  for (size_t i = 0; i < products.size(); ++i)
+    if (!packs[pack_of[i]]) groups[pack_of[i]].push_back(products[i]);
+  const int64_t w = Backend::panel_width();
+  for (size_t p = 0; p < firsts.size(); ++p) {
+    if (packs[p]) continue;
+    const GemmBlock& g = products[firsts[p]];
+    const int64_t panels = (g.N + w - 1) / w;
+    for (int64_t j = 0; j < panels; j += kPanelsPerJob)
+      jobs.push_back({g, nullptr, &groups[p], rows_ptr(firsts[p]), j, std::min(j + kPanelsPerJob, panels)});
+  }
+  const int64_t rows = gemm_row_block(total);
+  for (size_t i = 0; i < products.size(); ++i) {
+    const GemmBlock& g = products[i];
+    if (!packs[pack_of[i]]) continue;
+    const int64_t a_step = g.trans_a ? 1 : g.lda;  // row r of op(A) starts at A + r * a_step
+    for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
+      GemmBlock b = g;
+      b.M = std::min(rows, g.M - r0);
+      b.A = g.A + r0 * a_step;
+      b.C = g.C + r0 * g.ldc;
+      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, nullptr, 0, 0});
+    }
+  }
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
+  const int64_t n = static_cast<int64_t>(jobs.size());
+  core::parallel_for(n, static_cast<int>(std::min<int64_t>(team, n)), [&](int64_t i) {
+    const Job& j = jobs[static_cast<size_t>(i)];
+    if (j.b) Backend::run_packed(j.block, *j.b);
+    else Backend::run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
+  });
+}
+
+}  // namespace mha::cpu
