@@ -207,6 +207,7 @@ class MultiHeadAttention {
   // gradients and optimiser steps in float32; cached decoding (kv_cache)
   // stays float32. Calls that have already started keep theirs.
   void set_precision(Precision p) { precision_.set(p); }
+  // The number format in use (set_precision).
   Precision precision() const { return precision_.get(); }
   // Restart the generator behind initialisation and dropout from `s`.
   void seed(uint64_t s);

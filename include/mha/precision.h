@@ -21,7 +21,11 @@
 
 namespace mha {
 
-enum class Precision { Float32, BFloat16 };
+// The number format of a module's products (see the top of this file).
+enum class Precision {
+  Float32,   // float32 everywhere: the d2l chapter's numbers (default)
+  BFloat16,  // bfloat16 projections and q, k, v; float32 sums and attention
+};
 
 // "float32" / "bfloat16".
 const char* to_string(Precision p);

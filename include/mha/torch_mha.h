@@ -225,6 +225,7 @@ class TorchMultiheadAttention {
   // gradients and optimiser steps in float32; cached decoding (kv_cache)
   // stays float32. Calls that have already started keep theirs.
   void set_precision(Precision p) { precision_ = p; }
+  // The number format in use (set_precision).
   Precision precision() const { return precision_; }
   // What a row whose every key is masked gets, from the next call on.
   void set_fully_masked_rows(FullyMaskedRows p) { fully_masked_ = p; }
