@@ -37,6 +37,7 @@ mha.set_num_threads(int(sys.argv[3]))
 cases = json.loads(sys.argv[2])
 calls = int(sys.argv[4])
 clock = time.process_time if sys.argv[5] == "cpu" else time.perf_counter
+precision = sys.argv[6]
 out = {}
 rng = np.random.default_rng(0)
 for name, (kind, B, Q, D, h, pad, training) in cases.items():
@@ -48,6 +49,8 @@ for name, (kind, B, Q, D, h, pad, training) in cases.items():
         lens = np.linspace(0.2 * K, 0.6 * K, B).astype(np.float32)
     if kind == "textbook":
         m = mha.MultiHeadAttention(D, h, seed=1)
+        if precision != "float32":
+            m.precision = precision
         if not training:
             m.eval()
         def call():
@@ -59,6 +62,8 @@ for name, (kind, B, Q, D, h, pad, training) in cases.items():
              "out_proj.weight": rng.standard_normal((D, D)).astype(np.float32) * 0.02}
         m = mha.TorchMultiheadAttention.from_state_dict(s, h, batch_first=True)
         m.kernel = mha.Kernel.FUSED
+        if precision != "float32":
+            m.precision = precision
         m.eval()
         kpm = None
         if lens is not None:
@@ -87,6 +92,8 @@ def main():
                     help="time the process's CPU time (all threads) instead of wall time: steadier when other "
                          "processes load the machine, blind to idle threads")
     ap.add_argument("--cases", nargs="+", default=list(CASES), help="case names (default: all)")
+    ap.add_argument("--precision", default="float32", choices=["float32", "bfloat16"],
+                    help="the modules' precision (both builds must have it)")
     args = ap.parse_args()
     builds = {"before": args.before, "after": args.after}
     chosen = {c: CASES[c] for c in args.cases}
@@ -97,14 +104,14 @@ def main():
         for b in order:
             path = str(pathlib.Path(builds[b]).resolve() / "python")
             res = subprocess.run([sys.executable, "-c", CHILD, path, cases, str(args.threads), str(args.calls),
-                              "cpu" if args.cpu else "wall"],
+                              "cpu" if args.cpu else "wall", args.precision],
                                  capture_output=True, text=True, check=True)
             for c, t in json.loads(res.stdout.strip().splitlines()[-1]).items():
                 times[b][c].append(t)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"{'case':36s} {'before ms':>10s} {'after ms':>10s} {'after/before':>13s}   ({args.rounds} rounds, "
           f"median of {args.calls} calls, {args.threads} threads, "
-          f"{'CPU' if args.cpu else 'wall'} time)")
+          f"{'CPU' if args.cpu else 'wall'} time, {args.precision})")
     for c in chosen:
         ratios = [a / b for a, b in zip(times["after"][c], times["before"][c])]
         print(f"{c:36s} {1e3 * statistics.median(times['before'][c]):10.3f} "

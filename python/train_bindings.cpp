@@ -95,13 +95,17 @@ void bind_torch_module_support(py::module_& m) {
            "Writable float32 views of the parameters' buffers by state-dict name (no copy).")
       .def("_reseed", [](MultiHeadAttention& s, uint64_t seed) { s.seed(seed); }, py::arg("seed"),
            "Restart the generator of dropout masks (one draw per training-mode call).")
-      .def("_set_dropout", &MultiHeadAttention::set_dropout, py::arg("p"));
+      .def("_set_dropout", &MultiHeadAttention::set_dropout, py::arg("p"))
+      .def("_parameters_written", &MultiHeadAttention::parameters_written,
+           "The parameters were written through the views: repack the weights before the next call.");
   auto tmha = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
   tmha.def("_parameter_views", &parameter_views<TorchMultiheadAttention>,
            "Writable float32 views of the parameters' buffers by parameters() name (no copy).")
       .def("_reseed", [](TorchMultiheadAttention& s, uint64_t seed) { s.seed(seed); }, py::arg("seed"),
            "Restart the generator of dropout masks (one draw per training-mode call).")
-      .def("_set_dropout", &TorchMultiheadAttention::set_dropout, py::arg("p"));
+      .def("_set_dropout", &TorchMultiheadAttention::set_dropout, py::arg("p"))
+      .def("_parameters_written", &TorchMultiheadAttention::parameters_written,
+           "The parameters were written through the views: repack the weights before the next call.");
 
   // Line charts for Python scripts (examples/torch_encoder): panels as dicts
   // {"title", "xlabel", "ylabel", "log_y", "series": [(name, x, y), ...]}.

@@ -12,12 +12,19 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "mha/detail/published.h"
+#include "mha/parameter.h"
 #include "mha/random.h"
 #include "mha/precision.h"
 #include "mha/tensor.h"
 
 namespace mha {
+
+namespace cpu {
+struct PackedWeight;  // src/cpu/packed_weight.h
+}
 
 // PyTorch's nn.LazyLinear (see the file comment). Not thread-safe by itself:
 // MultiHeadAttention serialises its layers' initialisation.
@@ -43,16 +50,38 @@ class LazyLinear {
   // x:[..., in] -> y:[..., out]; initialises on the first call.
   Tensor forward(const Tensor& x, Generator& gen, const char* op = "LazyLinear");
   // x:[rows, in] (row stride in) -> y:[rows, out] (row stride ldy >= out),
-  // the product in `precision` (mha/precision.h). The layer must be initialised.
+  // the product in `precision` (mha/precision.h), against the weight packed
+  // once per version (packed_weight()). The layer must be initialised.
   void forward_rows(const float* x, int64_t rows, float* y, int64_t ldy,
                     Precision precision = Precision::Float32) const;
 
   const Tensor& weight() const { return weight_; }  // [out, in]
   const Tensor& bias() const { return bias_; }      // [out] (empty without bias)
-  // [out, in], writable (e.g. by an optimiser); keep the shape.
-  Tensor& weight() { return weight_; }
-  // [out], writable; keep the shape.
-  Tensor& bias() { return bias_; }
+  // [out, in], writable (e.g. by an optimiser); keep the shape. Marks the
+  // parameters written (a new version()): write through the reference before
+  // the next call, or call version().bump() after writing through a pointer
+  // kept from earlier.
+  Tensor& weight() {
+    version_.bump();
+    return weight_;
+  }
+  // [out], writable; keep the shape. Marks the parameters written, as weight().
+  Tensor& bias() {
+    version_.bump();
+    return bias_;
+  }
+  // The parameters' version: changed by initialize(), set_weight(),
+  // set_bias(), the non-const weight() and bias(), and ParamRef::written()
+  // (optimisers). What is derived from the weight is remade when it changes.
+  const ParamVersion& version() const { return version_; }
+  // Writable, for ParamRef (mha/parameter.h).
+  ParamVersion& version() { return version_; }
+
+  // The weight as forward_rows multiplies it in `precision`: packed on the
+  // first call after each change of version() and shared by the calls after
+  // it (src/cpu/packed_weight.h), so no call copies the weight. Calls may
+  // ask from many threads at once. The layer must be initialised.
+  std::shared_ptr<const cpu::PackedWeight> packed_weight(Precision precision) const;
 
   // Replace the parameters; shapes must be (out, in) and (out,). Fixes the
   // input width if the layer is still lazy.
@@ -69,6 +98,10 @@ class LazyLinear {
   bool has_bias_;
   Tensor weight_;
   Tensor bias_;
+  ParamVersion version_;
+  // The last packing of the weight for each precision (Float32, BFloat16);
+  // valid while its version is version_'s. A copied layer shares it.
+  mutable detail::Latest<const cpu::PackedWeight> packed_[2];
 };
 
 }  // namespace mha

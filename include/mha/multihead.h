@@ -36,6 +36,13 @@
 // Writing parameters in place (an optimiser, the non-const W_q() ... W_o()
 // accessors, parameters()) is not synchronised, as in PyTorch: do it while
 // no call runs.
+//
+// Each weight is packed for the matrix products once per version and the
+// packing reused by every call (LazyLinear::packed_weight). Every write mha
+// sees makes a new version: load_state_dict, pruning, mha's optimisers
+// (ParamRef::written), the non-const accessors. After writing through a
+// pointer kept from earlier (parameters()'s values, weight().data()), call
+// parameters_written(), or the next calls would read the old packing.
 #pragma once
 
 #include <cstdint>
@@ -192,6 +199,9 @@ class MultiHeadAttention {
   // (name, value, gradient) of every initialised parameter, in the d2l chapter's
   // parameters() order: W_q, W_k, W_v, W_o, each weight before its bias.
   ParamList parameters();
+  // Marks every parameter written in place: the next call repacks the
+  // weights (see the file comment). mha's optimisers mark what they write.
+  void parameters_written();
   // [B,h,Q,K]: the dropout multipliers of the last forward, 0 or 1/(1-p);
   // all ones when that call had no dropout (evaluation mode or p = 0).
   Tensor last_dropout_mask() const;

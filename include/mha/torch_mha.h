@@ -201,6 +201,11 @@ class TorchMultiheadAttention {
   // v_proj_weight, q_proj_bias, ...): the optimisers update elementwise (and
   // clip by the global norm), so this changes nothing in the arithmetic.
   ParamList parameters();
+  // Marks every parameter written in place (after writes through pointers
+  // kept from parameters()): the next call repacks the weights, which are
+  // packed once per version (LazyLinear::packed_weight). mha's optimisers
+  // mark what they write.
+  void parameters_written();
   // [B, h, L, S']: the dropout multipliers of the last training-mode call,
   // 0 or 1/(1-p); all ones when it had no dropout.
   Tensor last_dropout_mask() const;

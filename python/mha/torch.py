@@ -26,6 +26,12 @@ How they relate to torch:
   after each change (tracked by the tensor's version counter), not per call.
   A parameter whose storage was replaced (`.data = ...`, `.to()`,
   `copy.deepcopy`) is linked again at the next call.
+- mha packs each weight for its matrix products once per change, found by
+  the parameters' version counters: writes through torch (torch.optim,
+  in-place ops under no_grad, nn.init) are seen. A write the counter does not
+  see (in place on `.data`, or through a numpy view of the storage; autograd
+  does not see it either) needs `module.parameters_written()` before the
+  next call, or the call reads the weights as they were.
 - Gradients come from mha's backward through torch.autograd.Function: input
   and parameter gradients (parameters' accumulate into .grad as torch's do),
   with the call's masks and dropout mask. A module called several times
@@ -114,6 +120,7 @@ class _Link:
         self.shared = {}
         self.packed = {}
         self.seen = {}  # packed name -> (data_ptr, version) last copied
+        self.versions = None  # the shared parameters' (data_ptr, version) at the last call
 
     def share(self, name, param, view):
         # Outside inference mode: a parameter must stay a normal tensor
@@ -128,14 +135,25 @@ class _Link:
         self.packed[name] = (param, views)
         self.seen.pop(name, None)
 
+    def forget(self):
+        """Forget what was seen: the next sync copies every packed parameter and has mha repack."""
+        self.seen = {}
+        self.versions = None
+
     def sync(self):
-        """Before a call: every parameter's current values are in mha."""
+        """Before a call: every parameter's current values are in mha, and mha
+        knows which changed (it packs each weight once per version)."""
+        written = False
         for name, (param, view) in self.shared.items():
             if param.data_ptr() != view.ctypes.data:
                 if param.dtype != torch.float32 or param.device.type != "cpu":
                     raise TypeError(f"parameter {name}: {param.dtype} on {param.device}; mha.torch "
                                     "keeps float32 parameters on the CPU")
                 self.share(name, param, view)
+        versions = tuple((p.data_ptr(), p._version) for p, _ in self.shared.values())
+        if versions != self.versions:
+            self.versions = versions
+            written = True
         for name, (param, views) in self.packed.items():
             key = (param.data_ptr(), param._version)
             if self.seen.get(name) == key:
@@ -150,6 +168,9 @@ class _Link:
                     torch.from_numpy(view).copy_(param.detach()[rows:rows + n])
                     rows += n
             self.seen[name] = key
+            written = True
+        if written:
+            self.impl._parameters_written()
 
 
 class _Call:
@@ -361,6 +382,13 @@ class MultiHeadAttention(nn.Module):
         p = _checks.precision(p, "mha.torch.MultiHeadAttention.precision")
         self._impl.precision = p
         self._precision = p
+
+    def parameters_written(self):
+        """Tell mha that parameters were written where torch's version counter does not see it
+        (in place on ``.data``, or through a numpy view of their storage): the next call copies
+        and repacks them. Writes through torch (optimisers, in-place ops, nn.init) need nothing."""
+        if self._link is not None:
+            self._link.forget()
 
     def _layers(self):
         return (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v), ("W_o", self.W_o))
@@ -592,6 +620,13 @@ class MultiheadAttention(nn.Module):
         self._kernel = k
         if self._impl is not None:
             self._impl.kernel = k
+
+    def parameters_written(self):
+        """Tell mha that parameters were written where torch's version counter does not see it
+        (in place on ``.data``, or through a numpy view of their storage): the next call copies
+        and repacks them. Writes through torch (optimisers, in-place ops, nn.init) need nothing."""
+        if self._link is not None:
+            self._link.forget()
 
     @property
     def precision(self):

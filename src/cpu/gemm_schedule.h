@@ -3,6 +3,8 @@
 // cpu/gemm/gemm.h) and bfloat16 on AMX tiles (PackedBf16B,
 // cpu/gemm/gemm_amx.h).
 //
+// 0. A product whose right-hand matrix comes packed (given(i), a weight
+//    packed once per version: cpu/packed_weight.h) reads that packing.
 // 1. Products that read the same right-hand matrix share one packing (the
 //    projections of padded batch rows are one product per row, all reading
 //    the same weight); each packing is made on every thread, a few column
@@ -41,11 +43,12 @@
 
 namespace mha::cpu {
 
-// products[i] reads B rows at b_rows[i] (stacked weights) or as its B, ldb;
-// shares_b(x, y): products x and y read the same right-hand matrix.
-template <class Backend, class SharesB>
+// products[i] reads B rows at b_rows[i] (stacked weights) or as its B, ldb,
+// or, where given(i) is not null, the packing given(i); shares_b(x, y):
+// products x and y read the same right-hand matrix.
+template <class Backend, class SharesB, class Given>
 void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector<std::vector<const float*>>& b_rows,
-                       const SharesB& shares_b, int team) {
+                       const SharesB& shares_b, const Given& given, int team) {
   using Pack = typename Backend::Pack;
   const auto rows_ptr = [&](size_t i) { return b_rows[i].empty() ? nullptr : b_rows[i].data(); };
   std::vector<size_t> pack_of(products.size());
@@ -63,7 +66,8 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
     total += products[i].M;
   }
 
-  std::vector<std::unique_ptr<Pack>> packs(firsts.size());  // null: runs unpacked
+  std::vector<const Pack*> packs(firsts.size(), nullptr);  // null: runs unpacked
+  std::vector<std::unique_ptr<Pack>> made(firsts.size());   // the packings made here
   struct PackJob {
     size_t pack;
     int64_t panel0, panel1;
@@ -71,15 +75,17 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
   std::vector<PackJob> pack_jobs;
   constexpr int64_t kPanelsPerJob = 4;
   for (size_t p = 0; p < firsts.size(); ++p) {
+    if ((packs[p] = given(firsts[p]))) continue;
     if (rows_of[p] <= Backend::max_unpacked_rows()) continue;
     const GemmBlock& g = products[firsts[p]];
-    packs[p] = Backend::make(g.K, g.N);
-    for (int64_t j = 0; j < packs[p]->panels(); j += kPanelsPerJob)
-      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, packs[p]->panels())});
+    made[p] = Backend::make(g.K, g.N);
+    packs[p] = made[p].get();
+    for (int64_t j = 0; j < made[p]->panels(); j += kPanelsPerJob)
+      pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, made[p]->panels())});
   }
   core::parallel_for(static_cast<int64_t>(pack_jobs.size()), team, [&](int64_t i) {
     const PackJob& j = pack_jobs[static_cast<size_t>(i)];
-    Backend::pack(*packs[j.pack], products[firsts[j.pack]], rows_ptr(firsts[j.pack]), j.panel0, j.panel1);
+    Backend::pack(*made[j.pack], products[firsts[j.pack]], rows_ptr(firsts[j.pack]), j.panel0, j.panel1);
   });
 
   // A row block against a packed B, or (b null) the columns [panel0, panel1)
@@ -121,7 +127,7 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      jobs.push_back({b, packs[pack_of[i]].get(), nullptr, nullptr, 0, 0});
+      jobs.push_back({b, packs[pack_of[i]], nullptr, nullptr, 0, 0});
     }
   }
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });

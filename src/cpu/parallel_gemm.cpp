@@ -3,11 +3,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <memory>
 
 #include "core/parallel.h"
 #include "cpu/blas.h"
 #include "cpu/gemm_schedule.h"
+#include "cpu/packed_weight.h"
 #include "mha/threads.h"
 
 namespace mha::cpu {
@@ -24,6 +26,7 @@ void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   if (M <= 0 || N <= 0) return;
   products_.push_back({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
   rows_.emplace_back();
+  packed_.push_back(nullptr);
 }
 
 void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
@@ -31,6 +34,18 @@ void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   if (M <= 0 || N <= 0) return;
   products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
   rows_.emplace_back();
+  packed_.push_back(nullptr);
+}
+
+void GemmBatch::add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias,
+                           float* C, int64_t ldc) {
+  if (M <= 0) return;
+  assert(w.precision == precision_ && w.current());
+  // B is not read (the packing is); it stays null, so no other product
+  // shares this one's B by address.
+  products_.push_back({false, true, M, w.N, w.K, 1.0f, A, lda, nullptr, w.K, 0.0f, bias, C, ldc});
+  rows_.emplace_back();
+  packed_.push_back(&w);
 }
 
 void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
@@ -43,6 +58,7 @@ void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
   if (M <= 0 || N <= 0) return;
   products_.push_back({false, true, M, N, K, 1.0f, A, lda, rows[0], K, 0.0f, bias, C, ldc});
   rows_.push_back(std::move(rows));
+  packed_.push_back(nullptr);
 }
 
 namespace {
@@ -56,6 +72,7 @@ bool same_b(const GemmBlock& x, const std::vector<const float*>& x_rows, const G
 }  // namespace
 
 bool GemmBatch::shares_b(size_t x, size_t y) const {
+  if (packed_[x] || packed_[y]) return packed_[x] == packed_[y];
   return same_b(products_[x], rows_[x], products_[y], rows_[y]);
 }
 
@@ -95,7 +112,9 @@ void GemmBatch::run_float32(int threads) const {
   double work = 0;
   for (const GemmBlock& g : products_) work += static_cast<double>(g.M) * g.N * g.K;
   const int team = work < kMinParallelWork ? 1 : threads;
-  run_gemm_schedule<Float32Gemm>(products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); }, team);
+  run_gemm_schedule<Float32Gemm>(
+      products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
+      [this](size_t i) { return packed_[i] ? packed_[i]->panels.get() : nullptr; }, team);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -31,6 +31,8 @@
 
 namespace mha::cpu {
 
+struct PackedWeight;  // cpu/packed_weight.h
+
 // Rows per block for a batch of products of M rows in all: about M/8, a
 // multiple of 192 (whole row blocks of every ISA's micro-kernel, so that
 // only a product's last block has an edge), within [192, 1152]. Depends on
@@ -60,6 +62,12 @@ class GemmBatch {
   void add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
                    const std::vector<std::pair<const float*, int64_t>>& weights, const float* bias,
                    float* C, int64_t ldc);
+  // Adds C:[M,N] = A W^T + bias with W:[N,K] packed once beforehand
+  // (cpu/packed_weight.h; w.precision must be the batch's): no packing per
+  // call, whatever M; the same bits as add(M, N, K, A, lda, W, K, true, ...).
+  // `w` must outlive run().
+  void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,
+                  int64_t ldc);
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
@@ -80,6 +88,8 @@ class GemmBatch {
   std::vector<GemmBlock> products_;
   // Per product: where each row of B^T starts, for stacked weights (else empty).
   std::vector<std::vector<const float*>> rows_;
+  // Per product: its packed weight (add_packed), else null.
+  std::vector<const PackedWeight*> packed_;
 };
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm

@@ -17,6 +17,7 @@
 #include "cpu/bf16.h"
 #include "cpu/gemm/gemm_amx.h"
 #include "cpu/gemm_schedule.h"
+#include "cpu/packed_weight.h"
 #include "cpu/parallel_gemm.h"
 
 namespace mha::cpu {
@@ -65,7 +66,9 @@ void GemmBatch::run_bfloat16_amx(int threads) const {
   // GFLOP/s, 8 x 2304 x 768 36.5 / 23.0, 1 x 768 x 768 3.3 / 3.9 at 1 thread
   // and 7.0 / 4.1 at 2 (its panels split over threads): mostly noise, but
   // it never copies a whole weight for one row.
-  run_gemm_schedule<AmxGemm>(products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); }, team);
+  run_gemm_schedule<AmxGemm>(
+      products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
+      [this](size_t i) { return packed_[i] ? packed_[i]->tiles.get() : nullptr; }, team);
 }
 
 namespace {
@@ -99,6 +102,12 @@ void GemmBatch::run_bfloat16_portable(int threads) const {
     copies.push_back(rounded_copy(g.A, a_rows, a_cols, g.lda, nullptr));
     g.A = copies.back().data();
     g.lda = a_cols;
+    if (packed_[i]) {  // packed once, of rounded values (cpu/packed_weight.h)
+      exact.products_.push_back(g);
+      exact.rows_.emplace_back();
+      exact.packed_.push_back(packed_[i]);
+      continue;
+    }
     size_t b = copies.size();
     for (const auto& [j, c] : b_copies)
       if (shares_b(j, i)) b = c;
@@ -111,6 +120,7 @@ void GemmBatch::run_bfloat16_portable(int threads) const {
     g.ldb = g.trans_b ? g.K : g.N;
     exact.products_.push_back(g);
     exact.rows_.emplace_back();
+    exact.packed_.push_back(nullptr);
   }
   exact.run_float32(threads);
 }

@@ -1,11 +1,18 @@
 #include "mha/linear.h"
 
+#include <atomic>
 #include <cmath>
 
+#include "cpu/packed_weight.h"
 #include "cpu/parallel_gemm.h"
 #include "mha/error.h"
 
 namespace mha {
+
+uint64_t ParamVersion::next() {
+  static std::atomic<uint64_t> counter{1};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
 
 LazyLinear::LazyLinear(int64_t out_features, bool bias)
     : out_features_(out_features), has_bias_(bias) {
@@ -34,6 +41,7 @@ void LazyLinear::initialize(int64_t in_features, Generator& gen, const char* op)
   weight_ = std::move(w);
   bias_ = std::move(b);
   in_features_ = in_features;
+  version_.bump();
 }
 
 Tensor LazyLinear::forward(const Tensor& x, Generator& gen, const char* op) {
@@ -51,9 +59,23 @@ void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ld
   // y = b + x W^T, as PyTorch's addmm: W is (out, in) row-major, so
   // op(B) = W^T. Row blocks fixed by the shape: the same result at any
   // thread count (cpu/parallel_gemm.h).
-  cpu::parallel_sgemm(rows, out_features_, in_features_, x, in_features_, weight_.data(),
-                      in_features_, /*trans_b=*/true, has_bias_ ? bias_.data() : nullptr, y, ldy,
-                      precision);
+  const std::shared_ptr<const cpu::PackedWeight> w = packed_weight(precision);
+  cpu::GemmBatch batch(precision);
+  batch.add_packed(rows, x, in_features_, *w, has_bias_ ? bias_.data() : nullptr, y, ldy);
+  batch.run();
+}
+
+std::shared_ptr<const cpu::PackedWeight> LazyLinear::packed_weight(Precision precision) const {
+  detail::Latest<const cpu::PackedWeight>& slot = packed_[precision == Precision::BFloat16 ? 1 : 0];
+  const uint64_t version = version_.get();
+  std::shared_ptr<const cpu::PackedWeight> p = slot.load();
+  if (p && p->version == version && p->current()) return p;
+  // Two calls that find it stale at once both pack (the same values); the
+  // later store wins and both results are right.
+  std::shared_ptr<cpu::PackedWeight> fresh = cpu::pack_weight(weight_.data(), out_features_, in_features_, precision);
+  fresh->version = version;
+  slot.store(fresh);
+  return fresh;
 }
 
 void LazyLinear::set_weight(const Tensor& w, const char* op) {
@@ -65,6 +87,7 @@ void LazyLinear::set_weight(const Tensor& w, const char* op) {
   weight_ = w;
   in_features_ = w.size(1);
   if (has_bias_ && bias_.empty()) bias_ = Tensor({out_features_});
+  version_.bump();
 }
 
 void LazyLinear::set_bias(const Tensor& b, const char* op) {
@@ -72,6 +95,7 @@ void LazyLinear::set_bias(const Tensor& b, const char* op) {
   if (b.dim() != 1 || b.size(0) != out_features_)
     fail(op, "bias: shape ", shape_str(b.shape()), " is not ", shape_str({out_features_}));
   bias_ = b;
+  version_.bump();
 }
 
 }  // namespace mha

@@ -56,6 +56,11 @@ const StateDict& MultiHeadAttention::grads() {
   return grads_;
 }
 
+void MultiHeadAttention::parameters_written() {
+  Params& p = params_.live();
+  for (LazyLinear* layer : {&p.W_q, &p.W_k, &p.W_v, &p.W_o}) layer->version().bump();
+}
+
 void MultiHeadAttention::zero_grad() {
   ensure_grads();
   nn::zero_grads(grads_, params_.live().heads.gate_grad);
@@ -89,8 +94,8 @@ ParamList MultiHeadAttention::parameters() {
   for (int i = 0; i < 4; ++i) {
     if (!layers[i]->initialized()) continue;
     const std::string n = kNames[i];
-    out.push_back({n + ".weight", &layers[i]->weight(), &grads_.at(n + ".weight")});
-    if (bias_) out.push_back({n + ".bias", &layers[i]->bias(), &grads_.at(n + ".bias")});
+    out.push_back({n + ".weight", &layers[i]->weight(), &grads_.at(n + ".weight"), &layers[i]->version()});
+    if (bias_) out.push_back({n + ".bias", &layers[i]->bias(), &grads_.at(n + ".bias"), &layers[i]->version()});
   }
   return out;
 }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
+#include "cpu/packed_weight.h"
 #include "cpu/parallel_gemm.h"
 
 namespace mha::nn {
@@ -39,9 +41,9 @@ struct Group {
   std::vector<Output> outs;
 };
 
-// Adds g's products to `batch`; the stacked biases they read go to `keep`.
+// Adds g's products to `batch`; the packed weights they read go to `keep`.
 void project_group(const Group& g, const ProjectionShape& s, Projected& result, cpu::GemmBatch& batch,
-                   std::vector<Tensor>& keep, std::vector<Tensor>* reuse) {
+                   std::vector<std::shared_ptr<const cpu::PackedWeight>>& keep, std::vector<Tensor>* reuse) {
   const Tensor& x = *g.x;
   const int64_t B = s.layout.B, L = g.L, Lb = g.Lb, in = x.size(-1);
   const int64_t n = static_cast<int64_t>(g.outs.size());
@@ -49,41 +51,26 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
   for (int64_t o = 0; o < n; ++o)
     col[static_cast<size_t>(o + 1)] = col[static_cast<size_t>(o)] + g.outs[static_cast<size_t>(o)].layer->out_features();
   const int64_t ldc = col[static_cast<size_t>(n)];
-  const bool has_bias = g.outs[0].layer->has_bias();
   Tensor buf = take_buffer({B * Lb, ldc}, reuse);
 
-  // [W_q; W_v; W_k] (those this input feeds) as one right-hand matrix, read
-  // in place (GemmBatch::add_stacked), so that one product reads each input
-  // row once; each output element's sum is the same as in a product of its
-  // own. Only the biases are stacked (ldc floats).
-  Tensor b_stack;
-  if (has_bias && n > 1) {
-    b_stack = Tensor({ldc});
-    for (int64_t o = 0; o < n; ++o) {
-      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
-      std::memcpy(b_stack.data() + col[static_cast<size_t>(o)], layer.bias().data(),
-                  sizeof(float) * static_cast<size_t>(layer.out_features()));
-    }
+  // Each layer's weight packed once per version (LazyLinear::packed_weight),
+  // so no call copies a weight; its outputs go to their column block of the
+  // shared buffer.
+  std::vector<const cpu::PackedWeight*> packed;
+  for (const Output& o : g.outs) {
+    keep.push_back(o.layer->packed_weight(s.precision));
+    packed.push_back(keep.back().get());
   }
   // Input rows [x_row, x_row + rows) through outputs [o0, o1), written at
   // buffer rows [c_row, ...) in their column blocks.
   auto product = [&](int64_t x_row, int64_t c_row, int64_t rows, int64_t o0, int64_t o1) {
-    if (rows <= 0 || o1 <= o0) return;
+    if (rows <= 0) return;
     const float* X = x.data() + x_row * in;
-    float* C = buf.data() + c_row * ldc + col[static_cast<size_t>(o0)];
-    if (o1 - o0 == 1) {
-      const LazyLinear& layer = *g.outs[static_cast<size_t>(o0)].layer;
-      batch.add(rows, layer.out_features(), in, X, in, layer.weight().data(), in, true,
-                has_bias ? layer.bias().data() : nullptr, C, ldc);
-      return;
-    }
-    std::vector<std::pair<const float*, int64_t>> weights;
     for (int64_t o = o0; o < o1; ++o) {
       const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
-      weights.push_back({layer.weight().data(), layer.out_features()});
+      batch.add_packed(rows, X, in, *packed[static_cast<size_t>(o)], layer.has_bias() ? layer.bias().data() : nullptr,
+                       buf.data() + c_row * ldc + col[static_cast<size_t>(o)], ldc);
     }
-    batch.add_stacked(rows, in, X, in, weights, has_bias ? b_stack.data() + col[static_cast<size_t>(o0)] : nullptr,
-                      C, ldc);
   };
 
   bool all_rows = true;
@@ -119,7 +106,6 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
     *out.view = s.layout.heads(buf.data() + col[static_cast<size_t>(o)], Lb, out.heads, s.d, ldc);
   }
   result.buffers.push_back(std::move(buf));  // the heap block, and so the views, stay put
-  if (!b_stack.empty()) keep.push_back(std::move(b_stack));  // read by batch.run()
 }
 
 }  // namespace
@@ -150,8 +136,8 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
   // Every product of every input in one batch of row blocks: one parallel
   // region for all of them, however many batch rows padding splits them into.
   cpu::GemmBatch batch(s.precision);
-  std::vector<Tensor> stacks;
-  for (const Group& g : groups) project_group(g, s, result, batch, stacks, reuse);
+  std::vector<std::shared_ptr<const cpu::PackedWeight>> packed;  // read by batch.run()
+  for (const Group& g : groups) project_group(g, s, result, batch, packed, reuse);
   batch.run();
   return result;
 }
@@ -170,9 +156,7 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
 void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
                   const TensorView& dst, Precision precision) {
   const int64_t in = x.size(-1);
-  cpu::parallel_sgemm(p1 - p0, layer.out_features(), in, x.data() + (b * L + p0) * in, in,
-                      layer.weight().data(), in, true, layer.has_bias() ? layer.bias().data() : nullptr,
-                      dst.ptr(b, 0, p0), dst.stride[2], precision);
+  layer.forward_rows(x.data() + (b * L + p0) * in, p1 - p0, dst.ptr(b, 0, p0), dst.stride[2], precision);
 }
 
 }  // namespace mha::nn

@@ -5,10 +5,11 @@
 //     -> q:(B,H,Q,d) k:(B,Hkv,Kt,d) v:(B,Hkv,Kt,d) head views
 //
 // Inputs that are the same tensor (self-attention: queries, keys and values
-// all one tensor; or keys = values) are projected by one product against the
-// layers' weights stacked as [W_q; W_v; W_k], so each input row is read once.
-// The outputs are column blocks of one row buffer, and q, k, v are strided
-// head views of it: nothing is copied to split heads either. Key and value
+// all one tensor; or keys = values) are projected into one row buffer whose
+// column blocks are [q | v | k], one product per layer against its weight
+// packed once per version (LazyLinear::packed_weight), all in one batch of
+// row blocks; q, k, v are strided head views of the buffer: nothing is
+// copied to split heads. Key and value
 // buffers hold Kt >= K positions per batch row: the rows after the K given
 // ones are left for the caller to fill (appended keys), and are zero unless
 // the buffer was reused.

@@ -37,6 +37,10 @@ void TorchMultiheadAttention::ensure_grads() {
   }
 }
 
+void TorchMultiheadAttention::parameters_written() {
+  for (LazyLinear* layer : {&q_proj_, &k_proj_, &v_proj_, &out_proj_}) layer->version().bump();
+}
+
 void TorchMultiheadAttention::zero_grad() {
   ensure_grads();
   nn::zero_grads(grads_, heads_.gate_grad);
@@ -51,13 +55,13 @@ ParamList TorchMultiheadAttention::parameters() {
   // out_proj.weight, out_proj.bias, then bias_k, bias_v.
   for (int i = 0; i < 3; ++i)
     out.push_back({std::string(names[i]) + "_weight", &proj[i]->weight(),
-                   &grads_.at(std::string(kLayers[i]) + ".weight")});
+                   &grads_.at(std::string(kLayers[i]) + ".weight"), &proj[i]->version()});
   if (bias_)
     for (int i = 0; i < 3; ++i)
       out.push_back({std::string(names[i]) + "_bias", &proj[i]->bias(),
-                     &grads_.at(std::string(kLayers[i]) + ".bias")});
-  out.push_back({"out_proj.weight", &out_proj_.weight(), &grads_.at("out_proj.weight")});
-  if (bias_) out.push_back({"out_proj.bias", &out_proj_.bias(), &grads_.at("out_proj.bias")});
+                     &grads_.at(std::string(kLayers[i]) + ".bias"), &proj[i]->version()});
+  out.push_back({"out_proj.weight", &out_proj_.weight(), &grads_.at("out_proj.weight"), &out_proj_.version()});
+  if (bias_) out.push_back({"out_proj.bias", &out_proj_.bias(), &grads_.at("out_proj.bias"), &out_proj_.version()});
   if (has_bias_kv()) {
     out.push_back({"bias_k", &bias_k_, &grads_.at("bias_k")});
     out.push_back({"bias_v", &bias_v_, &grads_.at("bias_v")});

@@ -177,8 +177,8 @@ ParamList AttentionModel::parameters() {
       p.name = layer_prefix(static_cast<int64_t>(l)) + p.name;
       out.push_back(p);
     }
-  out.push_back({"readout.weight", &readout_.weight(), &grad_readout_w_});
-  out.push_back({"readout.bias", &readout_.bias(), &grad_readout_b_});
+  out.push_back({"readout.weight", &readout_.weight(), &grad_readout_w_, &readout_.version()});
+  out.push_back({"readout.bias", &readout_.bias(), &grad_readout_b_, &readout_.version()});
   return out;
 }
 

@@ -117,6 +117,7 @@ void SGD::step() {
       }
       w[i] = w[i] + neg_lr * g;
     }
+    p.written();
   }
   ++steps_;
 }
@@ -171,6 +172,7 @@ void Adam::step() {
       const float denom = std::sqrt(second) / bc2_sqrt + eps;
       w[i] = w[i] + neg_step_size * (m[i] / denom);
     }
+    p.written();
   }
   ++steps_;
 }

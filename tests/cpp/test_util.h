@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "mha/error.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 

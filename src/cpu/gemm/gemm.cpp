@@ -70,6 +70,10 @@ PackedB::PackedB(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb
   pack(trans_b, B, ldb, 0, panels());
 }
 
+int64_t PackedB::bytes() const {
+  return kernels_for(isa_).packed_b_floats(K_, N_) * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t PackedB::panels() const {
   const int64_t nr = kernels_for(isa_).NR;
   return (N_ + nr - 1) / nr;

@@ -101,6 +101,8 @@ class PackedB {
   int64_t N() const { return N_; }
   GemmIsa isa() const { return isa_; }
   const float* data() const { return data_.get(); }
+  // Bytes held.
+  int64_t bytes() const;
 
  private:
   struct Free {

@@ -53,6 +53,7 @@
 // below 2^-126 count as zero, unlike the portable path.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -88,6 +89,8 @@ class PackedBf16B {
   int64_t N() const { return N_; }
   // Panel p: steps() x 2 tiles of 16 x 32 bfloat16 (1 KB each), step-major.
   const uint16_t* panel(int64_t p) const { return data_.get() + p * steps() * 2 * 512; }
+  // Bytes held.
+  int64_t bytes() const { return std::max<int64_t>(panels() * steps(), 1) * 2 * 512 * 2; }
 
  private:
   struct Free {
