@@ -16,15 +16,19 @@ namespace mha::nn {
 namespace {
 
 // A decode step projects a few rows (B * n) through weights of millions of
-// floats. mha's GEMM packs the weight first (cpu/gemm/gemm.h: a copy of the
-// whole matrix, into fresh pages, per call), which at a few rows costs far
-// more than the product: a one-row step of the chapter's module with 4096
-// features in 32 heads took 350-430 ms through it, at 1 or 2 threads, of
-// which PackedB::pack and its page faults were ~70% (perf). Up to kFewRows
-// rows, each output element is instead one dot product of a weight row, read
-// in place once for all the rows, with the input rows. Each element is
-// summed by one thread in one order: the same bits at any thread count.
-constexpr int64_t kFewRows = 16;
+// floats. Before weights were packed once per version (cpu/packed_weight.h),
+// mha's GEMM packed the weight per call, which at a few rows cost far more
+// than the product (a one-row step with 4096 features: 350-430 ms, ~70% in
+// PackedB::pack), so up to 16 rows went through the dot products below. With
+// the packing kept, the product against it is the faster one from two rows
+// on; one row is still best as dot products, each weight row read in place
+// once. Measured (one thread, loaded machine, median of 100 steps, B rows of
+// one new position, alternating builds): D 1024: 1 row 0.86-0.88 ms dot /
+// 0.85-0.96 packed, 2 rows 1.17-1.62 / 1.00-1.10, 4 rows 2.0-2.5 / 1.24-1.35,
+// 8 rows 4.5-5.4 / 1.9-2.0; D 4096: 1 row 17-24 / 27-29, 4 rows 36-38 / 29-33.
+// Each element is summed by one thread in one order on either path: the same
+// bits at any thread count.
+constexpr int64_t kDotRows = 1;
 
 void few_rows_linear(const LazyLinear& layer, const float* x, int64_t rows, float* y, int64_t ldy) {
   const int64_t N = layer.out_features(), K = layer.in_features();
@@ -121,11 +125,11 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
       .add("decode kernel working memory", {kernels::decode_forward_working_bytes(p, num_threads())}, 1);
   plan.check();
 
-  // Only the new positions are projected (one product per distinct input;
-  // a few rows by few_rows_linear).
+  // Only the new positions are projected (one product per layer against its
+  // packed weight; a single row by few_rows_linear).
   const int64_t rows = B * n;
   Projected proj;
-  if (rows <= kFewRows) {
+  if (rows <= kDotRows) {
     proj.buffers = {Tensor({rows, E}), Tensor({rows, Hkv * d}), Tensor({rows, Hkv * d})};
     few_rows_linear(*layers.q, queries.data(), rows, proj.buffers[0].data(), E);
     few_rows_linear(*layers.k, keys.data(), rows, proj.buffers[1].data(), Hkv * d);
@@ -158,7 +162,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
         for (int64_t c = 0; c < d; ++c) col[c] *= g;
       }
   Tensor output(call.out_shape);
-  if (rows <= kFewRows) few_rows_linear(*layers.o, concat.data(), rows, output.data(), layers.o->out_features());
+  if (rows <= kDotRows) few_rows_linear(*layers.o, concat.data(), rows, output.data(), layers.o->out_features());
   else layers.o->forward_rows(concat.data(), rows, output.data(), layers.o->out_features());
   return output;
 }
