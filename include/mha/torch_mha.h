@@ -227,8 +227,8 @@ class TorchMultiheadAttention {
   AttentionKernel kernel() const { return kernel_; }
   // The number format of the projections' products and of q, k, v
   // (mha/precision.h; default Float32). BFloat16 keeps parameters,
-  // gradients and optimiser steps in float32; cached decoding (kv_cache)
-  // stays float32. Calls that have already started keep theirs.
+  // gradients and optimiser steps in float32; cached calls (kv_cache) run
+  // it too. Calls that have already started keep theirs.
   void set_precision(Precision p) { precision_ = p; }
   // The number format in use (set_precision).
   Precision precision() const { return precision_; }

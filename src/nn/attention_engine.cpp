@@ -7,7 +7,6 @@
 
 #include "core/finite.h"
 #include "core/parallel.h"
-#include "cpu/bf16.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/threads.h"
@@ -101,18 +100,6 @@ bool finite_layers(const EngineLayers& l) {
   return true;
 }
 
-// Every projected q, k and v (and appended) row rounded to bfloat16 in place:
-// what the attention kernels multiply in bfloat16 mode.
-void round_projections_to_bf16(Projected& proj) {
-  for (Tensor& t : proj.buffers) {
-    float* x = t.data();
-    const int64_t n = t.numel(), chunk = 1 << 16;
-    core::parallel_for((n + chunk - 1) / chunk, n > chunk ? num_threads() : 1, [&](int64_t c) {
-      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = cpu::round_to_bf16(x[i]);
-    });
-  }
-}
-
 // A copy of x in a buffer from `reuse` where one fits: a training step keeps
 // its inputs, and fresh pages for them cost ~5% of a B8 L512 step.
 Tensor kept_copy(const Tensor& x, std::vector<Tensor>* reuse) {
@@ -198,7 +185,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
     if (!c.masks.neg_inf_fill)
       complete_values_near_fill(c.proj, plan.needs, values, K, *layers.v, c.scale_divisor, call.precision);
   }
-  if (call.precision == Precision::BFloat16) round_projections_to_bf16(c.proj);
+  if (call.precision == Precision::BFloat16) round_to_bf16(c.proj);
   c.read_all_keys = std::move(plan.read_all_keys);
 
   // The kernel writes each head's output into its columns of `concat`, so

@@ -128,8 +128,12 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   // Only the new positions are projected (one product per layer against its
   // packed weight; a single row by few_rows_linear).
   const int64_t rows = B * n;
+  const Precision precision = call.precision;
+  // The dot products are float32's: bfloat16 always takes the packed
+  // product (its packing, half the bytes of the weight, is what a step reads).
+  const bool dots = rows <= kDotRows && precision == Precision::Float32;
   Projected proj;
-  if (rows <= kDotRows) {
+  if (dots) {
     proj.buffers = {Tensor({rows, E}), Tensor({rows, Hkv * d}), Tensor({rows, Hkv * d})};
     few_rows_linear(*layers.q, queries.data(), rows, proj.buffers[0].data(), E);
     few_rows_linear(*layers.k, keys.data(), rows, proj.buffers[1].data(), Hkv * d);
@@ -138,8 +142,9 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
     proj.k = layout.heads(proj.buffers[1].data(), n, Hkv, d, Hkv * d);
     proj.v = layout.heads(proj.buffers[2].data(), n, Hkv, d, Hkv * d);
   } else {
-    proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v, {layout, n, n, n, H, Hkv, d},
-                       RowNeeds{});
+    proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v,
+                       {layout, n, n, n, H, Hkv, d, precision}, RowNeeds{});
+    if (precision == Precision::BFloat16) round_to_bf16(proj);
   }
   Tensor concat({B * n, E});
   const TensorView out = layout.heads(concat.data(), n, H, d, E);
@@ -162,8 +167,8 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
         for (int64_t c = 0; c < d; ++c) col[c] *= g;
       }
   Tensor output(call.out_shape);
-  if (rows <= kDotRows) few_rows_linear(*layers.o, concat.data(), rows, output.data(), layers.o->out_features());
-  else layers.o->forward_rows(concat.data(), rows, output.data(), layers.o->out_features());
+  if (dots) few_rows_linear(*layers.o, concat.data(), rows, output.data(), layers.o->out_features());
+  else layers.o->forward_rows(concat.data(), rows, output.data(), layers.o->out_features(), precision);
   return output;
 }
 

@@ -44,6 +44,10 @@ struct CachedCall {
   // chapter's -1e6 and uniform weights, or the drop-in's -inf and policy.
   kernels::MaskFill fill = kernels::MaskFill::Seed;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
+  // The module's precision (mha/precision.h): in BFloat16 the projections
+  // are bfloat16 products and the new q, k, v are rounded to bfloat16
+  // before they are cached and attended, as in an uncached call.
+  Precision precision = Precision::Float32;
 };
 
 // The call (file comment). Shapes and widths must already be checked against

@@ -66,6 +66,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.H = p->num_heads;
   call.out_shape = {B, n, num_hiddens_};
   call.valid_lens = valid_lens;  // checked against (B, n) with the cache
+  call.precision = precision_.get();
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
 }
 
@@ -121,6 +122,7 @@ Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, 
   call.unbatched = !batched;
   call.fill = kernels::MaskFill::NegInf;
   call.fully_masked = fully_masked_;
+  call.precision = precision_;
   return nn::cached_attention_forward(query, key, value, layers, call, cache);
 }
 

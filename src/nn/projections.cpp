@@ -4,8 +4,11 @@
 #include <cstring>
 #include <memory>
 
+#include "core/parallel.h"
+#include "cpu/bf16.h"
 #include "cpu/packed_weight.h"
 #include "cpu/parallel_gemm.h"
+#include "mha/threads.h"
 
 namespace mha::nn {
 
@@ -140,6 +143,16 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
   for (const Group& g : groups) project_group(g, s, result, batch, packed, reuse);
   batch.run();
   return result;
+}
+
+void round_to_bf16(Projected& proj) {
+  for (Tensor& t : proj.buffers) {
+    float* x = t.data();
+    const int64_t n = t.numel(), chunk = 1 << 16;
+    core::parallel_for((n + chunk - 1) / chunk, n > chunk ? num_threads() : 1, [&](int64_t c) {
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = cpu::round_to_bf16(x[i]);
+    });
+  }
 }
 
 Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {

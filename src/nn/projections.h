@@ -71,6 +71,11 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
                       const ProjectionShape& shape, const RowNeeds& needs,
                       std::vector<Tensor>* reuse = nullptr);
 
+// Every element of proj's buffers (q, k, v and any appended rows) rounded to
+// bfloat16 in place: what attention multiplies in bfloat16 mode
+// (mha/precision.h).
+void round_to_bf16(Projected& proj);
+
 // A tensor of `shape`: one from `reuse` with that shape if there is one (its
 // contents are stale, for buffers that are fully written or whose stale rows
 // are never read), else a new zeroed one. Reusing the last call's buffers

@@ -145,6 +145,32 @@ def test_bf16_differs_from_float32_by_what_bf16_rounding_gives():
     assert 1e-4 < err < FP32_TOL, err
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_bf16_cached_decoding_is_the_uncached_bf16_loop(B, cache_dtype):
+    """Cached calls run the module's precision: a prefill and one-position
+    steps equal the uncached bfloat16 module called on each query over its
+    keys so far (the d2l chapter's decoding loop), to float32 rounding of the
+    attention sums (1e-5 of scale); both cache dtypes hold the rounded k, v
+    exactly. The float32 module's cached calls are well away (bf16 rounding)."""
+    rng = np.random.default_rng(13 + B)
+    T, P = 18, 5
+    X = rng.standard_normal((B, T, 40)).astype(np.float32)
+    outs = {}
+    for precision in ("bfloat16", "float32"):
+        m = mha.MultiHeadAttention(48, 4, 0.0, bias=True, seed=3, precision=precision)
+        m.eval()
+        loop = np.concatenate([m(X[:, t:t + 1], X[:, :t + 1], X[:, :t + 1]) for t in range(T)], axis=1)
+        cache = m.kv_cache(B, T, dtype=cache_dtype)
+        steps = [m(X[:, :P], X[:, :P], X[:, :P], cache=cache)]
+        steps += [m(X[:, t:t + 1], X[:, t:t + 1], X[:, t:t + 1], cache=cache) for t in range(P, T)]
+        outs[precision] = (np.concatenate(steps, axis=1), loop)
+    cached, loop = outs["bfloat16"]
+    # k, v are bfloat16 values: either cache keeps them exactly.
+    assert normalised_error(cached, loop) <= 1e-5
+    assert 1e-4 < normalised_error(cached, outs["float32"][0]) < FP32_TOL
+
+
 @pytest.mark.parametrize("with_lengths", [False, True])
 def test_bf16_results_are_the_same_bits_at_one_and_two_threads(with_lengths):
     rng = np.random.default_rng(11)
