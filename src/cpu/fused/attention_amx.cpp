@@ -36,8 +36,23 @@
 
 namespace mha::kernels::fused {
 
+namespace {
+
+// AVX512-BF16 and AVX512-BW (the weights' conversion to bfloat16 pairs):
+// every CPU with AMX-BF16 has them, but amx_usable() does not say so.
+bool has_bf16_conversions() {
+#if MHA_HAVE_X86
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
 bool amx_forward_supports(const AttentionForward& p) {
-  return MHA_HAVE_X86 && p.precision == Precision::BFloat16 && !p.dropout.active() && cpu::amx_usable();
+  return p.precision == Precision::BFloat16 && !p.dropout.active() && cpu::amx_usable() && has_bf16_conversions();
 }
 
 namespace {
@@ -92,10 +107,10 @@ size_t amx_forward_scratch_floats(int64_t d, int64_t dv, int64_t rows) { return 
 // Everything below is compiled for AMX and AVX-512 (as gemm_amx.cpp); it
 // runs only where amx_usable() (which checks AVX-512F too).
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx2,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx2,fma")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx2,fma")
 // GCC 12 reports its own _mm512_undefined_*() as maybe-uninitialized (GCC
 // bug 105593), as in fused_avx512.cpp.
 #pragma GCC diagnostic push
@@ -246,9 +261,64 @@ void value_tiles(const uint16_t* vb, const uint16_t* pb, int64_t j0, int64_t nk,
   __asm__ volatile("" ::: "memory");
 }
 
-// x rounded to bfloat16 and back: the hi part of a weight.
-inline __m512 bf16_value(__m512 x) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(cpu::amx::round_bits(x), 16));
+// The words of one row of a P^T tile from the weights of keys 2r (a) and
+// 2r + 1 (b) of 16 queries: word c = bf16(a[c]) | bf16(b[c]) << 16,
+// rounded to nearest even (vcvtne2ps2bf16, then the halves interleaved).
+inline __m512i bf16_pairs(__m512 a, __m512 b) {
+  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a in words 0-15, b in 16-31
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, both);
+}
+
+// The hi part of a weight: x truncated to bfloat16 (its top 16 bits), so
+// that lo = x - hi is exact in float32 and below 2^-7 x; lo is then rounded
+// to bfloat16, so hi + lo carries x to within 2^-16 relative.
+inline __m512 bf16_hi(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+// bf16_pairs of two hi parts: their top halves, interleaved.
+inline __m512i hi_pairs(__m512 a, __m512 b) {
+  return _mm512_mask_blend_epi16(0xaaaaaaaau, _mm512_srli_epi32(_mm512_castps_si512(a), 16), _mm512_castps_si512(b));
+}
+
+// One key tile's weights P^T[r, :] = 2^(S^T[r, :] - m_safe) for the 16
+// queries of vector v (base 2, natural scores scaled by log2 e as the fused
+// kernel does), as bf16 pairs into pb (zero from nk to the next multiple of
+// 32). `st` holds the tile's S^T; with kRaw they are the raw dots,
+// scaled here by c2 in one rounding, keys past a lane's limit (when `limit`)
+// at weight 0. Returns the sum of the float32 weights.
+template <bool kNat, bool kRaw>
+__m512 weights_to_tiles(const float* st, int v, int64_t j0, int64_t nk, bool limit, __m512 nfv, __m512 c2v,
+                        __m512 m_safe, uint16_t* pb) {
+  __m512 sum = V::zero();
+  const __m512 neg_inf = V::set1(-__builtin_inff());
+  for (int64_t r = 0; r < up(nk, 32); r += 2) {
+    __m512 e[2];
+    for (int u = 0; u < 2; ++u) {
+      e[u] = V::zero();
+      if (r + u >= nk) continue;
+      const __m512 x = V::load(st + (r + u) * MQ + v * 16);
+      __m512 t;
+      if constexpr (kRaw) {
+        t = Base::to_base2<kNat>(_mm512_fmsub_ps(x, c2v, m_safe));
+        if (limit) t = V::select_lt(V::set1(static_cast<float>(j0 + r + u)), nfv, t, neg_inf);
+      } else {
+        t = Base::to_base2<kNat>(V::sub(x, m_safe));
+      }
+      e[u] = V::exp2(t);
+      sum = V::add(sum, e[u]);
+    }
+    uint16_t* row = pb + ((r / 32) * 2 + v) * 512 + (r % 32) / 2 * 32;
+    if constexpr (kSplitWeights) {
+      const __m512 hi0 = bf16_hi(e[0]), hi1 = bf16_hi(e[1]);
+      _mm512_store_si512(row, hi_pairs(hi0, hi1));
+      _mm512_store_si512(row + (kKeys / 32) * 1024, bf16_pairs(V::sub(e[0], hi0), V::sub(e[1], hi1)));
+    } else {
+      _mm512_store_si512(row, bf16_pairs(e[0], e[1]));
+    }
+  }
+  return sum;
 }
 
 template <bool kNat>
@@ -304,54 +374,48 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   for (int64_t j0 = 0; j0 < kv_end; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, kv_end - j0);
     score_tiles(kb, qb, j0, nk, lay, st);
-    // The scale and the key limits, as the fused kernel's qk_tile: the dot
-    // first, then the scale; keys at or past a lane's limit -inf.
     const bool limit = j0 + nk > kv_min;
     __m512 mx[2] = {neg_inf, neg_inf};
-    for (int64_t r = 0; r < nk; ++r) {
-      const __m512 jv = V::set1(static_cast<float>(j0 + r));
-      for (int v = 0; v < 2; ++v) {
-        float* x = st + r * MQ + v * 16;
-        __m512 t = V::mul(V::load(x), c2v);
-        if (limit) t = V::select_lt(jv, nfv[v], t, neg_inf);
-        V::store(x, t);
-        mx[v] = V::max(mx[v], t);
+    if (!tile_mask) {
+      // The row max over raw dots (keys past a lane's limit left out), then
+      // scaled: max(s) c2 = max(s c2) bit for bit, as c2 > 0 and rounding
+      // is monotonic; the weights scale each dot as they read it.
+      for (int64_t r = 0; r < nk; ++r) {
+        const __m512 jv = V::set1(static_cast<float>(j0 + r));
+        for (int v = 0; v < 2; ++v) {
+          const __m512 x = V::load(st + r * MQ + v * 16);
+          mx[v] = V::max(mx[v], limit ? V::select_lt(jv, nfv[v], x, neg_inf) : x);
+        }
       }
-    }
-    if (tile_mask) {
+      for (int v = 0; v < 2; ++v) mx[v] = V::mul(mx[v], c2v);
+    } else {
+      // The scale and the key limits as the fused kernel's qk_tile (the dot
+      // first, then the scale; keys at or past a lane's limit -inf), then
+      // its masking pass.
+      for (int64_t r = 0; r < nk; ++r) {
+        const __m512 jv = V::set1(static_cast<float>(j0 + r));
+        for (int v = 0; v < 2; ++v) {
+          float* x = st + r * MQ + v * 16;
+          __m512 t = V::mul(V::load(x), c2v);
+          if (limit) t = V::select_lt(jv, nfv[v], t, neg_inf);
+          V::store(x, t);
+        }
+      }
       Base::mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, st, s.kept, nullptr);
-      mx[0] = mx[1] = neg_inf;
       for (int64_t r = 0; r < nk; ++r)
         for (int v = 0; v < 2; ++v) mx[v] = V::max(mx[v], V::load(st + r * MQ + v * 16));
     }
-    // The online softmax, as the fused kernel's; P^T then goes to the tiles
-    // in bf16 pairs of keys (2r, 2r + 1), zero past nk.
+    // The online softmax, as the fused kernel's: rescale what came before to
+    // the new running max (a lane that has seen no key yet exponentiates
+    // against 0, so that -inf - -inf never makes a NaN).
     __m512 corr[2];
     for (int v = 0; v < 2; ++v) {
       const __m512 m_new = V::max(m[v], mx[v]);
       const __m512 m_safe = V::select_lt(m_new, lowest, zero, m_new);
       corr[v] = V::exp2(Base::to_base2<kNat>(V::sub(m[v], m_safe)));
       m[v] = m_new;
-      __m512 sum = V::zero();
-      for (int64_t r = 0; r < up(nk, 32); r += 2) {
-        __m512 e[2];
-        for (int u = 0; u < 2; ++u) {
-          e[u] = zero;
-          if (r + u < nk) {
-            e[u] = V::exp2(Base::to_base2<kNat>(V::sub(V::load(st + (r + u) * MQ + v * 16), m_safe)));
-            sum = V::add(sum, e[u]);
-          }
-        }
-        uint16_t* row = pb + ((r / 32) * 2 + v) * 512 + (r % 32) / 2 * 32;
-        if constexpr (kSplitWeights) {
-          const __m512 hi0 = bf16_value(e[0]), hi1 = bf16_value(e[1]);
-          _mm512_store_si512(row, cpu::amx::pair_rows(hi0, hi1));
-          _mm512_store_si512(row + (kKeys / 32) * 1024,
-                             cpu::amx::pair_rows(V::sub(e[0], hi0), V::sub(e[1], hi1)));
-        } else {
-          _mm512_store_si512(row, cpu::amx::pair_rows(e[0], e[1]));
-        }
-      }
+      const __m512 sum = tile_mask ? weights_to_tiles<kNat, false>(st, v, j0, nk, limit, nfv[v], c2v, m_safe, pb)
+                                   : weights_to_tiles<kNat, true>(st, v, j0, nk, limit, nfv[v], c2v, m_safe, pb);
       l[v] = V::fmadd(l[v], corr[v], sum);
     }
     value_tiles(vb, pb, j0, nk, lay, ob);
