@@ -59,7 +59,7 @@ namespace {
 
 // Keys per key tile: a multiple of 32 (the tiles' depth in the v^T P^T
 // product). The O^T rescale (dv x 32 floats) is paid once per tile.
-constexpr int64_t kKeys = 64;
+constexpr int64_t kKeys = 128;
 // Whether P goes to the tiles as hi + lo (two products) or rounded once.
 constexpr bool kSplitWeights = true;
 
