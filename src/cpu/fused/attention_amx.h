@@ -13,11 +13,12 @@
 // Numbers: q, k and v hold bfloat16 values in bfloat16 mode (the engine
 // rounds the projections), so rounding them for the tiles is exact, and the
 // products sum in float32. The weights P (float32 from the softmax) are
-// split into two bfloat16 parts, P = hi + lo (hi = bf16(P), lo = bf16(P -
-// hi)), each multiplied by v: P is then carried to ~2^-17 relative, against
-// 2^-9 if rounded once (attention_amx.cpp, kSplitWeights, says what was
-// measured). So the output differs from the float32 fused kernel's on the
-// same rounded inputs by float32 summation order and ~1e-5 relative.
+// split into two bfloat16 parts, P = hi + lo (hi = P truncated to bfloat16,
+// lo = bf16(P - hi)), each multiplied by v: P is then carried to 2^-16
+// relative, against 2^-9 if rounded once (attention_amx.cpp, kSplitWeights,
+// says what was measured). So the output differs from the reference on the
+// same rounded inputs by 6.5e-6 of its scale at most over the tests' cases
+// (tests/cpp/kernels/test_attention_amx.cpp holds it to 2e-5).
 //
 // Chunks are the fused forward's job (fused_job.h, ForwardJob) over query
 // tiles of kAmxQueryTile; the tiling depends on the shapes only and each
