@@ -17,7 +17,7 @@
 // lo = bf16(P - hi)), each multiplied by v: P is then carried to 2^-16
 // relative, against 2^-9 if rounded once (attention_amx.cpp, kSplitWeights,
 // says what was measured). So the output differs from the reference on the
-// same rounded inputs by 6.5e-6 of its scale at most over the tests' cases
+// same rounded inputs by 6.8e-6 of its scale at most over the tests' cases
 // (tests/cpp/kernels/test_attention_amx.cpp holds it to 2e-5).
 //
 // Chunks are the fused forward's job (fused_job.h, ForwardJob) over query
