@@ -8,8 +8,11 @@
 //   mantissa, nearest, ties to even) and sum in float32;
 // - the projected q, k and v are rounded to bfloat16 (their gradients pass
 //   through the rounding unchanged), and attention runs on them with the
-//   chosen kernel as in float32: scores, softmax and its statistics, the
-//   weights, the weighted sum and the attention backward stay float32;
+//   chosen kernel as in float32: softmax and its statistics, the weights and
+//   the attention backward stay float32; where AMX is usable the fused
+//   kernel's forward forms q k^T and the weighted sum on its tiles (float32
+//   sums, the weights carried as two bfloat16 parts: within 2e-5 of float32
+//   attention on the same q, k, v), without dropout;
 // - parameters, biases, gradients as stored and the optimisers' updates of
 //   them stay float32 (the bfloat16 copies exist only inside products);
 // - cached calls (mha/kv_cache.h) project and round the new positions the

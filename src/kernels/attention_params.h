@@ -105,11 +105,13 @@ struct AttentionForward {
   // every row anyway.)
   const uint8_t* read_all_keys = nullptr;
 
-  // BFloat16: q and k hold bfloat16 values (the engine rounds the
+  // BFloat16: q, k and v hold bfloat16 values (the engine rounds the
   // projections, mha/precision.h), so a kernel may form q k^T on bfloat16
   // units (the Blas kernel does) with the same result as in float32 but for
-  // the order of the float32 sums. Nothing else changes: the weights, v and
-  // the backward's gradients stay float32 and so do their products.
+  // the order of the float32 sums. The fused forward on AMX
+  // (cpu/fused/attention_amx.h) also forms P v there, P split into two
+  // bfloat16 parts (2^-16 relative). The weights, their statistics and the
+  // backward's gradients stay float32.
   Precision precision = Precision::Float32;
 
   int64_t B() const { return q.shape[0]; }

@@ -30,7 +30,9 @@ namespace mha::kernels {
 bool runs_fused(AttentionKernel kernel, int64_t keys);
 
 // q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv] (+ p.weights
-// [B,h,Q,K]). Returns p.stats when the kernel wrote the statistics there,
+// [B,h,Q,K]). A fused call in bfloat16 mode (p.precision) without dropout
+// runs its products on AMX tiles where they are usable and the AVX-512
+// kernel is selected (cpu/fused/attention_amx.h), with the same statistics. Returns p.stats when the kernel wrote the statistics there,
 // else an empty SoftmaxStats (p.stats unset, or a kernel other than the
 // fused one ran): exactly what the backward and attention_weights may be
 // given later, so a module keeps the result, not p.stats.

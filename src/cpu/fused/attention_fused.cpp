@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/fused/attention_amx.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/attention_fused.h"
 #include "mha/error.h"
@@ -244,7 +245,11 @@ void attention_forward_fused(const AttentionForward& p) {
   job.row_sum = stats.row_sum;
   job.mask = mask_job(p.masks, K, tile_mask);
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
-  job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  // Bfloat16 mode on AMX: the same job, its products on tiles
+  // (attention_amx.h), where the AVX-512 kernel would run.
+  const bool amx = g_isa == FusedIsa::Avx512 && fused::amx_forward_supports(p);
+  const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
+  job.q_tiles = (Q + query_tile - 1) / query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   if (p.read_all_keys)
     for (int64_t b = 0; b < B; ++b)
@@ -255,8 +260,12 @@ void attention_forward_fused(const AttentionForward& p) {
   double work = 0;
   for (int32_t n : n_valid) work += n;
   work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);
-  run_chunks(B * H * job.q_tiles, isa.scratch_floats(d, dv, job.pack_rows), work,
-             [&](int64_t c, float* s) { isa.forward_chunk(job, c, s); });
+  if (amx)
+    run_chunks(B * H * job.q_tiles, fused::amx_forward_scratch_floats(d, dv, job.pack_rows), work,
+               [&](int64_t c, float* s) { fused::amx_forward_chunk(job, c, s); });
+  else
+    run_chunks(B * H * job.q_tiles, isa.scratch_floats(d, dv, job.pack_rows), work,
+               [&](int64_t c, float* s) { isa.forward_chunk(job, c, s); });
 
   if (p.weights) {
     std::vector<int64_t> rows(static_cast<size_t>(B)), heads(static_cast<size_t>(H));
