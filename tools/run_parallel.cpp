@@ -138,26 +138,26 @@ void run_parallel(const ParallelRun& run) {
   }
   // Rank 0 holds the whole output and weights (as one process does): if it
   // cannot (--memory-limit), every rank stops before sending it anything, and
-  // each says why: a rank that exits first makes mpiexec stop the others, so
-  // rank 0's own message may never be printed.
+  // each, rank 0 included, gives the same message with rank 0's reason: a
+  // rank that exits first makes mpiexec stop the others, so any one of them
+  // may be the only one printed.
   Tensor whole_out, whole_weights;
-  std::exception_ptr error;
+  bool failed = false;
   std::string why;
   if (rank == 0) {
     try {
       whole_out = Tensor({B, Q, D});
       whole_weights = Tensor({B, H, Q, K});
     } catch (const std::exception& e) {
-      error = std::current_exception();
+      failed = true;
       why = e.what();
     } catch (...) {
-      error = std::current_exception();
+      failed = true;
       why = "an error that is not a std::exception";
     }
   }
-  if (c.all_gather(error ? 1 : 0)[0]) {
+  if (c.all_gather(failed ? 1 : 0)[0]) {
     why = c.broadcast(why, 0);
-    if (error) std::rethrow_exception(error);
     fail(kOp, "--parallel: rank 0 cannot hold the whole output and attention weights (" + why +
                   "); every rank stops");
   }

@@ -16,7 +16,8 @@
 // - parameters, biases, gradients as stored and the optimisers' updates of
 //   them stay float32 (the bfloat16 copies exist only inside products);
 // - cached calls (mha/kv_cache.h) project and round the new positions the
-//   same way, so a decoding loop gives what uncached calls give; the cache's
+//   same way, so a decoding loop matches uncached calls (to the bound of
+//   tests/python/test_bf16.py; their attention kernels differ); the cache's
 //   own dtype only sets how it stores the (already rounded) keys and values.
 // On CPUs with AMX (AMX-BF16) the bfloat16 products run on its tile units;
 // elsewhere on float32 micro-kernels fed with the rounded values (the same

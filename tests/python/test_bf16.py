@@ -149,10 +149,14 @@ def test_bf16_differs_from_float32_by_what_bf16_rounding_gives():
 @pytest.mark.parametrize("B", [1, 3])
 def test_bf16_cached_decoding_is_the_uncached_bf16_loop(B, cache_dtype):
     """Cached calls run the module's precision: a prefill and one-position
-    steps equal the uncached bfloat16 module called on each query over its
-    keys so far (the d2l chapter's decoding loop), to float32 rounding of the
-    attention sums (1e-5 of scale); both cache dtypes hold the rounded k, v
-    exactly. The float32 module's cached calls are well away (bf16 rounding)."""
+    steps match the uncached bfloat16 module called on each query over its
+    keys so far (the d2l chapter's decoding loop). Their attention differs
+    (the decode kernel in float32, the uncached call's on AMX tiles where
+    usable, within 2e-5), and W_o rounds its input to bfloat16, where such a
+    difference can flip a rounding: so the bound is PEER_TOL, as against the
+    peer (measured 1.2e-4). Both cache dtypes hold the rounded k, v exactly.
+    The float32 module's cached calls are well away, so cached calls that
+    ignored the precision would fail."""
     rng = np.random.default_rng(13 + B)
     T, P = 18, 5
     X = rng.standard_normal((B, T, 40)).astype(np.float32)
@@ -166,8 +170,7 @@ def test_bf16_cached_decoding_is_the_uncached_bf16_loop(B, cache_dtype):
         steps += [m(X[:, t:t + 1], X[:, t:t + 1], X[:, t:t + 1], cache=cache) for t in range(P, T)]
         outs[precision] = (np.concatenate(steps, axis=1), loop)
     cached, loop = outs["bfloat16"]
-    # k, v are bfloat16 values: either cache keeps them exactly.
-    assert normalised_error(cached, loop) <= 1e-5
+    assert normalised_error(cached, loop) <= PEER_TOL
     assert 1e-4 < normalised_error(cached, outs["float32"][0]) < FP32_TOL
 
 
