@@ -444,23 +444,7 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   if (!mj.neg_inf) Base::masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
   Base::policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
-  for (int v = 0; v < 2; ++v) l[v] = V::load(s.l + v * 16);
-  for (int64_t c = 0; c < dv; ++c)
-    for (int v = 0; v < 2; ++v) {
-      float* x = s.ot + c * MQ + v * 16;
-      V::store(x, V::div(V::load(x), l[v]));
-    }
-  for (int64_t i = 0; i < mq; ++i) {
-    float* o = p.out.ptr(b, h, i0 + i);
-    for (int64_t c = 0; c < dv; ++c) o[c] = s.ot[c * MQ + i];
-  }
-  if (job.row_max2) {
-    const int64_t base = (b * H + h) * Q + i0;
-    for (int64_t i = 0; i < mq; ++i) {
-      job.row_max2[base + i] = s.m[i];
-      job.row_sum[base + i] = s.l[i];
-    }
-  }
+  Base::write_rows<2>(job, b, h, i0, mq, s.ot, s.m, s.l);
 }
 
 }  // namespace

@@ -409,25 +409,7 @@ struct Kernel {
       masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
     policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
-    // out = O^T / l: divide lane-wise (a scalar division per element would
-    // cost a tenth of the chunk at d = 64), then transpose into the rows.
-    for (int v = 0; v < U; ++v) l[v] = V::load(s.l + v * L);
-    for (int64_t c = 0; c < dv; ++c)
-      for (int v = 0; v < U; ++v) {
-        float* x = s.ot + c * MQ + v * L;
-        V::store(x, V::div(V::load(x), l[v]));
-      }
-    for (int64_t i = 0; i < mq; ++i) {
-      float* o = p.out.ptr(b, h, i0 + i);
-      for (int64_t c = 0; c < dv; ++c) o[c] = s.ot[c * MQ + i];
-    }
-    if (job.row_max2) {
-      const int64_t base = (b * H + h) * Q + i0;
-      for (int64_t i = 0; i < mq; ++i) {
-        job.row_max2[base + i] = s.m[i];
-        job.row_sum[base + i] = s.l[i];
-      }
-    }
+    write_rows<U>(job, b, h, i0, mq, s.ot, s.m, s.l);
   }
 
   // Masked keys [n, K) of a query all score the fill, so their share is
@@ -435,6 +417,36 @@ struct Kernel {
   // scaled) values. Only rows where that weight is not exactly 0 in float32
   // need it: valid length 0 (uniform weights over all K keys), or scores
   // within 150 (base 2) of the fill.
+  // A chunk's epilogue, shared with the AMX forward (attention_amx.cpp):
+  // out = O^T / l, divided lane-wise (a scalar division per element would
+  // cost a tenth of the chunk at d = 64), then transposed into the output
+  // rows i0 .. i0 + mq of (b, h); the statistics (m, l: [MQ]) when the job
+  // keeps them. ot: [dv, MQ], divided in place.
+  template <int U>
+  static void write_rows(const ForwardJob& job, int64_t b, int64_t h, int64_t i0, int64_t mq, float* ot,
+                         const float* m, const float* l) {
+    const AttentionForward& p = *job.p;
+    const int64_t dv = p.dv();
+    Reg lv[U];
+    for (int v = 0; v < U; ++v) lv[v] = V::load(l + v * L);
+    for (int64_t c = 0; c < dv; ++c)
+      for (int v = 0; v < U; ++v) {
+        float* x = ot + c * MQ + v * L;
+        V::store(x, V::div(V::load(x), lv[v]));
+      }
+    for (int64_t i = 0; i < mq; ++i) {
+      float* o = p.out.ptr(b, h, i0 + i);
+      for (int64_t c = 0; c < dv; ++c) o[c] = ot[c * MQ + i];
+    }
+    if (job.row_max2) {
+      const int64_t base = (b * p.H() + h) * p.Q() + i0;
+      for (int64_t i = 0; i < mq; ++i) {
+        job.row_max2[base + i] = m[i];
+        job.row_sum[base + i] = l[i];
+      }
+    }
+  }
+
   static void masked_tail(const AttentionForward& p, const MaskJob& mj, const int32_t* n_valid, int64_t mq,
                           const float* vb, int64_t vs, uint64_t row0, const bool* policy,
                           const Scratch& s) {
