@@ -44,6 +44,15 @@ inline constexpr int64_t kAmxQueryTile = 32;
 // one selected (tests that force another instruction set get that one).
 bool amx_forward_supports(const AttentionForward& p);
 
+// Calls with fewer queries or keys than these run the float32 kernel even
+// where amx_forward_supports: their tiles would be mostly padding.
+inline constexpr int64_t kAmxMinQueries = 16;
+inline constexpr int64_t kAmxMinKeys = 64;
+// Whether p is large enough for the AMX forward to pay (p.Q() >=
+// kAmxMinQueries and p.K() >= kAmxMinKeys; measured in attention_amx.cpp).
+// Depends on the shapes alone, so results stay the same at any thread count.
+bool amx_forward_pays(const AttentionForward& p);
+
 // Per-thread scratch of the AMX forward, in floats, for head widths d, dv
 // and `rows` packed key rows (ForwardJob::pack_rows); its first 64 bytes
 // must be zero before a thread's first chunk (the packed-slice tag).

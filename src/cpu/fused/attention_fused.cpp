@@ -247,7 +247,7 @@ void attention_forward_fused(const AttentionForward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
   // Bfloat16 mode on AMX: the same job, its products on tiles
   // (attention_amx.h), where the AVX-512 kernel would run.
-  const bool amx = g_isa == FusedIsa::Avx512 && fused::amx_forward_supports(p);
+  const bool amx = g_isa == FusedIsa::Avx512 && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
   const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
   job.q_tiles = (Q + query_tile - 1) / query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);

@@ -54,15 +54,17 @@ void round_to_bf16(Tensor& t) {
 // A random case: shapes around and off the 16/32 tile edges, every mask.
 Case random_case(Generator& g, int index) {
   const int64_t widths[] = {16, 32, 64, 80, 128, 8, 40, 256};
-  const int64_t lengths[] = {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129};
+  // Axes from the smallest the AMX forward takes (amx_forward_pays).
+  const int64_t queries[] = {16, 17, 31, 32, 33, 63, 64, 65, 127, 129};
+  const int64_t keys[] = {64, 65, 95, 127, 128, 129, 191, 255, 257, 300};
   Case c;
   c.family = "amx";
   c.B = 1 + static_cast<int64_t>(g.below(2));
   c.Hkv = 1 + static_cast<int64_t>(g.below(2));
   c.H = c.Hkv * (1 + static_cast<int64_t>(g.below(3)));  // grouped heads in 2 of 3
   const bool long_axes = index % 4 == 0;
-  c.Q = long_axes ? 1 + static_cast<int64_t>(g.below(700)) : lengths[g.below(13)];
-  c.K = long_axes ? 1 + static_cast<int64_t>(g.below(700)) : lengths[g.below(13)];
+  c.Q = long_axes ? 16 + static_cast<int64_t>(g.below(685)) : queries[g.below(10)];
+  c.K = long_axes ? 64 + static_cast<int64_t>(g.below(637)) : keys[g.below(10)];
   c.d = index < 8 ? widths[index] : widths[g.below(8)];
   c.dv = g.below(4) == 0 ? widths[g.below(8)] : c.d;
   c.length_kind = static_cast<LengthKind>(g.below(3));
@@ -95,7 +97,7 @@ SoftmaxStats run_amx(const CaseData& data, Tensor& out, std::vector<float>& stat
   p.out = out.view().split_heads(data.c.H);
   const int64_t n = data.c.B * data.c.H * data.c.Q;
   p.stats = {stats.data(), stats.data() + n};
-  EXPECT_TRUE(fused::amx_forward_supports(p));
+  EXPECT_TRUE(fused::amx_forward_supports(p) && fused::amx_forward_pays(p));
   return attention_forward(AttentionKernel::Fused, p);
 }
 
@@ -172,6 +174,20 @@ TEST_F(AttentionAmx, OnlyBf16CallsWithoutDropout) {
   EXPECT_TRUE(fused::amx_forward_supports(p));
   p.dropout = {0.1f, 1};
   EXPECT_FALSE(fused::amx_forward_supports(p));
+}
+
+// Below 16 queries or 64 keys the tiles would be mostly padding: the
+// float32 kernel runs (amx_forward_pays; measured in attention_amx.cpp).
+TEST_F(AttentionAmx, SmallCallsKeepTheFloat32Kernel) {
+  const int64_t sizes[][3] = {{15, 64, 0}, {16, 63, 0}, {1, 4096, 0}, {16, 64, 1}, {300, 70, 1}};
+  for (const auto& [Q, K, pays] : sizes) {
+    Case c;
+    c.Q = Q, c.K = K, c.d = c.dv = 16;
+    const CaseData data(c);
+    AttentionForward p = data.forward();
+    p.precision = Precision::BFloat16;
+    EXPECT_EQ(fused::amx_forward_pays(p), pays == 1) << "Q " << Q << " K " << K;
+  }
 }
 
 }  // namespace
