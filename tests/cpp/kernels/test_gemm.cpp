@@ -11,6 +11,7 @@
 #include "cpu/blas.h"
 #include "cpu/gemm/gemm.h"
 #include "cpu/parallel_gemm.h"
+#include "gemm_operands.h"
 #include "mha/random.h"
 #include "mha/threads.h"
 
@@ -20,36 +21,7 @@ namespace {
 using cpu::GemmBlock;
 using cpu::GemmIsa;
 
-struct Operands {
-  bool trans_a, trans_b;
-  int64_t M, N, K, lda, ldb, ldc;
-  float alpha, beta;
-  bool bias;
-  std::vector<float> A, B, C, b;
-
-  Operands(Generator& gen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad,
-           float alpha_, float beta_, bool with_bias)
-      : trans_a(ta), trans_b(tb), M(m), N(n), K(k), alpha(alpha_), beta(beta_), bias(with_bias) {
-    // Stored shapes: A is [M,K] or [K,M], B is [K,N] or [N,K]; rows `pad` longer.
-    lda = (ta ? M : K) + pad;
-    ldb = (tb ? K : N) + pad;
-    ldc = N + pad;
-    A.resize(static_cast<size_t>((ta ? K : M) * lda));
-    B.resize(static_cast<size_t>((tb ? N : K) * ldb));
-    C.resize(static_cast<size_t>(M * ldc));
-    b.resize(static_cast<size_t>(N));
-    for (float& x : A) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : B) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : C) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : b) x = gen.uniform(-1.0f, 1.0f);
-  }
-  float a(int64_t i, int64_t k) const { return trans_a ? A[k * lda + i] : A[i * lda + k]; }
-  float bb(int64_t k, int64_t j) const { return trans_b ? B[j * ldb + k] : B[k * ldb + j]; }
-  GemmBlock block(std::vector<float>& out) const {
-    return {trans_a, trans_b, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
-            bias ? b.data() : nullptr, out.data(), ldc};
-  }
-};
+using Operands = test::GemmOperands;
 
 // |got - exact| <= 2 K eps sum_k |a||b| (+ the rounding of alpha and beta C):
 // the classical bound for a float sum of K products, per element.

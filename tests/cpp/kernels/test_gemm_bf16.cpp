@@ -16,6 +16,7 @@
 #include "cpu/blas.h"
 #include "cpu/gemm/gemm_amx.h"
 #include "cpu/parallel_gemm.h"
+#include "gemm_operands.h"
 #include "mha/random.h"
 #include "mha/threads.h"
 
@@ -24,47 +25,18 @@ namespace {
 
 using cpu::round_to_bf16;
 
-struct Operands {
-  bool trans_a, trans_b;
-  int64_t M, N, K, lda, ldb, ldc;
-  float alpha, beta;
-  bool bias;
-  std::vector<float> A, B, C, b;
+using Operands = test::GemmOperands;
 
-  Operands(Generator& gen, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad, float alpha_,
-           float beta_, bool with_bias)
-      : trans_a(ta), trans_b(tb), M(m), N(n), K(k), alpha(alpha_), beta(beta_), bias(with_bias) {
-    // Stored shapes: A is [M,K] or [K,M], B is [K,N] or [N,K]; rows `pad` longer.
-    lda = (ta ? M : K) + pad;
-    ldb = (tb ? K : N) + pad;
-    ldc = N + pad;
-    A.resize(static_cast<size_t>(std::max<int64_t>((ta ? K : M) * lda, 1)));
-    B.resize(static_cast<size_t>(std::max<int64_t>((tb ? N : K) * ldb, 1)));
-    C.resize(static_cast<size_t>(M * ldc));
-    b.resize(static_cast<size_t>(N));
-    for (float& x : A) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : B) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : C) x = gen.uniform(-1.0f, 1.0f);
-    for (float& x : b) x = gen.uniform(-1.0f, 1.0f);
-  }
-  float a(int64_t i, int64_t k) const { return trans_a ? A[k * lda + i] : A[i * lda + k]; }
-  float bb(int64_t k, int64_t j) const { return trans_b ? B[j * ldb + k] : B[k * ldb + j]; }
-  // C = alpha op(A) op(B) + beta C, or (bias) C = A op(B) + bias, in bfloat16.
-  void run(std::vector<float>& out) const {
-    cpu::GemmBatch batch(Precision::BFloat16);
-    if (bias)
-      batch.add(M, N, K, A.data(), lda, B.data(), ldb, trans_b, b.data(), out.data(), ldc);
-    else
-      batch.add(trans_a, trans_b, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, out.data(), ldc);
-    batch.run();
-  }
-  std::string describe() const {
-    return "trans " + std::to_string(trans_a) + std::to_string(trans_b) + " M" + std::to_string(M) + " N" +
-           std::to_string(N) + " K" + std::to_string(K) + " ld " + std::to_string(lda) + "/" + std::to_string(ldb) +
-           "/" + std::to_string(ldc) + " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta) +
-           " bias " + std::to_string(bias);
-  }
-};
+// C = alpha op(A) op(B) + beta C, or (bias) C = A op(B) + bias, in bfloat16.
+void run_bf16(const Operands& o, std::vector<float>& out) {
+  cpu::GemmBatch batch(Precision::BFloat16);
+  if (o.bias)
+    batch.add(o.M, o.N, o.K, o.A.data(), o.lda, o.B.data(), o.ldb, o.trans_b, o.b.data(), out.data(), o.ldc);
+  else
+    batch.add(o.trans_a, o.trans_b, o.M, o.N, o.K, o.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, o.beta, out.data(),
+              o.ldc);
+  batch.run();
+}
 
 // The bound: |got - want| <= 1e-5 (|alpha| sum_k |a_ik b_kj| + |prior|)
 // + 1e-30, want = alpha sum_k a_ik b_kj + prior in double over the
@@ -134,7 +106,7 @@ TEST_P(GemmBf16Test, SmallShapesWithinTheBound) {
         std::vector<float> c0 = o.C;
         if (!o.bias && o.beta == 0.0f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
         std::vector<float> out = c0;
-        o.run(out);
+        run_bf16(o, out);
         ASSERT_TRUE(within_bf16_bound(o, c0, out));
       }
 }
@@ -147,7 +119,7 @@ TEST_P(GemmBf16Test, LargeShapesWithinTheBound) {
     for (int variant = 0; variant < 2; ++variant) {
       Operands o = random_operands(gen, s[0], s[1], s[2]);
       std::vector<float> out = o.C;
-      o.run(out);
+      run_bf16(o, out);
       ASSERT_TRUE(within_bf16_bound(o, o.C, out));
     }
 }
@@ -160,7 +132,7 @@ TEST_P(GemmBf16Test, EmptySumIsBiasOrBetaC) {
       std::vector<float> c0 = o.C;
       if (beta == 0.0f) std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
       std::vector<float> out = c0;
-      o.run(out);
+      run_bf16(o, out);
       for (int64_t i = 0; i < o.M; ++i)
         for (int64_t j = 0; j < o.N; ++j) {
           const float c = c0[static_cast<size_t>(i * o.ldc + j)];
@@ -213,7 +185,7 @@ TEST_P(GemmBf16Test, StackedWeights) {
   batch.run();
   ASSERT_TRUE(within_bf16_bound(o, o.C, out));
   std::vector<float> whole = o.C;
-  o.run(whole);
+  run_bf16(o, whole);
   EXPECT_EQ(0, std::memcmp(out.data(), whole.data(), out.size() * 4)) << "stacked differs from the whole product";
 }
 
