@@ -39,13 +39,6 @@ py::array_t<float> hand_to_numpy(mha::Tensor&& t) {
   return py::array_t<float>(shape, owner->data(), free_owner);
 }
 
-mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
-  if (obj.is_none()) return {};
-  FloatArray a = mha::python::float_array(obj, op, "valid_lens");
-  if (a.ndim() != 1 && a.ndim() != 2)
-    mha::fail(op, "valid_lens: shape ", mha::shape_str(mha::python::shape_of(a)), " is neither (B,) nor (B, Q)");
-  return mha::ValidLens::from_tensor(to_tensor(a));
-}
 
 py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
   std::vector<py::ssize_t> shape(raw.shape.begin(), raw.shape.end());
@@ -73,13 +66,24 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 }  // namespace
 
 namespace mha::python {
+
+mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
+  if (obj.is_none()) return {};
+  FloatArray a = mha::python::float_array(obj, op, "valid_lens");
+  if (a.ndim() != 1 && a.ndim() != 2)
+    mha::fail(op, "valid_lens: shape ", mha::shape_str(mha::python::shape_of(a)), " is neither (B,) nor (B, Q)");
+  return mha::ValidLens::from_tensor(to_tensor(a));
+}
 void bind_training(py::module_& m);  // train_bindings.cpp
 void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
 void bind_decode(py::module_& m);    // decode_bindings.cpp
 void bind_contexts(py::module_& m);  // context_bindings.cpp
 void bind_caches(py::module_& m);    // cache_bindings.cpp
+void bind_torch_calls(py::module_& m);  // torch_calls.cpp
 }  // namespace mha::python
+
+using mha::python::to_valid_lens;
 
 // MultiHeadAttention's __call__ (with_context: forward_with_context's).
 py::object call_textbook(mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
@@ -337,6 +341,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_inspect(m);
   mha::python::bind_decode(m);
   mha::python::bind_contexts(m);
+  mha::python::bind_torch_calls(m);
   mha::python::bind_caches(m);
   // Last: every function, method and setter above gets the overload that
   // names an argument pybind11 could not convert (python/convert.h).

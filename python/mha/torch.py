@@ -18,45 +18,50 @@ Two modules:
   state-dict names, forward signature and (output, weights) return values.
 
 How they relate to torch:
-- The torch.nn.Parameters are the source of truth. After the first call the
-  module's parameters share memory with mha's own buffers, so a call copies
-  no weights and torch.optim's in-place updates reach mha directly. Where the
-  layouts differ (nn.MultiheadAttention's packed in_proj_weight (3E, E), which
-  mha keeps as three (E, E) blocks) the parameter is copied into mha once
-  after each change (tracked by the tensor's version counter), not per call.
-  A parameter whose storage was replaced (`.data = ...`, `.to()`,
-  `copy.deepcopy`) is linked again at the next call.
-- mha packs each weight for its matrix products once per change, found by
-  the parameters' version counters: writes through torch (torch.optim,
-  in-place ops under no_grad, nn.init) are seen. A write the counter does not
-  see (in place on `.data`, or through a numpy view of the storage; autograd
-  does not see it either) needs `module.parameters_written()` before the
-  next call, or the call reads the weights as they were.
-- Gradients come from mha's backward through torch.autograd.Function: input
-  and parameter gradients (parameters' accumulate into .grad as torch's do),
-  with the call's masks and dropout mask. A module called several times
-  before backward (a shared layer) redoes the earlier call's forward, with
-  the same dropout mask, before that call's backward.
-- Dropout masks are drawn by mha from a seed taken from torch's generator,
+- The torch.nn.Parameters are the only copy of the weights. Every call reads
+  the Parameters the module holds at that moment, in place (numpy views of
+  their storage; slices of in_proj_weight are views too), so assigning a new
+  Parameter, tying two, replacing a layer, `.data = t` and in-place writes
+  are all seen by the next call, with nothing to sync. Module attributes
+  (batch_first, training, dropout) are read per call too.
+- mha packs each weight for its matrix products once per version: a version
+  changes with the Parameter's storage, shape or torch version counter
+  (optimisers, in-place ops under no_grad, nn.init). A write the counter
+  does not see (in place on `.data`, or through a numpy view of the storage;
+  autograd does not see it either) needs `module.parameters_written()`
+  before the next call, or the call multiplies by the old packing.
+- Each call is its own: its autograd node keeps the call's context
+  (projections, softmax statistics, masks, dropout key), so any number of
+  calls, from any threads, forward and backward in any order, each get
+  their own gradients; the module keeps only the last call's context, for
+  attention_weights. Parameters' gradients accumulate into .grad as torch's
+  do. Double backward (create_graph=True) raises a RuntimeError.
+- Dropout masks are drawn by mha from a key taken from torch's generator,
   so torch.manual_seed makes them repeatable; they are not torch's masks.
 - Inputs: CPU float32 tensors, contiguous or not (a non-contiguous one costs
-  one more copy). float64, float16 and bfloat16 inputs raise TypeError (mha
-  computes in float32: convert with .float()); CUDA tensors raise ValueError.
-- Under torch.no_grad() / inference_mode(), or when nothing requires grad, no
-  graph is built; in eval mode mha then keeps nothing for backward (in
-  training mode with dropout it keeps its last call, as it always does).
+  one more copy). bfloat16 and float16 inputs, and float32 inputs under
+  torch.autocast('cpu', bfloat16 or float16), run mha's bfloat16 mode
+  (precision='bfloat16') and return that dtype. float64 inputs raise
+  TypeError (convert with .float()); so do parameters of another dtype than
+  float32 (`.half()`, `.to(torch.bfloat16)`): mha keeps float32 parameters.
+  CUDA tensors raise ValueError.
 - Threads: torch's and mha's pools are separate (torch.set_num_threads,
   mha.set_num_threads); with more than one thread, run with
   OMP_WAIT_POLICY=PASSIVE so that neither spins while the other computes.
-- attention_weights are those of mha's last forward: the last call, unless a
-  backward redid an earlier call's forward since.
+- Cached calls (cache=, eval mode, no gradients) run on an mha module owned
+  by the torch module (a KVCache belongs to it), whose buffers get a copy of
+  each Parameter that changed since the last cached call.
 """
+
+import threading
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import _checks, _core
+
+_calls = _core._torch_calls
 
 __all__ = ["MultiHeadAttention", "MultiheadAttention"]
 
@@ -67,15 +72,32 @@ def _not_on_cpu(op, name, device):
                       "only (the CUDA path does not exist yet): pass x.cpu()")
 
 
+def _refuse_tracing(op):
+    """torch.jit.trace (and torch.onnx.export, which traces) would record mha's output as a constant."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(f"[{op}] torch.jit.trace / torch.onnx.export: mha computes outside torch's "
+                           "operators, so a trace would replay this call's output for every input; run the "
+                           "model eagerly, or trace it with torch.nn.MultiheadAttention (same state dict)")
+
+
+def _refuse_scripting(self):
+    raise RuntimeError(f"[mha.torch.{type(self).__name__}] torch.jit.script: mha computes outside "
+                       "TorchScript; run the model eagerly, or script it with torch.nn.MultiheadAttention "
+                       "(same state dict)")
+
+
 def _check_input(x, op, name, ndims):
     """A CPU float32 tensor of one of the ranks in ndims, or an error that says why not."""
+    if isinstance(x, torch.fx.Proxy):
+        raise RuntimeError(f"[{op}] torch.fx.symbolic_trace: mha's modules cannot be traced through; keep "
+                           "them as leaves (a torch.fx.Tracer whose is_leaf_module returns True for them)")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"[{op}] {name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.device.type != "cpu":
         raise _not_on_cpu(op, name, x.device)
-    if x.dtype != torch.float32:
-        raise TypeError(f"[{op}] {name}: dtype {x.dtype}; mha computes in float32: pass x.float() "
-                        "(float64, float16 and bfloat16 are not converted silently)")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"[{op}] {name}: dtype {x.dtype}; mha computes in float32 (and in bfloat16 for "
+                        "bfloat16 and float16 inputs): pass x.float() (float64 is not narrowed silently)")
     if x.dim() not in ndims:
         want = " or ".join(str(n) for n in ndims)
         raise ValueError(f"[{op}] {name}: shape {tuple(x.shape)} has {x.dim()} dimensions, wanted {want}")
@@ -105,164 +127,131 @@ def _mask_numpy(m, name):
     return m
 
 
-class _Link:
-    """Keeps torch parameters and an mha module's buffers in step.
+def _float_array(t):
+    """A float32 numpy view of a CPU tensor's values (no copy)."""
+    return t.detach().numpy()
 
-    shared: {torch name: (Parameter, numpy view)}: the Parameter's storage is
-    the view's (set on link); a Parameter found elsewhere (storage replaced) is
-    copied into the view and pointed at it again.
-    packed: {torch name: (Parameter, [views])}: the Parameter's rows are the
-    views stacked; copied in when its version or storage changes.
+
+class _Weights:
+    """The weights a module passes with each call, and the versions under which
+    mha keeps their packings (one packing per weight and version, made by the
+    first call that reads it).
+
+    A slot's version changes whenever its tensor may hold other values: another
+    storage (a replaced or tied Parameter, `.data = ...`), another torch version
+    (an in-place write through torch: optimisers, nn.init, ops under no_grad),
+    another shape or dtype. The tensor's storage is held while its version is
+    in use, so that no other tensor can take its address meanwhile.
     """
 
-    def __init__(self, impl):
-        self.impl = impl
-        self.shared = {}
-        self.packed = {}
-        self.seen = {}  # packed name -> (data_ptr, version) last copied
-        self.versions = None  # the shared parameters' (data_ptr, version) at the last call
+    def __init__(self):
+        self.packs = _calls._WeightPacks()
+        self._seen = {}
+        self._lock = threading.Lock()
 
-    def share(self, name, param, view):
-        # Outside inference mode: a parameter must stay a normal tensor
-        # (autograd refuses to save inference tensors).
-        with torch.inference_mode(False), torch.no_grad():
-            t = torch.from_numpy(view)
-            t.copy_(param.detach())
-            param.data = t
-        self.shared[name] = (param, view)
-
-    def pack(self, name, param, views):
-        self.packed[name] = (param, views)
-        self.seen.pop(name, None)
+    def version(self, slot, t):
+        key = (t.data_ptr(), t._version, tuple(t.shape), t.dtype)
+        with self._lock:
+            seen = self._seen.get(slot)
+            if seen is not None and seen[0] == key:
+                return seen[2]
+            v = _calls._next_param_version()
+            self._seen[slot] = (key, t.detach(), v)
+            return v
 
     def forget(self):
-        """Forget what was seen: the next sync copies every packed parameter and has mha repack."""
-        self.seen = {}
-        self.versions = None
+        with self._lock:
+            self._seen = {}
+        self.packs.clear()
 
-    def sync(self):
-        """Before a call: every parameter's current values are in mha, and mha
-        knows which changed (it packs each weight once per version)."""
-        written = False
-        for name, (param, view) in self.shared.items():
-            if param.data_ptr() != view.ctypes.data:
-                if param.dtype != torch.float32 or param.device.type != "cpu":
-                    raise TypeError(f"parameter {name}: {param.dtype} on {param.device}; mha.torch "
-                                    "keeps float32 parameters on the CPU")
-                self.share(name, param, view)
-        versions = tuple((p.data_ptr(), p._version) for p, _ in self.shared.values())
-        if versions != self.versions:
-            self.versions = versions
-            written = True
-        for name, (param, views) in self.packed.items():
-            key = (param.data_ptr(), param._version)
-            if self.seen.get(name) == key:
-                continue
-            if param.dtype != torch.float32 or param.device.type != "cpu":
-                raise TypeError(f"parameter {name}: {param.dtype} on {param.device}; mha.torch "
-                                "keeps float32 parameters on the CPU")
-            rows = 0
-            with torch.no_grad():
-                for view in views:
-                    n = view.shape[0]
-                    torch.from_numpy(view).copy_(param.detach()[rows:rows + n])
-                    rows += n
-            self.seen[name] = key
-            written = True
-        if written:
-            self.impl._parameters_written()
+
+def _check_param(op, name, p):
+    if p.device.type != "cpu":
+        raise _not_on_cpu(op, name, p.device)
+    if p.dtype != torch.float32:
+        raise TypeError(f"[{op}] parameter {name}: dtype {p.dtype}; mha.torch keeps float32 parameters "
+                        "(bfloat16 and float16 inputs run its bfloat16 mode on them): call .float() on the module")
+
+
+def _call_dtype(op, tensors):
+    """(the output dtype, the products' precision override or None) of a call: float32 inputs
+    compute in float32 unless torch.autocast('cpu') asks for bfloat16/float16, which (like bfloat16
+    and float16 inputs) run mha's bfloat16 mode and return that dtype."""
+    dtypes = {t.dtype for t in tensors}
+    low = dtypes & {torch.bfloat16, torch.float16}
+    if low:
+        if len(low) > 1 or len(dtypes - low - {torch.float32}) > 0:
+            raise TypeError(f"[{op}] inputs of dtypes {sorted(str(d) for d in dtypes)}: pass one of float32, "
+                            "bfloat16 or float16")
+        return next(iter(low)), "bfloat16"
+    if torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() in (torch.bfloat16, torch.float16):
+        return torch.get_autocast_cpu_dtype(), "bfloat16"
+    return torch.float32, None
 
 
 class _Call:
-    """One forward call: what a backward needs to redo it if mha's saved state
-    is another call's (the module was called again before this backward)."""
+    """One forward call: its module's layer builder and settings, nothing shared with other calls."""
 
-    def __init__(self, runner, args, seed, dropout):
-        self.runner, self.args, self.seed, self.dropout = runner, args, seed, dropout
-
-
-class _Runner:
-    """Runs calls on an mha module and remembers which call its saved state is."""
-
-    def __init__(self, impl, call_fn):
-        self.impl = impl
-        self.call_fn = call_fn  # (impl, numpy q, k, v, extra) -> (output ndarray, weights or None)
-        self.last = None        # the _Call whose state mha holds for backward
-        self.dropout = None
-
-    def run(self, call, q, k, v, keep):
-        """keep: run in training mode so that mha keeps the call for backward."""
-        impl = self.impl
-        if self.dropout != call.dropout:
-            impl._set_dropout(call.dropout)
-            self.dropout = call.dropout
-        if keep or call.dropout > 0:
-            impl.train(True)
-        else:
-            impl.eval()
-        if call.seed is not None:
-            impl._reseed(call.seed)
-        nq, nk, nv = _inputs_numpy(q, k, v)
-        result = self.call_fn(impl, nq, nk, nv, call.args)
-        self.last = call if (keep or call.dropout > 0) else None
-        return result
+    def __init__(self, forward, layers, grads):
+        self.forward = forward  # (q, k, v, params, for_backward) -> (out ndarray, weights or None, context)
+        self.layers = layers    # (params, weights or None) -> the layer tuple _core reads
+        self.grads = grads      # (params, engine grads) -> one gradient (or None) per parameter
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """forward(call, q, k, v, *params) -> (output, weights or empty); backward by mha."""
+    """forward(call, q, k, v, *params) -> (output, weights or empty); backward by mha from the call's
+    own context (kept by this autograd node, not by the module)."""
 
     @staticmethod
-    def forward(ctx, call, link, q, k, v, *params):
-        out, weights = call.runner.run(call, q, k, v, keep=True)
-        ctx.call, ctx.link = call, link
-        ctx.save_for_backward(q, k, v, *params)
-        out = torch.from_numpy(out)
-        if weights is None:
-            weights = torch.empty(0)
-        else:
-            weights = torch.from_numpy(weights)
+    def forward(ctx, call, q, k, v, *params):
+        out, weights, context = call.forward(q, k, v, params, True)
+        ctx.call, ctx.context = call, context
+        ctx.save_for_backward(*params)  # torch refuses the backward if one was written in place since
+        weights = torch.empty(0) if weights is None else torch.from_numpy(weights)
         ctx.mark_non_differentiable(weights)
-        return out, weights
+        return torch.from_numpy(out), weights
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
-        call, link = ctx.call, ctx.link
-        saved = ctx.saved_tensors  # raises if a parameter or input changed in place since forward
-        q, k, v = saved[:3]
-        runner = call.runner
-        if runner.last is not call:
-            # mha holds another call's state: redo this one, same dropout mask.
-            link.sync()
-            runner.run(call, q, k, v, keep=True)
-        impl = runner.impl
-        impl.zero_grad()
+        if torch.is_grad_enabled():  # create_graph=True: the gradients would be constants
+            raise RuntimeError("[mha.torch] backward with create_graph=True: mha's attention has no double "
+                               "backward (gradient penalties, Hessian-vector products); its first-order "
+                               "gradients are exact, so use torch.nn.MultiheadAttention for such losses")
+        params = ctx.saved_tensors
+        call, context = ctx.call, ctx.context
         g = grad_out.detach()
         if g.dtype != torch.float32:
             g = g.float()
-        (gq, gk, gv), pgrads = impl.backward(g.numpy())
-        grads = [torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv)]
-        names = call.param_names
-        for name, p in zip(names, saved[3:]):
-            grads.append(torch.from_numpy(pgrads[name]).reshape(p.shape) if p.requires_grad else None)
-        return (None, None, *grads)
+        (gq, gk, gv), *rest = _calls._engine_backward(context, call.layers(params, None),
+                                                     g.contiguous().numpy())
+        return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
+                *call.grads(params, rest))
 
 
-def _run(module, call, link, q, k, v, params):
-    """Output (and weights) of one call, through autograd when a gradient is wanted."""
-    link.sync()
+def _run(call, q, k, v, params, want_weights):
+    """Output, weights (or None) and the call's context, through autograd when a gradient is wanted."""
     need_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in params))
     if need_grad:
-        out, weights = _AttentionFunction.apply(call, link, q, k, v, *params)
-        return out, (None if weights.numel() == 0 and call.no_weights else weights)
-    out, weights = call.runner.run(call, q, k, v, keep=False)
+        with torch.inference_mode(False):
+            out, weights = _AttentionFunction.apply(call, q, k, v, *params)
+        return out, (weights if want_weights else None)
+    out, weights, context = call.forward(q, k, v, params, False)
     return torch.from_numpy(out), (None if weights is None else torch.from_numpy(weights))
 
 
-def _dropout_seed(training, p):
-    """A seed for mha's dropout stream, drawn from torch's generator (None without dropout)."""
-    if not training or p <= 0.0:
-        return None
+def _dropout_p(op, name, p):
+    """The module's dropout probability as this call reads it (attributes are read per call)."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"[{op}] {name}: {p:g} is not a probability in [0, 1]")
+    return p
+
+
+def _dropout_key(p):
+    """A key for mha's dropout masks, drawn from torch's generator (0 without dropout)."""
+    if p <= 0.0:
+        return 0
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
@@ -273,6 +262,39 @@ def _check_cached(op, cache, tensors):
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise ValueError(f"[{op}] cache: cached calls have no backward; run them under torch.no_grad() "
                          "or torch.inference_mode() (a parameter or input requires grad)")
+
+
+class _CacheImpl:
+    """The mha module behind cached calls (a KVCache belongs to one): its buffers get a copy of each
+    parameter whose value may have changed since the last cached call (same rule as _Weights)."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        self.views = None
+        self.initialized = False
+        self._seen = {}
+        self._lock = threading.Lock()
+
+    def sync(self, pairs):
+        """pairs: (mha buffer name, tensor with its values)."""
+        written = False
+        if self.views is None:
+            self.views = self.impl._parameter_views()
+        with self._lock, torch.no_grad():
+            for name, t in pairs:
+                key = (t.data_ptr(), t._version, tuple(t.shape))
+                seen = self._seen.get(name)
+                if seen is not None and seen[0] == key:
+                    continue
+                torch.from_numpy(self.views[name]).copy_(t.detach())
+                self._seen[name] = (key, t.detach())
+                written = True
+            if written:
+                self.impl._parameters_written()
+
+    def forget(self):
+        with self._lock:
+            self._seen = {}
 
 
 class DotProductAttention(nn.Module):
@@ -331,6 +353,8 @@ class MultiHeadAttention(nn.Module):
         precision = _checks.precision(kwargs.pop("precision", "float32"), op)
         if kwargs:
             raise TypeError(f"[{op}] unexpected keyword arguments: {', '.join(sorted(kwargs))}")
+        # mha's own module checks the sizes (positive, divisible) with its messages.
+        _core.MultiHeadAttention(num_hiddens, num_heads, 0.0, bias)
         self.num_heads = num_heads
         self.num_hiddens = num_hiddens
         self.attention = DotProductAttention(dropout, self)
@@ -339,56 +363,55 @@ class MultiHeadAttention(nn.Module):
         self.W_v = nn.LazyLinear(num_hiddens, bias=bias)
         self.W_o = nn.LazyLinear(num_hiddens, bias=bias)
         self._bias = bias
-        self._kernel = kernel
+        self._kernel = _core.Kernel.FUSED if kernel is None else kernel
         self._precision = precision
-        self._make_impl()
+        self._make_state()
 
-    def _make_impl(self):
-        impl = _core.MultiHeadAttention(self.num_hiddens, self.num_heads, 0.0, self._bias,
-                                        precision=self._precision)
-        if self._kernel is not None:
-            impl.kernel = self._kernel
-        self._impl = impl
-        self._link = None
-        self._runner = _Runner(impl, _call_chapter)
+    def _make_state(self):
+        self._weights = _Weights()
+        self._cache_impl = None
+        self._last_context = None
 
-    def __getstate__(self):  # copy.deepcopy / pickle: mha's module is rebuilt, then linked
+    __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
+
+    def __getstate__(self):  # copy.deepcopy / pickle: mha's per-module state is made anew
         state = dict(self.__dict__)
-        for k in ("_impl", "_link", "_runner"):
+        for k in ("_weights", "_cache_impl", "_last_context"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._make_impl()
+        self._make_state()
 
     @property
     def kernel(self):
-        """mha's attention implementation (mha.Kernel)."""
-        return self._impl.kernel
+        """mha's attention implementation (mha.Kernel; FUSED by default)."""
+        return self._kernel
 
     @kernel.setter
     def kernel(self, k):
+        if not isinstance(k, _core.Kernel):
+            raise _checks.wrong_kind("mha.torch.MultiHeadAttention.kernel", "kernel", k, "an mha.Kernel")
         self._kernel = k
-        self._impl.kernel = k
 
     @property
     def precision(self):
         """The matrix products' format: 'float32' or 'bfloat16'."""
-        return self._impl.precision
+        return self._precision
 
     @precision.setter
     def precision(self, p):
-        p = _checks.precision(p, "mha.torch.MultiHeadAttention.precision")
-        self._impl.precision = p
-        self._precision = p
+        self._precision = _checks.precision(p, "mha.torch.MultiHeadAttention.precision")
 
     def parameters_written(self):
         """Tell mha that parameters were written where torch's version counter does not see it
-        (in place on ``.data``, or through a numpy view of their storage): the next call copies
-        and repacks them. Writes through torch (optimisers, in-place ops, nn.init) need nothing."""
-        if self._link is not None:
-            self._link.forget()
+        (in place on ``.data``, or through a numpy view of their storage): the next call repacks
+        them. Writes through torch (optimisers, in-place ops, nn.init) and replaced or tied
+        Parameters need nothing: every call reads the Parameters the module has then."""
+        self._weights.forget()
+        if self._cache_impl is not None:
+            self._cache_impl.forget()
 
     def _layers(self):
         return (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v), ("W_o", self.W_o))
@@ -397,40 +420,49 @@ class MultiHeadAttention(nn.Module):
         """torch's lazy initialisation, as the chapter's first call does it (same draws, same order)."""
         for layer, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values),
                          (self.W_o, queries.new_empty((0, self.num_hiddens)))):
-            if isinstance(layer, nn.modules.lazy.LazyModuleMixin):
-                layer._infer_parameters(layer, (x,))  # what torch's pre-forward hook does
-                layer.in_features = layer.weight.shape[1]  # also after a load_state_dict
-
-    def _ensure_link(self, queries, keys, values):
-        if self._link is not None:
-            return
-        with torch.inference_mode(False):  # parameters stay normal tensors
-            self._materialise(queries, keys, values)
-        W = dict(self._layers())
-        self._impl.initialize(W["W_q"].weight.shape[1], W["W_k"].weight.shape[1], W["W_v"].weight.shape[1])
-        link = _Link(self._impl)
-        views = self._impl._parameter_views()
-        for name, layer in self._layers():
-            for pname in ("weight", "bias"):
-                p = getattr(layer, pname, None)
-                if p is not None:
-                    link.share(f"{name}.{pname}", p, views[f"{name}.{pname}"])
-        self._link = link
+            if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
+                with torch.inference_mode(False), torch.no_grad():  # parameters stay normal tensors
+                    layer._infer_parameters(layer, (x.float(),))  # what torch's pre-forward hook does
+            layer.in_features = layer.weight.shape[1]  # also after a load_state_dict
 
     def _params(self):
-        return [p for _, layer in self._layers() for p in
-                ((layer.weight, layer.bias) if layer.bias is not None else (layer.weight,))]
+        """The call's parameters, read from the layers now: (name, tensor) in the chapter's order."""
+        out = []
+        for name, layer in self._layers():
+            out.append((name + ".weight", layer.weight))
+            if self._bias:
+                out.append((name + ".bias", layer.bias))
+        return out
+
+    def _call_layers(self, params, weights):
+        """The layer tuple of one call (weights: the _Weights that versions them, or None)."""
+        per = 2 if self._bias else 1
+        layers = []
+        for i in range(4):
+            w = params[i * per]
+            b = params[i * per + 1] if self._bias else None
+            version = weights.version(i, w) if weights is not None else 0
+            layers.append((_float_array(w), None if b is None else _float_array(b), version))
+        return (*layers, None, None, False, None)
 
     def kv_cache(self, batch_size, max_len, dtype="float32"):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
-        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'."""
-        return self._impl.kv_cache(batch_size, max_len, dtype)
+        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
+        torch.bfloat16)."""
+        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
+
+    def _cache_module(self):
+        if self._cache_impl is None:
+            impl = _core.MultiHeadAttention(self.num_hiddens, self.num_heads, 0.0, self._bias)
+            self._cache_impl = _CacheImpl(impl)
+        return self._cache_impl
 
     def forward(self, queries, keys, values, valid_lens=None, *, cache=None):
         """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens);
         with cache= (an mha.KVCache of kv_cache()): the cached call of the n new positions,
         queries, keys, values (B, n, D*), in eval mode without gradients (class docstring)."""
         op = "mha.torch.MultiHeadAttention"
+        _refuse_tracing(op)
         for x, n in ((queries, "queries"), (keys, "keys"), (values, "values")):
             _check_input(x, op, n, (3,))
         lens = None
@@ -441,40 +473,80 @@ class MultiHeadAttention(nn.Module):
                 lens = valid_lens.detach().numpy()
             else:
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
-        self._ensure_link(queries, keys, values)
+        self._materialise(queries, keys, values)
+        named = self._params()
+        for name, t in named:
+            _check_param(op, name, t)
+        params = [t for _, t in named]
+        out_dtype, mode = _call_dtype(op, (queries, keys, values))
+        precision = mode or self._precision
+        queries, keys, values = _as_float32(queries, keys, values)
         if cache is not None:
-            _check_cached(op, cache, [queries, keys, values, *self._params()])
-            self._link.sync()
-            self._impl.train(self.training)  # a training-mode module's cached call is refused by mha
+            if not isinstance(cache, _core.KVCache):
+                raise _checks.wrong_kind(op, "cache", cache, "an mha.KVCache (made by this module's kv_cache())")
+            _check_cached(op, cache, [queries, keys, values, *params])
+            if self.training:
+                raise ValueError(f"[{op}] cache: cached calls run in evaluation mode only (this module is "
+                                 "in training mode); call eval() first")
+            cm = self._cache_module()
+            impl = cm.impl
+            if not cm.initialized:
+                impl.initialize(queries.shape[2], keys.shape[2], values.shape[2])
+                cm.initialized = True
+            cm.sync(named)
+            impl.eval()
+            impl.precision = precision
             nq, nk, nv = _inputs_numpy(queries, keys, values)
-            return torch.from_numpy(self._impl(nq, nk, nv, lens, cache=cache))
-        p = float(self.attention.dropout.p)
-        call = _Call(self._runner, lens, _dropout_seed(self.training, p), p if self.training else 0.0)
-        call.param_names = [n for n, layer in self._layers() for n in
-                            ((n + ".weight", n + ".bias") if layer.bias is not None else (n + ".weight",))]
-        call.no_weights = True
-        out, _ = _run(self, call, self._link, queries, keys, values, self._params())
-        return out
+            return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache)).to(out_dtype)
+        p = _dropout_p(op, "attention.dropout.p", self.attention.dropout.p) if self.training else 0.0
+        key = _dropout_key(p)
+        kernel, num_heads = self._kernel, self.num_heads
+        weights = self._weights
+        module = self
+
+        def forward(q, k, v, ps, for_backward):
+            nq, nk, nv = _inputs_numpy(q, k, v)
+            out, context = _calls._chapter_forward(weights.packs, module._call_layers(ps, weights), nq, nk, nv,
+                                                 lens, num_heads, kernel, precision, for_backward, p, key, True)
+            module._last_context = context
+            return out, None, context
+
+        def grads(ps, rest):
+            pg = rest[0]
+            per = 2 if module._bias else 1
+            out = []
+            for i in range(4):
+                out.append(torch.from_numpy(pg[2 * i]) if ps[i * per].requires_grad else None)
+                if module._bias:
+                    out.append(torch.from_numpy(pg[2 * i + 1]) if ps[i * per + 1].requires_grad else None)
+            return out
+
+        call = _Call(forward, self._call_layers, grads)
+        out, _ = _run(call, queries, keys, values, params, False)
+        return out if out_dtype == torch.float32 else out.to(out_dtype)
 
     @property
     def attention_weights(self):
         """(B, num_heads, Q, K): the last call's softmax weights before dropout (None before a call)."""
-        w = self._impl.attention_weights
-        return torch.from_numpy(w) if w.ndim == 4 else None
+        c = self._last_context
+        return None if c is None else torch.from_numpy(c.attention_weights())
 
 
-def _call_chapter(impl, q, k, v, lens):
-    return impl(q, k, v, lens), None
+def _as_float32(*xs):
+    """The inputs as float32 (a differentiable conversion for bfloat16 and float16)."""
+    out = []
+    for x in xs:
+        done = next((o for y, o in zip(xs, out) if y is x), None)  # one tensor passed twice stays one
+        out.append(done if done is not None else (x if x.dtype == torch.float32 else x.float()))
+    return out
 
 
-class _TorchCallArgs:
-    __slots__ = ("key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal")
-
-
-def _call_torch(impl, q, k, v, a):
-    return impl(q, k, v, key_padding_mask=a.key_padding_mask, need_weights=a.need_weights,
-                attn_mask=a.attn_mask, average_attn_weights=a.average_attn_weights,
-                is_causal=a.is_causal)
+def _cache_dtype(dtype):
+    if dtype is torch.bfloat16:
+        return "bfloat16"
+    if dtype is torch.float32:
+        return "float32"
+    return dtype
 
 
 class MultiheadAttention(nn.Module):
@@ -523,7 +595,8 @@ class MultiheadAttention(nn.Module):
         kdim = None if kdim is None else _checks.integer(kdim, op, "kdim")
         vdim = None if vdim is None else _checks.integer(vdim, op, "vdim")
         if dtype is not None and dtype != torch.float32:
-            raise TypeError(f"[mha.torch.MultiheadAttention] dtype {dtype}: mha computes in float32")
+            raise TypeError(f"[mha.torch.MultiheadAttention] dtype {dtype}: mha keeps float32 parameters "
+                            "(bfloat16 and float16 inputs run its bfloat16 mode on them)")
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(f"[mha.torch.MultiheadAttention] device: {device}; mha.torch computes "
                              "on the CPU only (the CUDA path does not exist yet)")
@@ -534,7 +607,6 @@ class MultiheadAttention(nn.Module):
                                     kdim=kdim, vdim=vdim, batch_first=batch_first)
         self.embed_dim = ref.embed_dim
         self.kdim, self.vdim = ref.kdim, ref.vdim
-        self._qkv_same_embed_dim = ref._qkv_same_embed_dim
         self.num_heads = num_heads
         self.dropout = dropout
         self.batch_first = batch_first
@@ -545,24 +617,38 @@ class MultiheadAttention(nn.Module):
         self.out_proj = ref.out_proj
         self.bias_k, self.bias_v = ref.bias_k, ref.bias_v
         self.add_zero_attn = add_zero_attn
-        self._fully_masked_rows = fully_masked_rows
-        self._kernel = kernel
+        self._fully_masked_rows = (_core.FullyMaskedRows.ZEROS if fully_masked_rows is None
+                                   else fully_masked_rows)
+        self._kernel = _core.Kernel.FUSED if kernel is None else kernel
         self._precision = _checks.precision(precision, op)
-        self._impl = None
-        self._link = None
-        self._runner = None
+        self._make_state()
+
+    def _make_state(self):
+        self._weights = _Weights()
+        self._cache_impl = None
+        self._last_context = None
+
+    __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
+
+    @property
+    def _qkv_same_embed_dim(self):
+        """False, so that torch's TransformerEncoder and TransformerEncoderLayer never take their own
+        fused path in eval mode (it reads these parameters without calling forward): every call of
+        theirs comes to mha. (Which projection parameters exist says whether q, k, v share in_proj.)"""
+        return False
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("_impl", "_link", "_runner"):
-            state[k] = None
+        for k in ("_weights", "_cache_impl", "_last_context"):
+            state.pop(k, None)
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self._make_state()
 
     def _named_params(self):
-        """(torch state-dict name, Parameter) in nn.MultiheadAttention's order."""
+        """(torch state-dict name, Parameter) in nn.MultiheadAttention's order, read now."""
         out = []
         for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
             p = getattr(self, name)
@@ -577,75 +663,90 @@ class MultiheadAttention(nn.Module):
                 out.append((name, p))
         return out
 
-    def _ensure_impl(self):
-        if self._impl is not None:
-            return
-        named = self._named_params()
-        for name, p in named:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError(f"[mha.torch.MultiheadAttention] parameter {name}: {p.dtype} on "
-                                f"{p.device}; mha keeps float32 parameters on the CPU")
-        state = {n: p.detach().numpy() for n, p in named}
-        kw = {}
-        if self._fully_masked_rows is not None:
-            kw["fully_masked_rows"] = self._fully_masked_rows
-        impl = _core.TorchMultiheadAttention.from_state_dict(
-            state, self.num_heads, batch_first=self.batch_first, kdim=self.kdim, vdim=self.vdim,
-            add_zero_attn=self.add_zero_attn, dropout=0.0, **kw)
-        if self._kernel is not None:
-            impl.kernel = self._kernel
-        impl.precision = self._precision
-        views = impl._parameter_views()
-        link = _Link(impl)
-        for name, p in named:
-            if name in views:
-                link.share(name, p, views[name])
-            elif name == "in_proj_weight":
-                link.pack(name, p, [views["q_proj_weight"], views["k_proj_weight"], views["v_proj_weight"]])
-            elif name == "in_proj_bias":
-                link.pack(name, p, [views["q_proj_bias"], views["k_proj_bias"], views["v_proj_bias"]])
-            else:  # pragma: no cover - a name mha does not know
-                raise RuntimeError(f"mha.torch.MultiheadAttention: no buffer for {name}")
-        self._impl, self._link = impl, link
-        self._runner = _Runner(impl, _call_torch)
+    def _split(self, named):
+        """The call's projections from its parameters: [(weight, bias or None) for q, k, v, o],
+        bias_k, bias_v; slices of in_proj_weight / in_proj_bias are views (no copy)."""
+        d = dict(named)
+        E = self.embed_dim
+        if "in_proj_weight" in d:
+            w = d["in_proj_weight"]
+            ws = [w[0:E], w[E:2 * E], w[2 * E:3 * E]]
+        else:
+            ws = [d["q_proj_weight"], d["k_proj_weight"], d["v_proj_weight"]]
+        b = d.get("in_proj_bias")
+        bs = [b[0:E], b[E:2 * E], b[2 * E:3 * E]] if b is not None else [None] * 3
+        proj = list(zip(ws, bs)) + [(d["out_proj.weight"], d.get("out_proj.bias"))]
+        return proj, d.get("bias_k"), d.get("bias_v")
+
+    def _call_layers(self, named, weights):
+        proj, bias_k, bias_v = self._split(named)
+        layers = []
+        for i, (w, b) in enumerate(proj):
+            version = weights.version(i, w) if weights is not None else 0
+            layers.append((_float_array(w), None if b is None else _float_array(b), version))
+        return (*layers, None if bias_k is None else _float_array(bias_k),
+                None if bias_v is None else _float_array(bias_v), bool(self.add_zero_attn), None)
 
     @property
     def kernel(self):
-        """mha's attention implementation (mha.Kernel)."""
-        self._ensure_impl()
-        return self._impl.kernel
+        """mha's attention implementation (mha.Kernel; FUSED by default)."""
+        return self._kernel
 
     @kernel.setter
     def kernel(self, k):
+        if not isinstance(k, _core.Kernel):
+            raise _checks.wrong_kind("mha.torch.MultiheadAttention.kernel", "kernel", k, "an mha.Kernel")
         self._kernel = k
-        if self._impl is not None:
-            self._impl.kernel = k
 
     def parameters_written(self):
         """Tell mha that parameters were written where torch's version counter does not see it
-        (in place on ``.data``, or through a numpy view of their storage): the next call copies
-        and repacks them. Writes through torch (optimisers, in-place ops, nn.init) need nothing."""
-        if self._link is not None:
-            self._link.forget()
+        (in place on ``.data``, or through a numpy view of their storage): the next call repacks
+        them. Writes through torch (optimisers, in-place ops, nn.init) and replaced or tied
+        Parameters need nothing: every call reads the Parameters the module has then."""
+        self._weights.forget()
+        if self._cache_impl is not None:
+            self._cache_impl.forget()
 
     @property
     def precision(self):
         """The matrix products' format: 'float32' or 'bfloat16'."""
-        self._ensure_impl()
-        return self._impl.precision
+        return self._precision
 
     @precision.setter
     def precision(self, p):
-        p = _checks.precision(p, "mha.torch.MultiheadAttention.precision")
-        if self._impl is not None:
-            self._impl.precision = p
-        self._precision = p
+        self._precision = _checks.precision(p, "mha.torch.MultiheadAttention.precision")
+
+    def _cache_module(self):
+        """The mha module behind cached calls (batch-first; its buffers copied from the Parameters)."""
+        if self._cache_impl is None:
+            named = self._named_params()
+            for name, p in named:
+                _check_param("mha.torch.MultiheadAttention", name, p)
+            state = {n: p.detach().numpy() for n, p in named}
+            impl = _core.TorchMultiheadAttention.from_state_dict(
+                state, self.num_heads, batch_first=True, kdim=self.kdim, vdim=self.vdim,
+                add_zero_attn=self.add_zero_attn, dropout=0.0, fully_masked_rows=self._fully_masked_rows)
+            self._cache_impl = _CacheImpl(impl)
+        return self._cache_impl
+
+    def _cache_pairs(self, named):
+        """(mha buffer name, tensor) for _CacheImpl.sync."""
+        proj, bias_k, bias_v = self._split(named)
+        out = []
+        for (w, b), n in zip(proj, ("q_proj", "k_proj", "v_proj", "out_proj")):
+            out.append((f"{n}_weight" if n != "out_proj" else "out_proj.weight", w))
+            if b is not None:
+                out.append((f"{n}_bias" if n != "out_proj" else "out_proj.bias", b))
+        for n, t in (("bias_k", bias_k), ("bias_v", bias_v)):
+            if t is not None:
+                out.append((n, t))
+        return out
 
     def kv_cache(self, batch_size, max_len, dtype="float32"):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
-        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'."""
-        self._ensure_impl()
-        return self._impl.kv_cache(batch_size, max_len, dtype)
+        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
+        torch.bfloat16)."""
+        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, cache=None):
@@ -656,32 +757,90 @@ class MultiheadAttention(nn.Module):
         over the new positions, no attn_mask; key_padding_mask over the cached and new keys),
         -> (attn_output, None)."""
         op = "mha.torch.MultiheadAttention"
+        _refuse_tracing(op)
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
-        self._ensure_impl()
+        named = self._named_params()
+        for name, p in named:
+            _check_param(op, name, p)
+        params = [p for _, p in named]
+        out_dtype, mode = _call_dtype(op, (query, key, value))
+        precision = mode or self._precision
+        query, key, value = _as_float32(query, key, value)
+        batch_first = bool(self.batch_first)
         if cache is not None:
-            _check_cached(op, cache, [query, key, value, *(p for _, p in self._named_params())])
+            _check_cached(op, cache, [query, key, value, *params])
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
                                  "causal already); pass key_padding_mask over the cached and new keys")
-            self._link.sync()
-            self._impl.train(self.training)
+            if self.training:
+                raise ValueError(f"[{op}] cache: cached calls run in evaluation mode only (this module is "
+                                 "in training mode); call eval() first")
+            cm = self._cache_module()
+            cm.sync(self._cache_pairs(named))
+            impl = cm.impl
+            impl.eval()
+            impl.precision = precision
+            impl.kernel = self._kernel
+            seq_first = query.dim() == 3 and not batch_first
+            if seq_first:  # the cache's module is batch-first
+                query, key, value = (t.transpose(0, 1) for t in (query, key, value))
             nq, nk, nv = _inputs_numpy(query, key, value)
             mask = _mask_numpy(key_padding_mask, "key_padding_mask")
-            return torch.from_numpy(self._impl(nq, nk, nv, mask, cache=cache)), None
-        a = _TorchCallArgs()
-        a.key_padding_mask = _mask_numpy(key_padding_mask, "key_padding_mask")
-        a.attn_mask = _mask_numpy(attn_mask, "attn_mask")
-        a.need_weights = _checks.flag(need_weights, op, "need_weights")
-        a.average_attn_weights = _checks.flag(average_attn_weights, op, "average_attn_weights")
-        a.is_causal = is_causal
-        p = float(self.dropout)
-        call = _Call(self._runner, a, _dropout_seed(self.training, p), p if self.training else 0.0)
-        call.param_names = [n for n, _ in self._named_params()]
-        call.no_weights = not need_weights
-        out, weights = _run(self, call, self._link, query, key, value,
-                            [p for _, p in self._named_params()])
-        return out, weights
+            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache))
+            if seq_first:
+                out = out.transpose(0, 1)
+            return out.to(out_dtype), None
+        kpm = _mask_numpy(key_padding_mask, "key_padding_mask")
+        am = _mask_numpy(attn_mask, "attn_mask")
+        need_weights = _checks.flag(need_weights, op, "need_weights")
+        average = _checks.flag(average_attn_weights, op, "average_attn_weights")
+        p = _dropout_p(op, "dropout", self.dropout) if self.training else 0.0
+        drop_key = _dropout_key(p)
+        kernel, fully_masked, embed_dim, num_heads = (self._kernel, self._fully_masked_rows,
+                                                      self.embed_dim, self.num_heads)
+        weights = self._weights
+        module = self
+        names = [n for n, _ in named]
+
+        def forward(q, k, v, ps, for_backward):
+            nq, nk, nv = _inputs_numpy(q, k, v)
+            out, w, context = _calls._torch_mha_forward(
+                weights.packs, module._call_layers(list(zip(names, ps)), weights), nq, nk, nv, embed_dim,
+                num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
+                fully_masked, for_backward, p, drop_key, p > 0.0)
+            if context is not None:
+                module._last_context = context
+            return out, w, context
+
+        def layers(ps, w):
+            return module._call_layers(list(zip(names, ps)), w)
+
+        def grads(ps, rest):
+            pg, gbk, gbv, _gates = rest
+            by_name = dict(zip(names, ps))
+            g = {}
+            if "in_proj_weight" in by_name:
+                g["in_proj_weight"] = torch.from_numpy(np.concatenate([pg[0], pg[2], pg[4]]))
+            else:
+                g["q_proj_weight"], g["k_proj_weight"], g["v_proj_weight"] = (
+                    torch.from_numpy(pg[0]), torch.from_numpy(pg[2]), torch.from_numpy(pg[4]))
+            if "in_proj_bias" in by_name:
+                g["in_proj_bias"] = torch.from_numpy(np.concatenate([pg[1], pg[3], pg[5]]))
+            g["out_proj.weight"] = torch.from_numpy(pg[6])
+            if pg[7] is not None:
+                g["out_proj.bias"] = torch.from_numpy(pg[7])
+            if gbk is not None:
+                g["bias_k"] = torch.from_numpy(gbk).reshape(by_name["bias_k"].shape)
+                g["bias_v"] = torch.from_numpy(gbv).reshape(by_name["bias_v"].shape)
+            return [g[n] if t.requires_grad else None for n, t in zip(names, ps)]
+
+        call = _Call(forward, layers, grads)
+        out, w = _run(call, query, key, value, params, need_weights)
+        if out_dtype != torch.float32:
+            out = out.to(out_dtype)
+            w = None if w is None else w.to(out_dtype)
+        return out, w
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.

@@ -9,12 +9,13 @@
 
 namespace mha::core {
 
-inline bool all_finite(const Tensor& t) {
-  const float* p = t.data();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+inline bool all_finite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(p[i])) return false;
   return true;
 }
+
+inline bool all_finite(const Tensor& t) { return all_finite(t.data(), t.numel()); }
 
 // The largest |x| of a tensor (0 when empty).
 inline float max_abs(const Tensor& t) {

@@ -90,9 +90,11 @@ void append_rows(const TensorView& view, const float* bias_row, bool zero_row, i
 }
 
 bool finite_layers(const EngineLayers& l) {
-  for (const LazyLinear* layer : {l.q, l.k, l.v, l.o})
-    if (!core::all_finite(layer->weight()) || !core::all_finite(layer->bias())) return false;
-  const int64_t n = l.k->out_features();
+  for (const LayerRef* layer : {&l.q, &l.k, &l.v, &l.o}) {
+    if (!core::all_finite(layer->weight(), layer->weight_numel())) return false;
+    if (layer->has_bias() && !core::all_finite(layer->bias(), layer->out_features())) return false;
+  }
+  const int64_t n = l.k.out_features();
   for (const float* row : {l.bias_k, l.bias_v})
     if (row)
       for (int64_t i = 0; i < n; ++i)
@@ -173,8 +175,8 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   // kernels, forward and backward, never read keys past the lengths or the
   // last kept key; the other kernels read every row).
   const bool masked = !c.lens.is_none() || c.masks.any();
-  RowPlan plan = fused ? plan_rows(c.lens, c.masks, layout, Q, K, Kt, values, *layers.v) : RowPlan{};
-  c.proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v, {layout, Q, K, Kt, H, Hkv, d, call.precision},
+  RowPlan plan = fused ? plan_rows(c.lens, c.masks, layout, Q, K, Kt, values, layers.v) : RowPlan{};
+  c.proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v, {layout, Q, K, Kt, H, Hkv, d, call.precision},
                        plan.needs, reuse);
   if (Kt > K) {
     append_rows(c.proj.k, layers.bias_k, layers.zero_row, K);
@@ -183,7 +185,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   if (fused && masked) {
     flag_nonfinite_values(plan, c.proj.v, Hkv * d);
     if (!c.masks.neg_inf_fill)
-      complete_values_near_fill(c.proj, plan.needs, values, K, *layers.v, c.scale_divisor, call.precision);
+      complete_values_near_fill(c.proj, plan.needs, values, K, layers.v, c.scale_divisor, call.precision);
   }
   if (call.precision == Precision::BFloat16) round_to_bf16(c.proj);
   c.read_all_keys = std::move(plan.read_all_keys);
@@ -215,7 +217,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   }
   EngineOutput out;
   out.output = Tensor(call.out_shape);
-  layers.o->forward_rows(concat.data(), B * Q, out.output.data(), layers.o->out_features(), call.precision);
+  layers.o.forward_rows(concat.data(), B * Q, out.output.data(), layers.o.out_features(), call.precision);
   // Finite inputs and parameters whose projections or scores overflow
   // float32 (inputs ~1e20) would give NaN: an error instead. NaN or infinite
   // inputs are computed through, as PyTorch does (docs/errors.md).
@@ -254,7 +256,7 @@ namespace {
 // dy:[B*Kt rows, width] (the key or value rows, appended ones included) ->
 // the gradient of the K given rows through `layer` (x:[B*K rows, in] -> dx),
 // laid out as the projections wrote them.
-void keys_backward(const LazyLinear& layer, const Tensor& x, const Tensor& dy, const AttentionContext& c,
+void keys_backward(const LayerRef& layer, const Tensor& x, const Tensor& dy, const AttentionContext& c,
                    Tensor& dx, const LinearGrads& g) {
   const int64_t width = layer.out_features(), in = layer.in_features(), B = c.B();
   if (c.layout.seq_first || c.Kt == c.K) {
@@ -284,7 +286,7 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   const RowLayout& layout = c.layout;
   // out = concat W_o^T + b_o.
   Tensor d_concat({B * c.Q, E});
-  linear_backward(*layers.o, c.concat.data(), grad_output.data(), B * c.Q, d_concat.data(), *grads.o.weight,
+  linear_backward(layers.o, c.concat.data(), grad_output.data(), B * c.Q, d_concat.data(), *grads.o.weight,
                   grads.o.bias, c.precision);
   // concat = the heads' outputs scaled by the head gates.
   const Tensor& heads_out = c.heads_out();
@@ -315,10 +317,10 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
 
   // q = queries W_q^T + b_q, and likewise for the K given keys and values.
   EngineInputGrads g{Tensor(c.queries.shape()), Tensor(c.keys.shape()), Tensor(c.values.shape())};
-  linear_backward(*layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias,
+  linear_backward(layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias,
                   c.precision);
-  keys_backward(*layers.k, c.keys, dk, c, g.keys, grads.k);
-  keys_backward(*layers.v, c.values, dv, c, g.values, grads.v);
+  keys_backward(layers.k, c.keys, dk, c, g.keys, grads.k);
+  keys_backward(layers.v, c.values, dv, c, g.values, grads.v);
   return g;
 }
 

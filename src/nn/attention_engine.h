@@ -38,16 +38,18 @@
 #include "mha/precision.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
+#include "nn/layer_ref.h"
 #include "nn/projections.h"
 
 namespace mha::nn {
 
-// The layers of one module; read, never written, by a call.
+// The layers of one call (a module's, or weights passed with the call); read,
+// never written, by the call.
 struct EngineLayers {
-  const LazyLinear* q = nullptr;  // W_q:[H*d, Dq]
-  const LazyLinear* k = nullptr;  // W_k:[Hkv*d, Dk]
-  const LazyLinear* v = nullptr;  // W_v:[Hkv*d, Dv]
-  const LazyLinear* o = nullptr;  // W_o:[Dout, H*d]
+  LayerRef q;  // W_q:[H*d, Dq]
+  LayerRef k;  // W_k:[Hkv*d, Dk]
+  LayerRef v;  // W_v:[Hkv*d, Dv]
+  LayerRef o;  // W_o:[Dout, H*d]
   // [Hkv*d] each, or null: a key and a value row appended after the K given
   // positions of every batch row (PyTorch's add_bias_kv).
   const float* bias_k = nullptr;

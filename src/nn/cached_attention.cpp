@@ -30,10 +30,10 @@ namespace {
 // bits at any thread count.
 constexpr int64_t kDotRows = 1;
 
-void few_rows_linear(const LazyLinear& layer, const float* x, int64_t rows, float* y, int64_t ldy) {
+void few_rows_linear(const LayerRef& layer, const float* x, int64_t rows, float* y, int64_t ldy) {
   const int64_t N = layer.out_features(), K = layer.in_features();
-  const float* W = layer.weight().data();
-  const float* bias = layer.has_bias() ? layer.bias().data() : nullptr;
+  const float* W = layer.weight();
+  const float* bias = layer.bias();
   const int threads = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(rows) >= 2e5
                           ? num_threads() : 1;
   // Four weight rows at a time: four independent sums in flight (one sum's
@@ -135,14 +135,14 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   Projected proj;
   if (dots) {
     proj.buffers = {Tensor({rows, E}), Tensor({rows, Hkv * d}), Tensor({rows, Hkv * d})};
-    few_rows_linear(*layers.q, queries.data(), rows, proj.buffers[0].data(), E);
-    few_rows_linear(*layers.k, keys.data(), rows, proj.buffers[1].data(), Hkv * d);
-    few_rows_linear(*layers.v, values.data(), rows, proj.buffers[2].data(), Hkv * d);
+    few_rows_linear(layers.q, queries.data(), rows, proj.buffers[0].data(), E);
+    few_rows_linear(layers.k, keys.data(), rows, proj.buffers[1].data(), Hkv * d);
+    few_rows_linear(layers.v, values.data(), rows, proj.buffers[2].data(), Hkv * d);
     proj.q = layout.heads(proj.buffers[0].data(), n, H, d, E);
     proj.k = layout.heads(proj.buffers[1].data(), n, Hkv, d, Hkv * d);
     proj.v = layout.heads(proj.buffers[2].data(), n, Hkv, d, Hkv * d);
   } else {
-    proj = project_qkv(queries, keys, values, *layers.q, *layers.k, *layers.v,
+    proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v,
                        {layout, n, n, n, H, Hkv, d, precision}, RowNeeds{});
     if (precision == Precision::BFloat16) round_to_bf16(proj);
   }
@@ -167,8 +167,8 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
         for (int64_t c = 0; c < d; ++c) col[c] *= g;
       }
   Tensor output(call.out_shape);
-  if (dots) few_rows_linear(*layers.o, concat.data(), rows, output.data(), layers.o->out_features());
-  else layers.o->forward_rows(concat.data(), rows, output.data(), layers.o->out_features(), precision);
+  if (dots) few_rows_linear(layers.o, concat.data(), rows, output.data(), layers.o.out_features());
+  else layers.o.forward_rows(concat.data(), rows, output.data(), layers.o.out_features(), precision);
   return output;
 }
 

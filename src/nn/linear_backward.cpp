@@ -6,7 +6,7 @@
 
 namespace mha::nn {
 
-void linear_backward(const LazyLinear& layer, const float* x, const float* dy, int64_t rows,
+void linear_backward(const LayerRef& layer, const float* x, const float* dy, int64_t rows,
                      float* dx, Tensor& dW, Tensor* db, Precision precision) {
   const int64_t in = layer.in_features(), out = layer.out_features();
   // dW:[out,in] += dy^T:[out,rows] @ x:[rows,in]
@@ -20,7 +20,7 @@ void linear_backward(const LazyLinear& layer, const float* x, const float* dy, i
     for (int64_t j = 0; j < out; ++j) b[j] += static_cast<float>(sum[j]);
   }
   // dx:[rows,in] = dy:[rows,out] @ W:[out,in]
-  if (dx) cpu::sgemm(false, false, rows, in, out, 1.0f, dy, out, layer.weight().data(), in, 0.0f, dx, in, precision);
+  if (dx) cpu::sgemm(false, false, rows, in, out, 1.0f, dy, out, layer.weight(), in, 0.0f, dx, in, precision);
 }
 
 }  // namespace mha::nn

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "mha/linear.h"
+#include "nn/layer_ref.h"
 #include "mha/precision.h"
 #include "mha/tensor.h"
 
@@ -13,7 +13,7 @@ namespace mha::nn {
 // Adds dW:[out,in] += dy^T x and, when db is not null, db:[out] += sum_rows dy.
 // dx may be null when the input's gradient is not wanted.
 // `precision`: of the two products (mha/precision.h).
-void linear_backward(const LazyLinear& layer, const float* x, const float* dy, int64_t rows,
+void linear_backward(const LayerRef& layer, const float* x, const float* dy, int64_t rows,
                      float* dx, Tensor& dW, Tensor* db, Precision precision = Precision::Float32);
 
 }  // namespace mha::nn

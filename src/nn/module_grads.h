@@ -15,9 +15,9 @@
 namespace mha::nn {
 
 // grads[name], made as zeros unless it has `like`'s shape.
-inline Tensor& grad_like(StateDict& grads, const std::string& name, const Tensor& like) {
+inline Tensor& grad_like(StateDict& grads, const std::string& name, const Shape& shape) {
   Tensor& g = grads[name];
-  if (g.shape() != like.shape()) g = Tensor(like.shape());
+  if (g.shape() != shape) g = Tensor(shape);
   return g;
 }
 
@@ -25,12 +25,12 @@ inline Tensor& grad_like(StateDict& grads, const std::string& name, const Tensor
 // ".bias" (made as needed; an uninitialised layer gets none), as the
 // engine's backward adds into them.
 inline EngineGrads layer_grads(StateDict& grads, const char* const names[4], const EngineLayers& layers) {
-  const LazyLinear* all[] = {layers.q, layers.k, layers.v, layers.o};
+  const LayerRef* all[] = {&layers.q, &layers.k, &layers.v, &layers.o};
   LinearGrads g[4];
   for (int i = 0; i < 4; ++i) {
     if (!all[i]->initialized()) continue;
-    g[i].weight = &grad_like(grads, std::string(names[i]) + ".weight", all[i]->weight());
-    if (all[i]->has_bias()) g[i].bias = &grad_like(grads, std::string(names[i]) + ".bias", all[i]->bias());
+    g[i].weight = &grad_like(grads, std::string(names[i]) + ".weight", {all[i]->out_features(), all[i]->in_features()});
+    if (all[i]->has_bias()) g[i].bias = &grad_like(grads, std::string(names[i]) + ".bias", {all[i]->out_features()});
   }
   return {g[0], g[1], g[2], g[3]};
 }

@@ -8,16 +8,13 @@
 #include "mha/error.h"
 #include "nn/attention_engine.h"
 #include "nn/call_masks.h"
+#include "nn/module_calls.h"
 
 namespace mha {
 
 namespace {
 
 const char* kForward = "MultiHeadAttention.forward";
-
-void check_rank3(const Tensor& t, const char* name, const char* wanted) {
-  if (t.dim() != 3) fail(kForward, name, ": shape ", shape_str(t.shape()), " is not ", wanted);
-}
 
 // Every lazy width must agree with the layer's, so a failing call changes
 // nothing. `layer_name` is the layer's name in the d2l chapter (W_q, ...).
@@ -101,48 +98,25 @@ MultiHeadAttention::Pinned MultiHeadAttention::initialize_for(const char* op, co
 std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run(
     const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
     const CallMasks& masks, bool publish) {
-  check_rank3(queries, "queries", "(B, Q, Dq)");
-  check_rank3(keys, "keys", "(B, K, Dk)");
-  check_rank3(values, "values", "(B, K, Dv)");
-  const int64_t B = queries.size(0), Q = queries.size(1), K = keys.size(1);
-  if (keys.size(0) != B)
-    fail(kForward, "keys: batch size ", keys.size(0), " differs from queries' ", B,
-         " (keys ", shape_str(keys.shape()), ", queries ", shape_str(queries.shape()), ")");
-  if (values.size(0) != B)
-    fail(kForward, "values: batch size ", values.size(0), " differs from queries' ", B,
-         " (values ", shape_str(values.shape()), ", queries ", shape_str(queries.shape()), ")");
-  if (values.size(1) != K)
-    fail(kForward, "values: shape ", shape_str(values.shape()), " has ", values.size(1),
-         " positions but keys ", shape_str(keys.shape()), " have ", K);
-  if (K == 0) fail(kForward, "keys: shape ", shape_str(keys.shape()), " has no keys to attend to");
-  valid_lens.check(kForward, B, Q);
-
   // One snapshot of the settings for the whole call (see multihead.h).
-  const AttentionKernel kernel = kernel_.get();
-  const Precision precision = precision_.get();
-  const bool training = training_.get();
+  nn::CallSettings settings;
+  settings.kernel = kernel_.get();
+  settings.precision = precision_.get();
+  settings.keep_for_backward = training_.get();
+  settings.keep_for_weights = true;  // attention_weights() of the last call
   const float dropout = dropout_.get();
-  // The call as the engine runs it (nn/attention_engine.h): batch-major
-  // rows, the chapter's lengths and any masks beside them.
-  nn::EngineCall call;
-  call.op = kForward;
-  call.inputs = "queries, keys, values";
-  call.layout = {false, B};
-  call.Q = Q, call.K = K;
-  call.out_shape = {B, Q, num_hiddens_};
-  call.lens = valid_lens;
-  call.kernel = kernel;
-  call.precision = precision;
-  call.keep_for_backward = training;
-  call.keep_for_weights = true;  // attention_weights() of the last call
+  if (settings.keep_for_backward && dropout > 0.0f) {
+    settings.dropout.p = dropout;
+    settings.dropout_keys = &dropout_keys_;
+  }
   // Everything this call allocates, checked before anything is (the first
   // call's parameters included): a size whose product overflows 64 bits or
   // exceeds mha::memory_limit() throws and changes nothing.
   Pinned p = params_.pin();
+  nn::EngineCall call;
   auto prepare = [&](const Params& params) {  // the call with these parameters' heads
-    call.H = call.Hkv = params.num_heads, call.d = params.heads.head_dim;
-    call.masks = nn::build_masks(kForward, masks.key_padding_mask, masks.attn_mask, masks.causal,
-                                 masks.fully_masked_rows, {true, B, Q, K, K, params.num_heads});
+    call = nn::chapter_call(kForward, queries, keys, values, valid_lens, masks, params.num_heads,
+                            params.heads.head_dim, num_hiddens_, settings);
     nn::EngineLayers layers{&params.W_q, &params.W_k, &params.W_v, &params.W_o};
     layers.head_gates = params.heads.gates.data();
     return layers;
@@ -160,7 +134,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   }
   check_widths(*p, queries, keys, values);
   const nn::EngineLayers layers = prepare(*p);
-  if (training && dropout > 0.0f) call.dropout = {dropout, dropout_keys_.next()};
+  nn::draw_dropout_key(call, settings);
   // The buffers of a replaced state, taken for reuse.
   std::shared_ptr<std::vector<Tensor>> spare = publish ? spare_.exchange(nullptr) : nullptr;
   nn::EngineOutput r = nn::attention_forward(queries, keys, values, layers, std::move(call), spare.get());

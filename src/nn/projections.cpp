@@ -30,7 +30,7 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
 }
 
 struct Output {
-  const LazyLinear* layer;
+  const LayerRef* layer;
   const std::vector<int64_t>* rows;  // rows needed per batch row; null: all
   TensorView* view;
   int64_t heads;
@@ -70,8 +70,8 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
     if (rows <= 0) return;
     const float* X = x.data() + x_row * in;
     for (int64_t o = o0; o < o1; ++o) {
-      const LazyLinear& layer = *g.outs[static_cast<size_t>(o)].layer;
-      batch.add_packed(rows, X, in, *packed[static_cast<size_t>(o)], layer.has_bias() ? layer.bias().data() : nullptr,
+      const LayerRef& layer = *g.outs[static_cast<size_t>(o)].layer;
+      batch.add_packed(rows, X, in, *packed[static_cast<size_t>(o)], layer.bias(),
                        buf.data() + c_row * ldc + col[static_cast<size_t>(o)], ldc);
     }
   };
@@ -114,7 +114,7 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
 }  // namespace
 
 Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                      const LazyLinear& W_q, const LazyLinear& W_k, const LazyLinear& W_v,
+                      const LayerRef& W_q, const LayerRef& W_k, const LayerRef& W_v,
                       const ProjectionShape& s, const RowNeeds& needs, std::vector<Tensor>* reuse) {
   Projected result;
   const bool use_needs = s.layout.batch_major();
@@ -166,7 +166,7 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
   return Tensor(shape);
 }
 
-void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
+void project_rows(const Tensor& x, int64_t L, const LayerRef& layer, int64_t b, int64_t p0, int64_t p1,
                   const TensorView& dst, Precision precision) {
   const int64_t in = x.size(-1);
   layer.forward_rows(x.data() + (b * L + p0) * in, p1 - p0, dst.ptr(b, 0, p0), dst.stride[2], precision);

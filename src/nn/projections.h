@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "mha/linear.h"
+#include "nn/layer_ref.h"
 #include "mha/precision.h"
 #include "mha/tensor.h"
 
@@ -67,7 +67,7 @@ struct ProjectionShape {
 // from `reuse` where one has the shape wanted (see take_buffer). Needs are
 // honoured only in batch-major layouts (else all rows are projected).
 Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                      const LazyLinear& W_q, const LazyLinear& W_k, const LazyLinear& W_v,
+                      const LayerRef& W_q, const LayerRef& W_k, const LayerRef& W_v,
                       const ProjectionShape& shape, const RowNeeds& needs,
                       std::vector<Tensor>* reuse = nullptr);
 
@@ -86,7 +86,7 @@ Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse);
 // Positions [p0, p1) of batch row b of x (batch-major, L positions per batch
 // row) through `layer`, written to the same positions of dst, a head view
 // (B, heads, Kt, d) of the layer's whole output.
-void project_rows(const Tensor& x, int64_t L, const LazyLinear& layer, int64_t b, int64_t p0, int64_t p1,
+void project_rows(const Tensor& x, int64_t L, const LayerRef& layer, int64_t b, int64_t p0, int64_t p1,
                   const TensorView& dst, Precision precision = Precision::Float32);
 
 }  // namespace mha::nn

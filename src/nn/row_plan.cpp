@@ -79,7 +79,7 @@ int scan_threads(int64_t B, int64_t floats) {
 }  // namespace
 
 RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowLayout& layout, int64_t Q,
-                  int64_t K, int64_t Kt, const Tensor& values, const LazyLinear& W_v) {
+                  int64_t K, int64_t Kt, const Tensor& values, const LayerRef& W_v) {
   RowPlan plan;
   const int64_t B = layout.B;
   const bool keep_mask = !masks.key_keep.empty();
@@ -121,8 +121,8 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
   plan.needs.k_rows.assign(static_cast<size_t>(B), K);
   plan.needs.v_rows.assign(static_cast<size_t>(B), K);
   const int64_t Dv = values.size(-1);
-  const bool layer_finite = all_finite(W_v.weight().data(), W_v.weight().numel()) &&
-                            (!W_v.has_bias() || all_finite(W_v.bias().data(), W_v.bias().numel()));
+  const bool layer_finite = all_finite(W_v.weight(), W_v.weight_numel()) &&
+                            (!W_v.has_bias() || all_finite(W_v.bias(), W_v.out_features()));
   bool skips = false;
   std::vector<uint8_t> bad(static_cast<size_t>(B), 0);
   for (int64_t b = 0; b < B; ++b) {
@@ -167,7 +167,7 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width) {
 }
 
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values, int64_t K,
-                               const LazyLinear& W_v, float scale_divisor, Precision precision) {
+                               const LayerRef& W_v, float scale_divisor, Precision precision) {
   if (needs.v_rows.empty()) return;
   const int64_t B = proj.q.shape[0], Q = proj.q.shape[2];
   std::vector<uint8_t> near(static_cast<size_t>(B), 0);

@@ -39,7 +39,7 @@ struct RowPlan {
 // (Kt with appended ones), with these lengths and masks. values:[B*K rows, Dv]
 // (batch-major) and W_v are scanned for non-finite skipped rows.
 RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowLayout& layout, int64_t Q,
-                  int64_t K, int64_t Kt, const Tensor& values, const LazyLinear& W_v);
+                  int64_t K, int64_t Kt, const Tensor& values, const LayerRef& W_v);
 
 // After the projections: flags in plan.read_all_keys every batch row with a
 // non-finite projected value row among those projected (v:(B,Hkv,Kt,d) head
@@ -51,6 +51,6 @@ void flag_nonfinite_values(RowPlan& plan, const TensorView& v, int64_t width);
 // < 9.9e5), project its remaining v rows from `values` (K positions per row).
 // `precision`: of those products (mha/precision.h).
 void complete_values_near_fill(Projected& proj, const RowNeeds& needs, const Tensor& values, int64_t K,
-                               const LazyLinear& W_v, float scale_divisor, Precision precision);
+                               const LayerRef& W_v, float scale_divisor, Precision precision);
 
 }  // namespace mha::nn

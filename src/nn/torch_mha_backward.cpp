@@ -32,8 +32,8 @@ const char* const kLayers[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 void TorchMultiheadAttention::ensure_grads() {
   nn::layer_grads(grads_, kLayers, {&q_proj_, &k_proj_, &v_proj_, &out_proj_});
   if (has_bias_kv()) {
-    nn::grad_like(grads_, "bias_k", bias_k_);
-    nn::grad_like(grads_, "bias_v", bias_v_);
+    nn::grad_like(grads_, "bias_k", bias_k_.shape());
+    nn::grad_like(grads_, "bias_v", bias_v_.shape());
   }
 }
 

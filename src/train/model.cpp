@@ -122,7 +122,7 @@ void AttentionModel::backward(const Tensor& grad_logits) {
     fail(op, "grad_logits: shape ", shape_str(grad_logits.shape()), " is not the logits' ", shape_str({B, T, C}));
   // logits = X_L W_r^T + b_r.
   Tensor dX({B, T, D});
-  nn::linear_backward(readout_, saved_.last.data(), grad_logits.data(), B * T, dX.data(),
+  nn::linear_backward(&readout_, saved_.last.data(), grad_logits.data(), B * T, dX.data(),
                       grad_readout_w_, &grad_readout_b_);
   // Self-attention: X feeds queries, keys and values, so its gradient is the sum.
   const bool residual = config_.num_layers > 1;

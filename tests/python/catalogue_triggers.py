@@ -350,6 +350,7 @@ PY = {
     "torch.cache_grad": lambda t: _torch_call("cache_grad"),
     "torch.cache_attn_mask": lambda t: _torch_call("cache_attn_mask"),
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
+    "torch.call_heads": lambda t: _torch_call("replaced_w_q"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -421,6 +422,11 @@ def _torch_call(what):
     x = torch.ones(2, 3, 4)
     if what == "device":
         mt.MultiHeadAttention(8, 2, 0.0)(x, torch.empty(2, 3, 4, device="meta"), x)
+    elif what == "replaced_w_q":
+        m = mt.MultiHeadAttention(8, 2, 0.0)
+        m(x, x, x)
+        m.W_q = torch.nn.Linear(4, 9, bias=False)
+        m(x, x, x)
     elif what == "device_arg":
         mt.MultiheadAttention(8, 2, device="cuda")
     elif what == "rank":

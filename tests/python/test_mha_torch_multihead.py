@@ -145,7 +145,7 @@ def test_dropout_gradients_use_the_forwards_mask():
     kv = torch.tensor(rng.standard_normal((2, 7, 12)), dtype=torch.float32, requires_grad=True)
     g = torch.tensor(rng.standard_normal((2, 5, 12)), dtype=torch.float32)
     out, _ = ours(q, kv, kv, need_weights=False)
-    mask = torch.from_numpy(ours._impl.last_dropout_mask)
+    mask = torch.from_numpy(ours._last_context.dropout_mask)
     assert set(np.unique(mask.numpy())) <= {0.0, 1 / 0.7, np.float32(1 / 0.7)}
     out.backward(g)
     ours_g = {"q": q.grad.numpy(), "kv": kv.grad.numpy()}
@@ -194,6 +194,7 @@ def test_optimiser_steps_track_torch():
     oo = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     ot = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(5, 2, 8)
+    ptr_out, ptr_in = ours.out_proj.weight.data_ptr(), ours.in_proj_weight.data_ptr()
     for _ in range(4):
         for m, o in ((ours, oo), (theirs, ot)):
             o.zero_grad()
@@ -201,10 +202,8 @@ def test_optimiser_steps_track_torch():
             o.step()
     for n, p in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[n], p, rtol=1e-4, atol=1e-6)
-    # Shared buffers: out_proj's parameters are mha's memory; in_proj_weight is copied
-    # into mha only after it changes (its version counter), not per call.
-    views = ours._impl._parameter_views()
-    assert ours.out_proj.weight.data_ptr() == views["out_proj.weight"].ctypes.data
+    # Calls read the Parameters in place: none was given another storage.
+    assert ours.out_proj.weight.data_ptr() == ptr_out and ours.in_proj_weight.data_ptr() == ptr_in
     with torch.no_grad():
         torch.testing.assert_close(ours(x, x, x)[0], theirs(x, x, x)[0], rtol=1e-4, atol=1e-5)
 
@@ -260,9 +259,9 @@ def test_called_twice_before_backward_with_dropout():
          for _ in range(2)]
     kpm = torch.tensor([[False] * 5, [False, False, True, True, True]])
     o1, _ = ours(a[0], a[0], a[0], key_padding_mask=kpm, need_weights=False)
-    m1 = torch.from_numpy(ours._impl.last_dropout_mask.copy())
+    m1 = torch.from_numpy(ours._last_context.dropout_mask.copy())
     o2, _ = ours(o1, a[1], a[1], need_weights=False)
-    m2 = torch.from_numpy(ours._impl.last_dropout_mask.copy())
+    m2 = torch.from_numpy(ours._last_context.dropout_mask.copy())
     assert not torch.equal(m1, m2)
     (o1.sum() + o2.square().sum()).backward()
     got = {"a0": a[0].grad.numpy(), "a1": a[1].grad.numpy()}

@@ -48,6 +48,7 @@ Triggers torch_triggers() {
   return {
       // masks
       {"mask.keep_count", [] { Mask::keep({2, 2}, {1, 0, 1}); }},
+      {"torch_mha.set_dropout_cpp", [] { torch_mha().set_dropout(2.0f); }},
       {"mask.additive", [] { Mask::additive(Tensor({2}, std::vector<float>{0.0f, NAN})); }},
       {"mask.to_torch", [] { mask_to_torch_mha(Mask::additive(ones({2, 6}))); }},
       {"mask.to_sdpa", [] { mask_to_sdpa(Mask()); }},

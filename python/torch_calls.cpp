@@ -1,0 +1,265 @@
+// python/torch_calls.cpp: mha.torch's calls, with the weights passed per
+// call (nn/layer_ref.h) and a context per call (mha/context.h), so that no
+// module state is shared between calls: any number of calls, from any
+// threads, forward and backward in any order, each get their own results.
+//
+//   calls = _core._torch_calls
+//   packs = calls._WeightPacks()                   # one per torch module
+//   out, w, ctx = calls._torch_mha_forward(packs, layers, query, key, value, ...)
+//   (gq, gk, gv), grads, d_bias_k, d_bias_v, d_gates = calls._engine_backward(ctx, layers, grad_out)
+//
+// layers: ((W, b|None, version) x 4 for q, k, v, o, bias_k|None, bias_v|None,
+// zero_row, head_gates|None). W, b are float32 arrays read in place (numpy
+// views of the torch Parameters); `version` keys the packing of W in
+// `packs` (mha.torch changes it whenever the Parameter may have changed).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <vector>
+
+#include "convert.h"
+#include "mha/context.h"
+#include "mha/error.h"
+#include "mha/parameter.h"
+#include "nn/attention_engine.h"
+#include "nn/layer_ref.h"
+#include "nn/module_calls.h"
+
+namespace py = pybind11;
+
+namespace mha::python {
+
+CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
+                        const char* op);  // bind_torch.cpp
+ValidLens to_valid_lens(const py::object& obj, const char* op);  // module.cpp
+
+namespace {
+
+using CArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// The arrays of one call's layers, held while the call reads them.
+struct CallLayers {
+  std::vector<CArray> keep;
+  nn::EngineLayers layers;
+  int64_t kv_width = 0;  // bias_k / bias_v elements
+};
+
+const float* hold(CallLayers& c, const py::handle& obj, const char* op, const char* what, py::ssize_t elements) {
+  if (obj.is_none()) return nullptr;
+  CArray a = CArray::ensure(obj);
+  if (!a) {
+    PyErr_Clear();
+    fail(op, what, ": cannot be read as a float32 array");
+  }
+  if (elements >= 0 && a.size() != elements)
+    fail(op, what, ": ", a.size(), " elements; wanted ", elements);
+  c.keep.push_back(a);
+  return a.data();
+}
+
+CallLayers layers_of(const py::tuple& t, nn::WeightPacks* packs, const char* op) {
+  if (t.size() != 8) fail(op, "layers: ", t.size(), " entries; wanted 8");
+  CallLayers c;
+  c.keep.reserve(12);
+  nn::LayerRef* refs[] = {&c.layers.q, &c.layers.k, &c.layers.v, &c.layers.o};
+  static const char* names[] = {"W_q", "W_k", "W_v", "W_o"};
+  for (int i = 0; i < 4; ++i) {
+    const py::tuple l = t[static_cast<size_t>(i)].cast<py::tuple>();
+    CArray w = CArray::ensure(l[0]);
+    if (!w || w.ndim() != 2) {
+      PyErr_Clear();
+      fail(op, names[i], ": the weight is not a 2-D float32 array");
+    }
+    c.keep.push_back(w);
+    const float* b = hold(c, l[1], op, names[i], w.shape(0));
+    const uint64_t version = l[2].cast<uint64_t>();
+    *refs[i] = nn::LayerRef(w.data(), b, w.shape(0), w.shape(1), packs, i, version);
+  }
+  c.kv_width = c.layers.k.out_features();
+  c.layers.bias_k = hold(c, t[4], op, "bias_k", c.kv_width);
+  c.layers.bias_v = hold(c, t[5], op, "bias_v", c.kv_width);
+  c.layers.zero_row = t[6].cast<bool>();
+  c.layers.head_gates = hold(c, t[7], op, "head_gates", -1);
+  return c;
+}
+
+// query, key, value as tensors; one array passed twice is one tensor (the
+// engine projects it once: self-attention runs one product per layer).
+struct Inputs {
+  Tensor q, k, v;
+  const Tensor* rk = nullptr;
+  const Tensor* rv = nullptr;
+};
+void read_inputs(Inputs& in, const py::object& q, const py::object& k, const py::object& v, const char* op,
+                 const char* names[3]) {
+  in.q = to_tensor(q, op, names[0]);
+  if (k.ptr() != q.ptr()) in.k = to_tensor(k, op, names[1]);
+  in.rk = k.ptr() == q.ptr() ? &in.q : &in.k;
+  if (v.ptr() != q.ptr() && v.ptr() != k.ptr()) in.v = to_tensor(v, op, names[2]);
+  in.rv = v.ptr() == q.ptr() ? &in.q : v.ptr() == k.ptr() ? in.rk : &in.v;
+}
+
+nn::CallSettings settings_of(AttentionKernel kernel, Precision precision, bool for_backward, float dropout_p,
+                             uint64_t dropout_key, bool keep_for_weights) {
+  nn::CallSettings s;
+  s.kernel = kernel;
+  s.precision = precision;
+  s.keep_for_backward = for_backward;
+  s.keep_for_weights = keep_for_weights;
+  if (dropout_p > 0.0f) s.dropout = {dropout_p, dropout_key};
+  return s;
+}
+
+// Zero gradients shaped as the layer's parameters (null where there is none).
+struct OwnedGrads {
+  Tensor w[4], b[4], bias_k, bias_v, gates;
+  nn::EngineGrads grads;
+};
+void make_grads(OwnedGrads& g, const nn::EngineLayers& l, int64_t H) {
+  const nn::LayerRef* all[] = {&l.q, &l.k, &l.v, &l.o};
+  nn::LinearGrads* lg[] = {&g.grads.q, &g.grads.k, &g.grads.v, &g.grads.o};
+  for (int i = 0; i < 4; ++i) {
+    g.w[i] = Tensor({all[i]->out_features(), all[i]->in_features()});
+    lg[i]->weight = &g.w[i];
+    if (all[i]->has_bias()) {
+      g.b[i] = Tensor({all[i]->out_features()});
+      lg[i]->bias = &g.b[i];
+    }
+  }
+  if (l.bias_k) {
+    g.bias_k = Tensor({l.k.out_features()});
+    g.bias_v = Tensor({l.k.out_features()});
+    g.grads.bias_k = &g.bias_k;
+    g.grads.bias_v = &g.bias_v;
+  }
+  g.gates = Tensor({H});
+  g.grads.head_gates = &g.gates;
+}
+
+py::object grad_or_none(Tensor& t) { return t.empty() ? py::object(py::none()) : py::object(to_numpy(t)); }
+
+}  // namespace
+
+void bind_torch_calls(py::module_& core) {
+  // A submodule: plumbing of mha.torch, which checks every argument before
+  // it calls these (its modules' errors are the ones users see).
+  py::module_ m = core.def_submodule("_torch_calls", "mha.torch's calls (internal: use mha.torch)");
+  py::class_<nn::WeightPacks, std::shared_ptr<nn::WeightPacks>>(
+      m, "_WeightPacks", "Packings of the weights passed with calls, by slot and version (one per torch module).")
+      .def(py::init<>())
+      .def("clear", &nn::WeightPacks::clear, "Forget every packing: the next call packs again.");
+
+  m.def("_next_param_version", [] { return ParamVersion().get(); },
+        "A parameter version never used before in this process (for _torch_mha_forward's layers).");
+
+  m.def(
+      "_torch_mha_forward",
+      [](nn::WeightPacks* packs, const py::tuple& layers_t, const py::object& query, const py::object& key,
+         const py::object& value, int64_t embed_dim, int64_t num_heads, bool batch_first,
+         const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+         bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
+         FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context) {
+        static const char* op = "mha.torch.MultiheadAttention";
+        static const char* names[3] = {"query", "key", "value"};
+        CallLayers c = layers_of(layers_t, packs, op);
+        Inputs in;
+        read_inputs(in, query, key, value, op, names);
+        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, op);
+        TorchMhaCall call;
+        call.key_padding_mask = masks.key_padding_mask;
+        call.attn_mask = masks.attn_mask;
+        call.causal = masks.causal;
+        call.need_weights = need_weights;
+        call.average_attn_weights = average_attn_weights;
+        if (num_heads <= 0 || embed_dim % num_heads != 0)
+          fail(op, "num_heads: ", num_heads, " does not divide embed_dim ", embed_dim);
+        const int64_t d = embed_dim / num_heads;
+        const int64_t H = c.layers.q.out_features() / d;
+        const int64_t Hkv = c.layers.k.out_features() / d;
+        nn::TorchMhaShape shape{embed_dim, H, Hkv, d, batch_first, fully_masked};
+        const nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        nn::TorchMhaForward f;
+        {
+          py::gil_scoped_release release;
+          f = nn::torch_mha_forward(op, shape, c.layers, in.q, *in.rk, *in.rv, call, s);
+        }
+        py::object w = f.result.weights ? py::object(to_numpy(*f.result.weights)) : py::object(py::none());
+        py::object ctx = keep_context || for_backward ? py::cast(ForwardContext(f.context)) : py::object(py::none());
+        return py::make_tuple(to_numpy(f.result.output), w, ctx);
+      },
+      py::arg("packs"), py::arg("layers"), py::arg("query"), py::arg("key"), py::arg("value"),
+      py::arg("embed_dim"), py::arg("num_heads"), py::arg("batch_first"), py::arg("key_padding_mask"),
+      py::arg("need_weights"), py::arg("attn_mask"), py::arg("average_attn_weights"), py::arg("is_causal"),
+      py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"),
+      "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
+
+  m.def(
+      "_chapter_forward",
+      [](nn::WeightPacks* packs, const py::tuple& layers_t, const py::object& queries, const py::object& keys,
+         const py::object& values, const py::object& valid_lens, int64_t num_heads, AttentionKernel kernel,
+         const std::string& precision, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context) {
+        static const char* op = "mha.torch.MultiHeadAttention";
+        static const char* names[3] = {"queries", "keys", "values"};
+        CallLayers c = layers_of(layers_t, packs, op);
+        Inputs in;
+        read_inputs(in, queries, keys, values, op, names);
+        const ValidLens lens = to_valid_lens(valid_lens, op);
+        const int64_t inner = c.layers.q.out_features();
+        if (num_heads <= 0 || inner % num_heads != 0)
+          fail(op, "num_heads: ", num_heads, " does not divide W_q's ", inner, " outputs");
+        const nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        nn::EngineOutput r;
+        {
+          py::gil_scoped_release release;
+          nn::EngineCall call = nn::chapter_call(op, in.q, *in.rk, *in.rv, lens, CallMasks{}, num_heads,
+                                                 inner / num_heads, c.layers.o.out_features(), s);
+          nn::check_chapter_widths(op, c.layers, in.q, *in.rk, *in.rv);
+          core::MemoryPlan plan(op);
+          nn::add_call_memory(plan, call, c.layers, c.layers.o.out_features());
+          plan.check();
+          r = nn::attention_forward(in.q, *in.rk, *in.rv, c.layers, std::move(call));
+        }
+        py::object ctx = keep_context || for_backward ? py::cast(ForwardContext(r.context)) : py::object(py::none());
+        return py::make_tuple(to_numpy(r.output), ctx);
+      },
+      py::arg("packs"), py::arg("layers"), py::arg("queries"), py::arg("keys"), py::arg("values"),
+      py::arg("valid_lens"), py::arg("num_heads"), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"),
+      "The d2l chapter's forward on the weights given -> (output, context or None)");
+
+  m.def(
+      "_engine_backward",
+      [](const ForwardContext& context, const py::tuple& layers_t, const py::object& grad_output) {
+        static const char* op = "mha.torch backward";
+        if (context.empty()) fail(op, "context: empty (no forward call)");
+        const nn::AttentionContext& ctx = *context.get();
+        if (!ctx.for_backward) fail(op, "context: the call ran without gradients (evaluation mode)");
+        CallLayers c = layers_of(layers_t, nullptr, op);
+        const Tensor g = to_tensor(grad_output, op, "grad_output");
+        const Shape& out_shape = ctx.queries.shape();
+        Shape want = out_shape;
+        want.back() = c.layers.o.out_features();
+        if (g.shape() != want)
+          fail(op, "grad_output: shape ", shape_str(g.shape()), " is not the output's ", shape_str(want));
+        OwnedGrads og;
+        make_grads(og, c.layers, ctx.H);
+        nn::EngineInputGrads in;
+        {
+          py::gil_scoped_release release;
+          in = nn::attention_backward(ctx, c.layers, g, og.grads);
+        }
+        py::tuple params = py::make_tuple(grad_or_none(og.w[0]), grad_or_none(og.b[0]), grad_or_none(og.w[1]),
+                                          grad_or_none(og.b[1]), grad_or_none(og.w[2]), grad_or_none(og.b[2]),
+                                          grad_or_none(og.w[3]), grad_or_none(og.b[3]));
+        return py::make_tuple(py::make_tuple(to_numpy(in.queries), to_numpy(in.keys), to_numpy(in.values)), params,
+                              grad_or_none(og.bias_k), grad_or_none(og.bias_v), to_numpy(og.gates));
+      },
+      py::arg("context"), py::arg("layers"), py::arg("grad_output"),
+      "The backward of the call of `context` with the same weights -> ((gq, gk, gv), (dW_q, db_q, ..., dW_o, "
+      "db_o), d bias_k, d bias_v, d head_gates)");
+}
+
+}  // namespace mha::python
