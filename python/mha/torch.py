@@ -63,7 +63,7 @@ from . import _checks, _core
 
 _calls = _core._torch_calls
 
-__all__ = ["MultiHeadAttention", "MultiheadAttention"]
+__all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention"]
 
 
 def _not_on_cpu(op, name, device):
@@ -145,8 +145,9 @@ class _Weights:
     """
 
     def __init__(self):
-        self.packs = _calls._WeightPacks()
+        self.state = _calls._CallState()
         self._seen = {}
+        self._layers = None  # (key, layer tuple) of the last call
         self._lock = threading.Lock()
 
     def version(self, slot, t):
@@ -162,7 +163,20 @@ class _Weights:
     def forget(self):
         with self._lock:
             self._seen = {}
-        self.packs.clear()
+            self._layers = None
+        self.state.clear()
+
+    def layers(self, params, build):
+        """The layer tuple of a call on `params`: the last call's when every parameter has the same
+        storage, torch version and shape (its numpy views hold the storages, so an address seen
+        again is the same storage), else build(params), kept for the next call."""
+        key = tuple((t.data_ptr(), t._version, t.shape) for t in params)
+        last = self._layers
+        if last is not None and last[0] == key:
+            return last[1]
+        layers = build(params)
+        self._layers = (key, layers)
+        return layers
 
 
 def _check_param(op, name, p):
@@ -192,7 +206,8 @@ def _call_dtype(op, tensors):
 class _Call:
     """One forward call: its module's layer builder and settings, nothing shared with other calls."""
 
-    def __init__(self, forward, layers, grads):
+    def __init__(self, state, forward, layers, grads):
+        self.state = state      # the module's _calls._CallState
         self.forward = forward  # (q, k, v, params, for_backward) -> (out ndarray, weights or None, context)
         self.layers = layers    # (params, weights or None) -> the layer tuple _core reads
         self.grads = grads      # (params, engine grads) -> one gradient (or None) per parameter
@@ -222,7 +237,7 @@ class _AttentionFunction(torch.autograd.Function):
         g = grad_out.detach()
         if g.dtype != torch.float32:
             g = g.float()
-        (gq, gk, gv), *rest = _calls._engine_backward(context, call.layers(params, None),
+        (gq, gk, gv), *rest = _calls._engine_backward(call.state, context, call.layers(params, None),
                                                      g.contiguous().numpy())
         return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
                 *call.grads(params, rest))
@@ -418,12 +433,18 @@ class MultiHeadAttention(nn.Module):
 
     def _materialise(self, queries, keys, values):
         """torch's lazy initialisation, as the chapter's first call does it (same draws, same order)."""
-        for layer, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values),
-                         (self.W_o, queries.new_empty((0, self.num_hiddens)))):
+        for layer, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values), (self.W_o, None)):
             if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
+                if x is None:
+                    x = queries.new_empty((0, self.num_hiddens))
                 with torch.inference_mode(False), torch.no_grad():  # parameters stay normal tensors
                     layer._infer_parameters(layer, (x.float(),))  # what torch's pre-forward hook does
-            layer.in_features = layer.weight.shape[1]  # also after a load_state_dict
+            width = layer.weight.shape[1]
+            if getattr(layer, "in_features", None) != width:
+                layer.in_features = width  # also after a load_state_dict
+
+    def _params_names(self):
+        return [(n + s, None) for n, _ in self._layers() for s in ((".weight", ".bias") if self._bias else (".weight",))]
 
     def _params(self):
         """The call's parameters, read from the layers now: (name, tensor) in the chapter's order."""
@@ -436,6 +457,8 @@ class MultiHeadAttention(nn.Module):
 
     def _call_layers(self, params, weights):
         """The layer tuple of one call (weights: the _Weights that versions them, or None)."""
+        for (name, _), t in zip(self._params_names(), params):
+            _check_param("mha.torch.MultiHeadAttention", name, t)
         per = 2 if self._bias else 1
         layers = []
         for i in range(4):
@@ -475,8 +498,6 @@ class MultiHeadAttention(nn.Module):
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._materialise(queries, keys, values)
         named = self._params()
-        for name, t in named:
-            _check_param(op, name, t)
         params = [t for _, t in named]
         out_dtype, mode = _call_dtype(op, (queries, keys, values))
         precision = mode or self._precision
@@ -506,7 +527,8 @@ class MultiHeadAttention(nn.Module):
 
         def forward(q, k, v, ps, for_backward):
             nq, nk, nv = _inputs_numpy(q, k, v)
-            out, context = _calls._chapter_forward(weights.packs, module._call_layers(ps, weights), nq, nk, nv,
+            layers = weights.layers(ps, lambda ps: module._call_layers(ps, weights))
+            out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv,
                                                  lens, num_heads, kernel, precision, for_backward, p, key, True)
             module._last_context = context
             return out, None, context
@@ -521,7 +543,7 @@ class MultiHeadAttention(nn.Module):
                     out.append(torch.from_numpy(pg[2 * i + 1]) if ps[i * per + 1].requires_grad else None)
             return out
 
-        call = _Call(forward, self._call_layers, grads)
+        call = _Call(weights.state, forward, self._call_layers, grads)
         out, _ = _run(call, queries, keys, values, params, False)
         return out if out_dtype == torch.float32 else out.to(out_dtype)
 
@@ -534,6 +556,8 @@ class MultiHeadAttention(nn.Module):
 
 def _as_float32(*xs):
     """The inputs as float32 (a differentiable conversion for bfloat16 and float16)."""
+    if all(x.dtype == torch.float32 for x in xs):
+        return xs
     out = []
     for x in xs:
         done = next((o for y, o in zip(xs, out) if y is x), None)  # one tensor passed twice stays one
@@ -649,43 +673,20 @@ class MultiheadAttention(nn.Module):
 
     def _named_params(self):
         """(torch state-dict name, Parameter) in nn.MultiheadAttention's order, read now."""
-        out = []
-        for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
-            p = getattr(self, name)
-            if p is not None:
-                out.append((name, p))
-        out.append(("out_proj.weight", self.out_proj.weight))
-        if self.out_proj.bias is not None:
-            out.append(("out_proj.bias", self.out_proj.bias))
-        for name in ("bias_k", "bias_v"):
-            p = getattr(self, name)
-            if p is not None:
-                out.append((name, p))
+        # The registries themselves (what assignment and load_state_dict change), not getattr:
+        # nn.Module.__getattr__ costs about a microsecond a name on every call.
+        ps = self._parameters
+        out = [(name, ps[name]) for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                             "in_proj_bias") if ps.get(name) is not None]
+        out_proj = self._modules["out_proj"]
+        ops = out_proj._parameters
+        weight = ops["weight"] if "weight" in ops else out_proj.weight
+        out.append(("out_proj.weight", weight))
+        bias = ops["bias"] if "bias" in ops else getattr(out_proj, "bias", None)
+        if bias is not None:
+            out.append(("out_proj.bias", bias))
+        out += [(name, ps[name]) for name in ("bias_k", "bias_v") if ps.get(name) is not None]
         return out
-
-    def _split(self, named):
-        """The call's projections from its parameters: [(weight, bias or None) for q, k, v, o],
-        bias_k, bias_v; slices of in_proj_weight / in_proj_bias are views (no copy)."""
-        d = dict(named)
-        E = self.embed_dim
-        if "in_proj_weight" in d:
-            w = d["in_proj_weight"]
-            ws = [w[0:E], w[E:2 * E], w[2 * E:3 * E]]
-        else:
-            ws = [d["q_proj_weight"], d["k_proj_weight"], d["v_proj_weight"]]
-        b = d.get("in_proj_bias")
-        bs = [b[0:E], b[E:2 * E], b[2 * E:3 * E]] if b is not None else [None] * 3
-        proj = list(zip(ws, bs)) + [(d["out_proj.weight"], d.get("out_proj.bias"))]
-        return proj, d.get("bias_k"), d.get("bias_v")
-
-    def _call_layers(self, named, weights):
-        proj, bias_k, bias_v = self._split(named)
-        layers = []
-        for i, (w, b) in enumerate(proj):
-            version = weights.version(i, w) if weights is not None else 0
-            layers.append((_float_array(w), None if b is None else _float_array(b), version))
-        return (*layers, None if bias_k is None else _float_array(bias_k),
-                None if bias_v is None else _float_array(bias_v), bool(self.add_zero_attn), None)
 
     @property
     def kernel(self):
@@ -731,7 +732,7 @@ class MultiheadAttention(nn.Module):
 
     def _cache_pairs(self, named):
         """(mha buffer name, tensor) for _CacheImpl.sync."""
-        proj, bias_k, bias_v = self._split(named)
+        proj, bias_k, bias_v = _drop_in_split(named, self.embed_dim)
         out = []
         for (w, b), n in zip(proj, ("q_proj", "k_proj", "v_proj", "out_proj")):
             out.append((f"{n}_weight" if n != "out_proj" else "out_proj.weight", w))
@@ -761,8 +762,6 @@ class MultiheadAttention(nn.Module):
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
         named = self._named_params()
-        for name, p in named:
-            _check_param(op, name, p)
         params = [p for _, p in named]
         out_dtype, mode = _call_dtype(op, (query, key, value))
         precision = mode or self._precision
@@ -796,52 +795,211 @@ class MultiheadAttention(nn.Module):
         need_weights = _checks.flag(need_weights, op, "need_weights")
         average = _checks.flag(average_attn_weights, op, "average_attn_weights")
         p = _dropout_p(op, "dropout", self.dropout) if self.training else 0.0
-        drop_key = _dropout_key(p)
-        kernel, fully_masked, embed_dim, num_heads = (self._kernel, self._fully_masked_rows,
-                                                      self.embed_dim, self.num_heads)
-        weights = self._weights
-        module = self
-        names = [n for n, _ in named]
-
-        def forward(q, k, v, ps, for_backward):
-            nq, nk, nv = _inputs_numpy(q, k, v)
-            out, w, context = _calls._torch_mha_forward(
-                weights.packs, module._call_layers(list(zip(names, ps)), weights), nq, nk, nv, embed_dim,
-                num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
-                fully_masked, for_backward, p, drop_key, p > 0.0)
-            if context is not None:
-                module._last_context = context
-            return out, w, context
-
-        def layers(ps, w):
-            return module._call_layers(list(zip(names, ps)), w)
-
-        def grads(ps, rest):
-            pg, gbk, gbv, _gates = rest
-            by_name = dict(zip(names, ps))
-            g = {}
-            if "in_proj_weight" in by_name:
-                g["in_proj_weight"] = torch.from_numpy(np.concatenate([pg[0], pg[2], pg[4]]))
-            else:
-                g["q_proj_weight"], g["k_proj_weight"], g["v_proj_weight"] = (
-                    torch.from_numpy(pg[0]), torch.from_numpy(pg[2]), torch.from_numpy(pg[4]))
-            if "in_proj_bias" in by_name:
-                g["in_proj_bias"] = torch.from_numpy(np.concatenate([pg[1], pg[3], pg[5]]))
-            g["out_proj.weight"] = torch.from_numpy(pg[6])
-            if pg[7] is not None:
-                g["out_proj.bias"] = torch.from_numpy(pg[7])
-            if gbk is not None:
-                g["bias_k"] = torch.from_numpy(gbk).reshape(by_name["bias_k"].shape)
-                g["bias_v"] = torch.from_numpy(gbv).reshape(by_name["bias_v"].shape)
-            return [g[n] if t.requires_grad else None for n, t in zip(names, ps)]
-
-        call = _Call(forward, layers, grads)
-        out, w = _run(call, query, key, value, params, need_weights)
-        if out_dtype != torch.float32:
-            out = out.to(out_dtype)
-            w = None if w is None else w.to(out_dtype)
-        return out, w
+        return _drop_in_run(op, named, query, key, value, embed_dim=self.embed_dim, num_heads=self.num_heads,
+                            batch_first=batch_first, add_zero_attn=bool(self.add_zero_attn), kpm=kpm, am=am,
+                            need_weights=need_weights, average=average, is_causal=is_causal,
+                            kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
+                            p=p, weights=self._weights, out_dtype=out_dtype, module=self)
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
         return ""
+
+
+def _drop_in_split(named, E):
+    """nn.MultiheadAttention's projections from its parameters: [(weight, bias or None) for q, k, v,
+    o], bias_k, bias_v; slices of in_proj_weight / in_proj_bias are views (no copy)."""
+    d = dict(named)
+    if "in_proj_weight" in d:
+        w = d["in_proj_weight"]
+        ws = [w[0:E], w[E:2 * E], w[2 * E:3 * E]]
+    else:
+        ws = [d["q_proj_weight"], d["k_proj_weight"], d["v_proj_weight"]]
+    b = d.get("in_proj_bias")
+    bs = [b[0:E], b[E:2 * E], b[2 * E:3 * E]] if b is not None else [None] * 3
+    proj = list(zip(ws, bs)) + [(d["out_proj.weight"], d.get("out_proj.bias"))]
+    return proj, d.get("bias_k"), d.get("bias_v")
+
+
+def _drop_in_layers(named, weights, E, add_zero_attn, op="mha.torch.MultiheadAttention"):
+    """The layer tuple of one drop-in call (weights: the _Weights that versions the projections,
+    or None: packed for this call alone)."""
+    for name, t in named:
+        _check_param(op, name, t)
+    proj, bias_k, bias_v = _drop_in_split(named, E)
+    layers = []
+    for i, (w, b) in enumerate(proj):
+        version = weights.version(i, w) if weights is not None else 0
+        layers.append((_float_array(w), None if b is None else _float_array(b), version))
+    return (*layers, None if bias_k is None else _float_array(bias_k),
+            None if bias_v is None else _float_array(bias_v), add_zero_attn, None)
+
+
+def _drop_in_grads(names, ps, rest):
+    """The engine's gradients of a drop-in call, one per parameter (None where none is wanted)."""
+    pg, gbk, gbv, _gates = rest
+    by_name = dict(zip(names, ps))
+    g = {}
+    if "in_proj_weight" in by_name:
+        g["in_proj_weight"] = torch.from_numpy(np.concatenate([pg[0], pg[2], pg[4]]))
+    else:
+        g["q_proj_weight"], g["k_proj_weight"], g["v_proj_weight"] = (
+            torch.from_numpy(pg[0]), torch.from_numpy(pg[2]), torch.from_numpy(pg[4]))
+    if "in_proj_bias" in by_name:
+        g["in_proj_bias"] = torch.from_numpy(np.concatenate([pg[1], pg[3], pg[5]]))
+    g["out_proj.weight"] = torch.from_numpy(pg[6])
+    if pg[7] is not None:
+        g["out_proj.bias"] = torch.from_numpy(pg[7])
+    if gbk is not None:
+        g["bias_k"] = torch.from_numpy(gbk).reshape(by_name["bias_k"].shape)
+        g["bias_v"] = torch.from_numpy(gbv).reshape(by_name["bias_v"].shape)
+    return [g[n] if t.requires_grad else None for n, t in zip(names, ps)]
+
+
+_FUNCTIONAL_STATE = _calls._CallState()  # spare buffers of the functional calls (their weights: per call)
+
+
+def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
+                 need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
+                 module=None):
+    """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
+    autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
+    names = [n for n, _ in named]
+    params = [t for _, t in named]
+    state = weights.state if weights is not None else _FUNCTIONAL_STATE
+    drop_key = _dropout_key(p)
+
+    def build(ps):
+        return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op)
+
+    def forward(q, k, v, ps, for_backward):
+        nq, nk, nv = _inputs_numpy(q, k, v)
+        layers = build(ps) if weights is None else weights.layers(ps, build)
+        out, w, context = _calls._torch_mha_forward(
+            state, layers, nq, nk, nv,
+            embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
+            fully_masked, for_backward, p, drop_key, p > 0.0)
+        if context is not None and module is not None:
+            module._last_context = context
+        return out, w, context
+
+    def layers(ps, w):
+        return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op)
+
+    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest))
+    out, w = _run(call, query, key, value, params, need_weights)
+    if out_dtype != torch.float32:
+        out = out.to(out_dtype)
+        w = None if w is None else w.to(out_dtype)
+    return out, w
+
+
+def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                                 in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
+                                 out_proj_bias, training=True, key_padding_mask=None, need_weights=True,
+                                 attn_mask=None, use_separate_proj_weight=False, q_proj_weight=None,
+                                 k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None,
+                                 average_attn_weights=True, is_causal=False):
+    """torch.nn.functional.multi_head_attention_forward, computed and differentiated by mha.
+
+    The same arguments and results as PyTorch's: query (L, N, E) or unbatched (L, E), key (S, N, kdim),
+    value (S, N, vdim) (sequence-first, as the functional form always is); the projections given as
+    in_proj_weight (3E, E) / in_proj_bias (3E,), or as q/k/v_proj_weight with
+    use_separate_proj_weight=True; bias_k, bias_v (1, 1, E) or None; dropout on the weights when
+    training. -> (attn_output shaped like query, attn_weights or None). Gradients reach every tensor
+    argument that requires grad. The weights are packed for each call (a module's weights are packed
+    once per version: prefer mha.torch.MultiheadAttention in a model). Differences from PyTorch 1.13 as
+    mha.torch.MultiheadAttention's (a fully masked row gets zeros); static_k / static_v are not
+    supported (NotImplementedError).
+    """
+    op = "mha.torch.multi_head_attention_forward"
+    _refuse_tracing(op)
+    embed_dim_to_check = _checks.integer(embed_dim_to_check, op, "embed_dim_to_check")
+    num_heads = _checks.integer(num_heads, op, "num_heads")
+    dropout_p = _checks.real(dropout_p, op, "dropout_p")
+    add_zero_attn, training, need_weights, use_separate_proj_weight, average_attn_weights = (
+        _checks.flag(v, op, n) for v, n in ((add_zero_attn, "add_zero_attn"), (training, "training"),
+                                            (need_weights, "need_weights"),
+                                            (use_separate_proj_weight, "use_separate_proj_weight"),
+                                            (average_attn_weights, "average_attn_weights")))
+    for n, t in (("in_proj_weight", in_proj_weight), ("in_proj_bias", in_proj_bias), ("bias_k", bias_k),
+                 ("bias_v", bias_v), ("out_proj_weight", out_proj_weight), ("out_proj_bias", out_proj_bias),
+                 ("q_proj_weight", q_proj_weight), ("k_proj_weight", k_proj_weight),
+                 ("v_proj_weight", v_proj_weight), ("static_k", static_k), ("static_v", static_v)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise _checks.wrong_kind(op, n, t, "a torch.Tensor or None")
+    if not isinstance(out_proj_weight, torch.Tensor):
+        raise _checks.wrong_kind(op, "out_proj_weight", out_proj_weight, "a torch.Tensor")
+    if static_k is not None or static_v is not None:
+        raise NotImplementedError(f"[{op}] static_k / static_v: not supported by mha; pass the keys and "
+                                  "values as key and value")
+    for x, n in ((query, "query"), (key, "key"), (value, "value")):
+        _check_input(x, op, n, (2, 3))
+    embed_dim = int(query.shape[-1])
+    if embed_dim != embed_dim_to_check:
+        raise ValueError(f"[{op}] query: width {embed_dim}; wanted embed_dim_to_check {embed_dim_to_check}")
+    named = []
+    if use_separate_proj_weight:
+        for n, t in (("q_proj_weight", q_proj_weight), ("k_proj_weight", k_proj_weight),
+                     ("v_proj_weight", v_proj_weight)):
+            if t is None:
+                raise ValueError(f"[{op}] {n}: None with use_separate_proj_weight=True; wanted a tensor")
+            named.append((n, t))
+    else:
+        if in_proj_weight is None:
+            raise ValueError(f"[{op}] in_proj_weight: None with use_separate_proj_weight=False; wanted a "
+                             "(3 * embed_dim, embed_dim) tensor")
+        named.append(("in_proj_weight", in_proj_weight))
+    if in_proj_bias is not None:
+        named.append(("in_proj_bias", in_proj_bias))
+    named.append(("out_proj.weight", out_proj_weight))
+    if out_proj_bias is not None:
+        named.append(("out_proj.bias", out_proj_bias))
+    if (bias_k is None) != (bias_v is None):
+        raise ValueError(f"[{op}] bias_k / bias_v: one given without the other; wanted both or neither")
+    if bias_k is not None:
+        named += [("bias_k", bias_k), ("bias_v", bias_v)]
+    out_dtype, mode = _call_dtype(op, (query, key, value))
+    query, key, value = _as_float32(query, key, value)
+    p = _dropout_p(op, "dropout_p", dropout_p) if training else 0.0
+    return _drop_in_run(op, named, query, key, value, embed_dim=embed_dim, num_heads=num_heads,
+                        batch_first=False, add_zero_attn=bool(add_zero_attn),
+                        kpm=_mask_numpy(key_padding_mask, "key_padding_mask"),
+                        am=_mask_numpy(attn_mask, "attn_mask"),
+                        need_weights=need_weights, average=average_attn_weights,
+                        is_causal=is_causal, kernel=_core.Kernel.FUSED, precision=mode or "float32",
+                        fully_masked=_core.FullyMaskedRows.ZEROS, p=p, weights=None, out_dtype=out_dtype)
+
+
+def replace_attention(model, **kwargs):
+    """Swaps every torch.nn.MultiheadAttention inside `model` (in place) for an
+    mha.torch.MultiheadAttention with the same options, the same Parameter objects (so optimisers
+    built before keep working) and the same state-dict keys. kwargs go to the new modules
+    (kernel=, precision=, fully_masked_rows=). torch's TransformerEncoder(Layer)s then run mha in
+    eval mode under no_grad too (their fused path is never taken with mha's module).
+    Returns {qualified name: the nn.MultiheadAttention replaced}; a model that is itself an
+    nn.MultiheadAttention cannot be replaced in place (ValueError: build the drop-in instead).
+    """
+    op = "mha.torch.replace_attention"
+    if not isinstance(model, nn.Module):
+        raise _checks.wrong_kind(op, "model", model, "a torch.nn.Module")
+    if type(model) is nn.MultiheadAttention:
+        raise ValueError(f"[{op}] model: an nn.MultiheadAttention itself; wanted a model that contains "
+                         "some (build mha.torch.MultiheadAttention and load its state_dict instead)")
+    replaced = {}
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not nn.MultiheadAttention:
+                continue
+            ours = MultiheadAttention(child.embed_dim, child.num_heads, dropout=child.dropout,
+                                      bias=child.in_proj_bias is not None,
+                                      add_bias_kv=child.bias_k is not None, add_zero_attn=child.add_zero_attn,
+                                      kdim=child.kdim, vdim=child.vdim, batch_first=child.batch_first, **kwargs)
+            for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                         "bias_k", "bias_v"):
+                setattr(ours, name, getattr(child, name))
+            ours.out_proj = child.out_proj
+            ours.train(child.training)
+            setattr(parent, child_name, ours)
+            replaced[f"{parent_name}.{child_name}" if parent_name else child_name] = child
+    return replaced

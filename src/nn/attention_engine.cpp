@@ -216,7 +216,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
     apply_gates(concat, layers.head_gates, H, d);
   }
   EngineOutput out;
-  out.output = Tensor(call.out_shape);
+  out.output = take_buffer(call.out_shape, reuse);  // fully written by W_o's product
   layers.o.forward_rows(concat.data(), B * Q, out.output.data(), layers.o.out_features(), call.precision);
   // Finite inputs and parameters whose projections or scores overflow
   // float32 (inputs ~1e20) would give NaN: an error instead. NaN or infinite
@@ -281,11 +281,17 @@ void appended_row_backward(const Tensor& dy, const AttentionContext& c, int64_t 
 }  // namespace
 
 EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayers& layers,
-                                    const Tensor& grad_output, const EngineGrads& grads) {
+                                    const Tensor& grad_output, const EngineGrads& grads, std::vector<Tensor>* reuse) {
+  // Scratch from `reuse` (stale: zeroed, which costs far less than fresh pages).
+  auto scratch = [&](const Shape& shape) {
+    Tensor t = take_buffer(shape, reuse);
+    std::fill(t.values().begin(), t.values().end(), 0.0f);
+    return t;
+  };
   const int64_t B = c.B(), H = c.H, Hkv = c.Hkv, d = c.d, E = H * d, Ekv = Hkv * d;
   const RowLayout& layout = c.layout;
   // out = concat W_o^T + b_o.
-  Tensor d_concat({B * c.Q, E});
+  Tensor d_concat = scratch({B * c.Q, E});
   linear_backward(layers.o, c.concat.data(), grad_output.data(), B * c.Q, d_concat.data(), *grads.o.weight,
                   grads.o.bias, c.precision);
   // concat = the heads' outputs scaled by the head gates.
@@ -295,7 +301,7 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
 
   // The heads' outputs = attention(q, k, v) with the forward's lengths,
   // masks and dropout key.
-  Tensor dq({B * c.Q, E}), dk({B * c.Kt, Ekv}), dv({B * c.Kt, Ekv});
+  Tensor dq = scratch({B * c.Q, E}), dk = scratch({B * c.Kt, Ekv}), dv = scratch({B * c.Kt, Ekv});
   kernels::AttentionBackward p;
   p.fwd = forward_params(c);
   p.fwd.out = layout.heads(const_cast<float*>(heads_out.data()), c.Q, H, d, E);
@@ -321,6 +327,8 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
                   c.precision);
   keys_backward(layers.k, c.keys, dk, c, g.keys, grads.k);
   keys_backward(layers.v, c.values, dv, c, g.values, grads.v);
+  if (reuse)
+    for (Tensor* t : {&d_concat, &dq, &dk, &dv}) reuse->push_back(std::move(*t));
   return g;
 }
 

@@ -179,9 +179,11 @@ struct EngineInputGrads {
 
 // grad_output (shaped as the forward's output) -> the inputs' gradients; adds
 // the parameters' gradients into `grads`. ctx must have been kept for the
-// backward; the layers are those of the forward, unchanged.
+// backward; the layers are those of the forward, unchanged. Scratch buffers
+// come from `reuse` where one fits, and go back to it.
 EngineInputGrads attention_backward(const AttentionContext& ctx, const EngineLayers& layers,
-                                    const Tensor& grad_output, const EngineGrads& grads);
+                                    const Tensor& grad_output, const EngineGrads& grads,
+                                    std::vector<Tensor>* reuse = nullptr);
 
 // [B, H, Q, Kt]: every weight, computed on the first call (thread-safe), as a copy.
 Tensor all_weights(const AttentionContext& ctx);

@@ -35,6 +35,7 @@ class WeightPacks {
  public:
   // W:[N,K] packed for `precision`: the cached packing when slot's is of
   // `version` and still current, else a new one (which replaces it).
+  // Version 0 means "this call's weights alone": packed, never kept.
   std::shared_ptr<const cpu::PackedWeight> get(int slot, uint64_t version, const float* W, int64_t N, int64_t K,
                                                Precision precision);
   // Forgets every packing (the next call packs again).

@@ -86,7 +86,8 @@ void check_chapter_widths(const char* op, const EngineLayers& layers, const Tens
 
 TorchMhaForward torch_mha_forward(const char* op, const TorchMhaShape& s, const EngineLayers& layers,
                                   const Tensor& query, const Tensor& key, const Tensor& value,
-                                  const TorchMhaCall& call, const CallSettings& settings) {
+                                  const TorchMhaCall& call, const CallSettings& settings,
+                                  std::vector<Tensor>* reuse) {
   const int64_t E = s.embed_dim, H = s.num_heads, d = s.head_dim;
   const int64_t kdim = layers.k.in_features(), vdim = layers.v.in_features();
   // --- shapes ---
@@ -136,7 +137,7 @@ TorchMhaForward torch_mha_forward(const char* op, const TorchMhaShape& s, const 
   plan.check();
   draw_dropout_key(c, settings);
   const kernels::Dropout dropout = c.dropout;
-  EngineOutput r = attention_forward(query, key, value, layers, std::move(c));
+  EngineOutput r = attention_forward(query, key, value, layers, std::move(c), reuse);
   TorchMhaForward f;
   f.context = std::move(r.context);
   f.result.output = std::move(r.output);

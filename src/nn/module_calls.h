@@ -74,9 +74,11 @@ struct TorchMhaForward {
 // nn.MultiheadAttention's forward on `layers` (bias_k/bias_v and zero_row
 // included): the shape checks, masks (call.attn_mask has one slice per head
 // in `layers`), the engine, and PyTorch's weights (after dropout, averaged
-// over heads when asked). Throws mha::Error naming `op`.
+// over heads when asked). Throws mha::Error naming `op`. Buffers come from
+// `reuse` where one fits (nn/projections.h take_buffer).
 TorchMhaForward torch_mha_forward(const char* op, const TorchMhaShape& shape, const EngineLayers& layers,
                                   const Tensor& query, const Tensor& key, const Tensor& value,
-                                  const TorchMhaCall& call, const CallSettings& settings);
+                                  const TorchMhaCall& call, const CallSettings& settings,
+                                  std::vector<Tensor>* reuse = nullptr);
 
 }  // namespace mha::nn

@@ -242,6 +242,14 @@ if torch is not None:
         "torch.MultiheadAttention.precision =": dict(precision="bf16"),
         "torch.MultiHeadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
         "torch.MultiheadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
+        "torch.multi_head_attention_forward": dict(
+            query=torch.ones(3, 2, 4), key=torch.ones(5, 2, 4), value=torch.ones(5, 2, 4), embed_dim_to_check=4,
+            num_heads=2, in_proj_weight=torch.ones(12, 4), in_proj_bias=torch.zeros(12), bias_k=None, bias_v=None,
+            add_zero_attn=False, dropout_p=0.0, out_proj_weight=torch.ones(4, 4), out_proj_bias=torch.zeros(4),
+            training=True, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), need_weights=True,
+            attn_mask=torch.zeros(3, 5, dtype=torch.bool), use_separate_proj_weight=False, q_proj_weight=None,
+            k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None, average_attn_weights=True,
+            is_causal=False),
     })
 
 # Arguments that are not numbers (paths, labels, names, enum choices, flags
@@ -266,12 +274,16 @@ NOT_NUMERIC = {
 NO_NUMBERS = {"read_png", "load_safetensors", "safetensors_metadata", "load_checkpoint", "plot.colormap",
               "mask_to_torch_mha", "mask_to_sdpa", "MultiHeadAttention.kernel =", "TorchMultiheadAttention.kernel =",
               "torch.MultiHeadAttention.precision =", "torch.MultiheadAttention.precision =",
-              "TorchMultiheadAttention.fully_masked_rows =", "AttentionModel.layer"}
+              "TorchMultiheadAttention.fully_masked_rows =", "AttentionModel.layer", "torch.replace_attention"}
 # (entry point, argument) where None is a valid value though not the default.
 NONE_OK = {
     ("Mask.keep", "keep"), ("mask_from_sdpa", "mask"), ("mask_from_torch_mha", "mask"),  # None: no mask
     ("_render_heatmaps", "vmin"), ("_render_heatmaps", "vmax"),  # None: the automatic scale
     ("show_heatmaps", "figsize"),  # None: the automatic size
+    # PyTorch's functional form takes None for absent tensors though its signature has no defaults
+    ("torch.multi_head_attention_forward", "in_proj_weight"), ("torch.multi_head_attention_forward", "in_proj_bias"),
+    ("torch.multi_head_attention_forward", "bias_k"), ("torch.multi_head_attention_forward", "bias_v"),
+    ("torch.multi_head_attention_forward", "out_proj_bias"),
 }
 # Poisons that mean something else in one argument: show_heatmaps' figsize
 # given as a string is mha 0.1's positional path.
@@ -313,6 +325,7 @@ OPS = {
     "torch.MultiheadAttention.forward": ("mha.torch.MultiheadAttention", "TorchMultiheadAttention.forward"),
     "torch.MultiHeadAttention.kv_cache": "MultiHeadAttention.kv_cache",
     "torch.MultiheadAttention.kv_cache": "TorchMultiheadAttention.kv_cache",
+    "torch.multi_head_attention_forward": ("mha.torch.multi_head_attention_forward", "mha.torch.MultiheadAttention"),
 }
 
 # ---- enumeration -----------------------------------------------------------------

@@ -351,6 +351,11 @@ PY = {
     "torch.cache_attn_mask": lambda t: _torch_call("cache_attn_mask"),
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),
     "torch.call_heads": lambda t: _torch_call("replaced_w_q"),
+    "torch.mha_forward_embed": lambda t: _torch_call("mha_forward_embed"),
+    "torch.mha_forward_separate": lambda t: _torch_call("mha_forward_separate"),
+    "torch.mha_forward_in_proj": lambda t: _torch_call("mha_forward_in_proj"),
+    "torch.mha_forward_bias_kv": lambda t: _torch_call("mha_forward_bias_kv"),
+    "torch.replace_self": lambda t: _torch_call("replace_self"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -422,6 +427,22 @@ def _torch_call(what):
     x = torch.ones(2, 3, 4)
     if what == "device":
         mt.MultiHeadAttention(8, 2, 0.0)(x, torch.empty(2, 3, 4, device="meta"), x)
+    elif what.startswith("mha_forward_"):
+        q = torch.ones(3, 2, 8)
+        args = dict(embed_dim_to_check=8, num_heads=2, in_proj_weight=torch.ones(24, 8), in_proj_bias=None,
+                    bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0,
+                    out_proj_weight=torch.ones(8, 8), out_proj_bias=None)
+        if what == "mha_forward_embed":
+            args["embed_dim_to_check"] = 16
+        elif what == "mha_forward_separate":
+            args["use_separate_proj_weight"] = True
+        elif what == "mha_forward_in_proj":
+            args["in_proj_weight"] = None
+        else:
+            args["bias_k"] = torch.ones(1, 1, 8)
+        mt.multi_head_attention_forward(q, q, q, **args)
+    elif what == "replace_self":
+        mt.replace_attention(torch.nn.MultiheadAttention(8, 2))
     elif what == "replaced_w_q":
         m = mt.MultiHeadAttention(8, 2, 0.0)
         m(x, x, x)
