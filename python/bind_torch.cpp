@@ -120,8 +120,8 @@ mha::StateDict to_state_dict(const py::handle& d, const char* op) {
 
 const char* kOptionsDoc = R"doc(
     num_heads: heads of the PyTorch module (it must divide embed_dim)
-    batch_first: layout of query/key/value/output; NOTE: PyTorch's default is
-        False (sequence-first), this one's is True
+    batch_first: layout of query/key/value/output: (B, L, E) when True,
+        (L, B, E) when False (the default, as PyTorch's)
     kdim, vdim: checked against the state dict when given
     add_zero_attn: as the PyTorch module was built (not in the state dict)
     num_kv_heads: grouped-query attention (mha extension); None = num_heads
@@ -278,7 +278,7 @@ Rows with every key masked get fully_masked_rows, never NaN.
                 to_state_dict(state, op), num_heads,
                 make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
           },
-          py::arg("state_dict"), py::arg("num_heads"), py::arg("batch_first").noconvert() = true,
+          py::arg("state_dict"), py::arg("num_heads"), py::arg("batch_first").noconvert() = false,
           py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn").noconvert() = false,
           py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
           py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,
@@ -292,7 +292,7 @@ Rows with every key masked get fully_masked_rows, never NaN.
                 path, num_heads,
                 make_options(batch_first, kdim, vdim, add_zero_attn, num_kv_heads, dropout, rows, seed));
           },
-          py::arg("path"), py::arg("num_heads"), py::arg("batch_first").noconvert() = true,
+          py::arg("path"), py::arg("num_heads"), py::arg("batch_first").noconvert() = false,
           py::arg("kdim") = py::none(), py::arg("vdim") = py::none(), py::arg("add_zero_attn").noconvert() = false,
           py::arg("num_kv_heads") = py::none(), py::arg("dropout") = 0.0f,
           py::arg("fully_masked_rows") = mha::FullyMaskedRows::Zeros, py::arg("seed") = 0,

@@ -138,8 +138,7 @@ PYBIND11_MODULE(_core, m) {
       .value("REFERENCE", mha::AttentionKernel::Reference, "plain loops, the yardstick")
       .value("BLAS", mha::AttentionKernel::Blas, "per-head BLAS products through a (Q, K) matrix")
       .value("FUSED", mha::AttentionKernel::Fused,
-             "online softmax over key tiles: linear memory, padding skipped (MultiHeadAttention's and "
-             "DotProductAttention's default; TorchMultiheadAttention's is BLAS)");
+             "online softmax over key tiles: linear memory, padding skipped (every module's default)");
 
   m.def("set_num_threads", &mha::set_num_threads, py::arg("n"),
         "Threads for attention (OpenMP) and projections (OpenBLAS, process-wide).");

@@ -199,6 +199,7 @@ ModuleStep time_module_step(const DecodeCase& c, double budget) {
   hash_fill(in_proj, 7, 0.02f);
   hash_fill(out_proj, 8, 0.02f);
   TorchMhaOptions o;
+  o.batch_first = true;  // the steps' inputs are (B, Qn, E)
   o.num_kv_heads = c.Hkv;
   TorchMultiheadAttention m =
       TorchMultiheadAttention::from_state_dict({{"in_proj_weight", in_proj}, {"out_proj.weight", out_proj}}, c.Hq, o);

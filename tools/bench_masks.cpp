@@ -104,7 +104,9 @@ double module_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, At
   s["in_proj_bias"] = normal({3 * D}, g, 0.1f);
   s["out_proj.weight"] = normal({D, D}, g, w);
   s["out_proj.bias"] = normal({D}, g, 0.1f);
-  auto m = TorchMultiheadAttention::from_state_dict(s, h);
+  TorchMhaOptions batch_first;  // x is (B, L, D)
+  batch_first.batch_first = true;
+  auto m = TorchMultiheadAttention::from_state_dict(s, h, batch_first);
   m.eval();
   m.set_kernel(kernel);
   const Tensor x = normal({B, L, D}, g);

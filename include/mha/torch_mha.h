@@ -69,9 +69,9 @@ struct AttentionContext;  // src/nn/attention_engine.h
 // that the state dict does not already say (bias and add_bias_kv are read
 // from the names present).
 struct TorchMhaOptions {
-  // Layout of query/key/value and the output. NOTE: PyTorch's default is
-  // false (sequence-first); this default is true, as mha's other modules.
-  bool batch_first = true;
+  // Layout of query/key/value and the output: (B, L, E) when true, (L, B, E)
+  // when false (PyTorch's default, and this one's).
+  bool batch_first = false;
   int64_t kdim = 0;          // 0: read from the state dict; otherwise checked
   // 0: read from the state dict; otherwise checked.
   int64_t vdim = 0;
@@ -216,7 +216,7 @@ class TorchMultiheadAttention {
   void eval() { training_ = false; }
   // True in training mode.
   bool training() const { return training_; }
-  // The attention kernel the calls use (mha/attention.h); default Blas.
+  // The attention kernel the calls use (mha/attention.h); default Fused.
   // Fused honours every mask option too, skips the keys past a key padding
   // mask's last kept key and the tiles a causal mask removes, forms the
   // weights only when need_weights asks for them, and its backward
@@ -301,7 +301,7 @@ class TorchMultiheadAttention {
   float dropout_;
   FullyMaskedRows fully_masked_;
   bool training_ = true;
-  AttentionKernel kernel_ = AttentionKernel::Blas;
+  AttentionKernel kernel_ = AttentionKernel::Fused;
   Precision precision_ = Precision::Float32;
   Generator gen_;                   // the parameters' initialisation
   detail::KeyStream dropout_keys_;  // one key per training-mode call

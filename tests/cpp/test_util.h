@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mha/error.h"
+#include "mha/torch_mha.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -53,6 +54,14 @@ template <typename F>
     return ::testing::AssertionFailure() << "wrong exception type: " << e.what();
   }
   return ::testing::AssertionFailure() << "no exception (wanted one mentioning '" << needle << "')";
+}
+
+// Options of a batch-first drop-in ((B, L, E) inputs); TorchMhaOptions{} is
+// PyTorch's sequence-first default.
+inline TorchMhaOptions batch_first_options() {
+  TorchMhaOptions o;
+  o.batch_first = true;
+  return o;
 }
 
 }  // namespace mha::test

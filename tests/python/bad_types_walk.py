@@ -80,7 +80,7 @@ def torch_state():
 
 
 def tmha():
-    m = mha.TorchMultiheadAttention.from_state_dict(torch_state(), num_heads=2)
+    m = mha.TorchMultiheadAttention.from_state_dict(torch_state(), num_heads=2, batch_first=True)
     m.train()
     m(ones(2, 3, 4), ones(2, 5, 4), ones(2, 5, 4))
     return m

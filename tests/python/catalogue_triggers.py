@@ -165,6 +165,7 @@ def separate_state(**change):
 
 
 def tmha(state=None, heads=2, **options):
+    options.setdefault("batch_first", True)  # the rows' inputs are (B, L, E)
     return mha.TorchMultiheadAttention.from_state_dict(state if state is not None else torch_state(), heads, **options)
 
 
@@ -222,7 +223,7 @@ def _cached_call_with_lens():
 
 def _cached_call_with_short_mask():
     m = mha.TorchMultiheadAttention.from_state_dict(
-        {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}, num_heads=2)
+        {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}, num_heads=2, batch_first=True)
     m.eval()
     c = m.kv_cache(1, 4)
     x = ones(1, 2, 4)
@@ -485,7 +486,7 @@ def symlink_out(t):
 
 def tmha_module():
     s = {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}
-    return mha.TorchMultiheadAttention.from_state_dict(s, num_heads=2)
+    return mha.TorchMultiheadAttention.from_state_dict(s, num_heads=2, batch_first=True)
 
 
 TMHA_STATE = {"in_proj_weight": ones(12, 4), "out_proj.weight": ones(4, 4)}

@@ -51,7 +51,7 @@ WALK = textwrap.dedent(r'''
                 "out_proj.bias": ones(4)}
 
     def tmha():
-        return mha.TorchMultiheadAttention.from_state_dict(torch_state(), num_heads=2)
+        return mha.TorchMultiheadAttention.from_state_dict(torch_state(), num_heads=2, batch_first=True)
 
     task = mha.OffsetPairTask(vocab=4, near=1, far=2, min_len=3, max_len=6)
     batch = task.sample(2, 0)

@@ -152,7 +152,7 @@ def test_self_attention_through_pytorchs_fast_path():
         kpm[:, 0] = False  # no fully masked row: the fast path's value for one is its own
         with torch.no_grad():
             t_out, t_w = m(x, x, x, key_padding_mask=kpm if trial % 2 else None)
-        ours = mha.TorchMultiheadAttention.from_state_dict(m.state_dict(), H).eval()
+        ours = mha.TorchMultiheadAttention.from_state_dict(m.state_dict(), H, batch_first=True).eval()
         out, w = ours(x, x, x, key_padding_mask=kpm.numpy() if trial % 2 else None)
         assert_close(out, t_out.numpy(), "fast path output")
         assert_close(w, t_w.numpy(), "fast path weights", weights=True)

@@ -129,7 +129,7 @@ def test_pruning_is_refused_with_a_clear_error():
     E, h = 8, 4
     state = {"in_proj_weight": rng.standard_normal((3 * E, E)).astype(np.float32),
              "out_proj.weight": rng.standard_normal((E, E)).astype(np.float32)}
-    m = mha.TorchMultiheadAttention.from_state_dict(state, h)
+    m = mha.TorchMultiheadAttention.from_state_dict(state, h, batch_first=True)
     with pytest.raises(ValueError, match=r"TorchMultiheadAttention.prune_heads\] heads: entry 0 is 4; heads are numbered 0 .. 3"):
         m.prune_heads([4])
     with pytest.raises(ValueError, match=r"removing all 4 remaining heads"):

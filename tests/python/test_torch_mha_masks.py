@@ -16,7 +16,7 @@ def module(E=8, H=2, seed=0, **kw):
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape) * 0.5)
-    return m.eval(), mha.TorchMultiheadAttention.from_state_dict(m.state_dict(), H, **kw)
+    return m.eval(), mha.TorchMultiheadAttention.from_state_dict(m.state_dict(), H, **{"batch_first": True, **kw})
 
 
 def identity_attention(E):
@@ -24,7 +24,7 @@ def identity_attention(E):
     calls can be held to scaled_dot_product_attention."""
     eye = np.eye(E, dtype=np.float32)
     state = {"in_proj_weight": np.concatenate([eye, eye, eye]), "out_proj.weight": eye}
-    return mha.TorchMultiheadAttention.from_state_dict(state, 1).eval()
+    return mha.TorchMultiheadAttention.from_state_dict(state, 1, batch_first=True).eval()
 
 
 def test_named_conversions_and_their_inverses():

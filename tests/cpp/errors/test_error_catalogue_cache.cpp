@@ -1,6 +1,7 @@
 // Triggers of docs/errors.md's rows for key/value caches (mha/kv_cache.h;
 // see error_catalogue.h).
 #include "error_catalogue.h"
+#include "test_util.h"
 
 namespace mha::test {
 
@@ -80,7 +81,7 @@ Triggers cache_triggers() {
        [] {
          StateDict s = {{"in_proj_weight", ones({12, 4})}, {"out_proj.weight", ones({4, 4})},
                         {"bias_k", ones({1, 1, 4})}, {"bias_v", ones({1, 1, 4})}};
-         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2, test::batch_first_options());
          m.eval();
          KVCache c = m.kv_cache(1, 4);
          const Tensor x = ones({1, 1, 4});
@@ -89,7 +90,7 @@ Triggers cache_triggers() {
       {"kv_cache.key_padding_mask",
        [] {
          StateDict s = {{"in_proj_weight", ones({12, 4})}, {"out_proj.weight", ones({4, 4})}};
-         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+         TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2, test::batch_first_options());
          m.eval();
          KVCache c = m.kv_cache(1, 4);
          const Tensor x2 = ones({1, 2, 4}), x1 = ones({1, 1, 4});

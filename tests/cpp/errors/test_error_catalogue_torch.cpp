@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "error_catalogue.h"
+#include "test_util.h"
 
 namespace mha::test {
 
@@ -32,7 +33,7 @@ StateDict separate_state(const StateDict& change = {}) {
 }
 
 TorchMultiheadAttention torch_mha(const StateDict& s = torch_state(), int64_t heads = 2,
-                                  const TorchMhaOptions& o = {}) {
+                                  const TorchMhaOptions& o = test::batch_first_options()) {
   return TorchMultiheadAttention::from_state_dict(s, heads, o);
 }
 
@@ -132,7 +133,7 @@ Triggers torch_triggers() {
       {"mha.dropout_mask", [] { MultiHeadAttention(8, 2).last_dropout_mask(); }},
       {"prune.grouped", [] {
          StateDict s{{"in_proj_weight", Tensor({16, 8}, 1.0f)}, {"out_proj.weight", Tensor({8, 8}, 1.0f)}};
-         TorchMhaOptions o;
+         TorchMhaOptions o = test::batch_first_options();
          o.num_kv_heads = 2;
          TorchMultiheadAttention::from_state_dict(s, 4, o).prune_heads({0});
        }},

@@ -56,8 +56,8 @@ TEST(ForwardContext, DropInCallsKeepTheirContextWhenAsked) {
   Generator gen(4);
   const int64_t E = 8, h = 2;
   StateDict state{{"in_proj_weight", random_tensor({3 * E, E}, gen)}, {"out_proj.weight", random_tensor({E, E}, gen)}};
-  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(state, h);
-  TorchMultiheadAttention s = TorchMultiheadAttention::from_state_dict(state, h);
+  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(state, h, test::batch_first_options());
+  TorchMultiheadAttention s = TorchMultiheadAttention::from_state_dict(state, h, test::batch_first_options());
   const Tensor q = random_tensor({2, 3, E}, gen), k = random_tensor({2, 6, E}, gen), G = random_tensor({2, 3, E}, gen);
   TorchMhaCall call;
   call.keep_context = true;
@@ -68,7 +68,7 @@ TEST(ForwardContext, DropInCallsKeepTheirContextWhenAsked) {
   m.forward(q, q, q);  // another call between
   s.forward(q, k, k);
   EXPECT_TRUE(bitwise_equal(m.backward(r.context, G).key, s.backward(G).key));
-  EXPECT_TRUE(TorchMultiheadAttention::from_state_dict(state, h).forward(q, k, k).context.empty());
+  EXPECT_TRUE(TorchMultiheadAttention::from_state_dict(state, h, test::batch_first_options()).forward(q, k, k).context.empty());
 }
 
 }  // namespace

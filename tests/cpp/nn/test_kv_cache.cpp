@@ -125,7 +125,7 @@ void drop_in_case(bool batch_first) {
                  {"in_proj_bias", random_tensor({E + 2 * Ekv}, gen)},
                  {"out_proj.weight", random_tensor({E, E}, gen)},
                  {"out_proj.bias", random_tensor({E}, gen)}};
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.num_kv_heads = Hkv;
   o.batch_first = batch_first;
   TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, H, o);
@@ -311,7 +311,7 @@ TEST(KVCache, DropInRefusesAppendedKeys) {
   Generator gen(1);
   StateDict s = {{"in_proj_weight", random_tensor({12, 4}, gen)}, {"out_proj.weight", random_tensor({4, 4}, gen)},
                  {"bias_k", random_tensor({1, 1, 4}, gen)}, {"bias_v", random_tensor({1, 1, 4}, gen)}};
-  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2, test::batch_first_options());
   m.eval();
   KVCache c = m.kv_cache(1, 4);
   const Tensor x({1, 1, 4}, 1.0f);
@@ -327,7 +327,7 @@ namespace {
 TEST(KVCache, DropInUnbatchedIsOneBatchRow) {
   Generator gen(9);
   StateDict s = {{"in_proj_weight", random_tensor({12, 4}, gen)}, {"out_proj.weight", random_tensor({4, 4}, gen)}};
-  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2);
+  TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(s, 2, test::batch_first_options());
   m.eval();
   KVCache a = m.kv_cache(1, 8), b = m.kv_cache(1, 8);
   for (int64_t n : {3, 1, 2}) {
@@ -404,7 +404,7 @@ TEST(KVCache, DropInKeyPaddingMaskIsThePlainCall) {
                  {"in_proj_bias", random_tensor({E + 2 * Ekv}, gen)},
                  {"out_proj.weight", random_tensor({E, E}, gen)},
                  {"out_proj.bias", random_tensor({E}, gen)}};
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.num_kv_heads = Hkv;
   for (FullyMaskedRows policy : {FullyMaskedRows::Zeros, FullyMaskedRows::Uniform})
     for (bool additive : {false, true}) {

@@ -208,7 +208,7 @@ TEST(PackedWeight, DropInSeesOptimiserSteps) {
                   {"in_proj_bias", random_tensor({3 * E}, gen)},
                   {"out_proj.weight", random_tensor({E, E}, gen)},
                   {"out_proj.bias", random_tensor({E}, gen)}};
-  TorchMhaOptions options;
+  TorchMhaOptions options = test::batch_first_options();
   options.batch_first = true;
   TorchMultiheadAttention m = TorchMultiheadAttention::from_state_dict(state, 4, options);
   const Tensor X = random_tensor({2, 30, E}, gen);

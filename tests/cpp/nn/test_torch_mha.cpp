@@ -85,7 +85,7 @@ TEST(TorchMha, StateDictRoundTripsInBothLayouts) {
   Generator gen(1);
   for (int64_t kdim : {int64_t{8}, int64_t{5}}) {
     const StateDict s = random_state(gen, 8, 8, kdim, 8 + 3 * (kdim != 8), true, true);
-    auto m = TorchMultiheadAttention::from_state_dict(s, 2);
+    auto m = TorchMultiheadAttention::from_state_dict(s, 2, test::batch_first_options());
     const StateDict back = m.state_dict();
     ASSERT_EQ(back.size(), s.size());
     for (const auto& [name, t] : s) EXPECT_TRUE(back.at(name) == t) << name;
@@ -99,8 +99,8 @@ TEST(TorchMha, SafetensorsFileGivesTheSameModule) {
   const StateDict s = random_state(gen, 6, 6, 6, 6, true, false);
   const std::string path = ::testing::TempDir() + "torch_mha_test.safetensors";
   save_safetensors(path, s);
-  auto from_file = TorchMultiheadAttention::from_safetensors(path, 3);
-  auto from_dict = TorchMultiheadAttention::from_state_dict(s, 3);
+  auto from_file = TorchMultiheadAttention::from_safetensors(path, 3, test::batch_first_options());
+  auto from_dict = TorchMultiheadAttention::from_state_dict(s, 3, test::batch_first_options());
   std::remove(path.c_str());
   const Tensor x = random_tensor({2, 4, 6}, gen);
   EXPECT_TRUE(from_file(x, x, x).output == from_dict(x, x, x).output);
@@ -109,7 +109,7 @@ TEST(TorchMha, SafetensorsFileGivesTheSameModule) {
 TEST(TorchMha, LayoutsAndUnbatchedInputsAgree) {
   Generator gen(3);
   const StateDict s = random_state(gen, 12, 12, 5, 7, true, true);
-  TorchMhaOptions bf, sf;
+  TorchMhaOptions bf = test::batch_first_options(), sf = test::batch_first_options();
   sf.batch_first = false;
   bf.add_zero_attn = sf.add_zero_attn = true;
   auto a = TorchMultiheadAttention::from_state_dict(s, 3, bf);
@@ -139,7 +139,7 @@ TEST(TorchMha, LayoutsAndUnbatchedInputsAgree) {
 
 TEST(TorchMha, AveragedWeightsAreTheMeanOverHeadsAndNeedWeightsFalseGivesNone) {
   Generator gen(4);
-  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, false, false), 4);
+  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, false, false), 4, test::batch_first_options());
   const Tensor x = random_tensor({2, 3, 8}, gen), y = random_tensor({2, 5, 8}, gen);
   auto per_head = m(x, y, y, {}, true, {}, false);
   auto averaged = m(x, y, y, {}, true, {}, true);
@@ -192,10 +192,10 @@ TEST(TorchMha, GroupedHeadsEqualFullHeadsWithRepeatedKvWeights) {
     b_full.data()[2 * E + i] = bv_full.data()[i];
   }
   full["in_proj_bias"] = b_full;
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.num_kv_heads = Hkv;
   auto grouped = TorchMultiheadAttention::from_state_dict(g, H, o);
-  auto plain = TorchMultiheadAttention::from_state_dict(full, H);
+  auto plain = TorchMultiheadAttention::from_state_dict(full, H, test::batch_first_options());
   EXPECT_EQ(grouped.num_kv_heads(), Hkv);
   const Tensor q = random_tensor({2, 4, E}, gen), k = random_tensor({2, 7, 5}, gen),
                v = random_tensor({2, 7, 3}, gen);
@@ -217,7 +217,7 @@ TEST(TorchMha, FullyMaskedRowsFollowThePolicyWithDropoutToo) {
   const Tensor q = random_tensor({B, L, 8}, gen), k = random_tensor({B, S, 8}, gen);
   for (FullyMaskedRows policy : {FullyMaskedRows::Uniform, FullyMaskedRows::Zeros}) {
     for (float dropout : {0.0f, 0.5f}) {
-      TorchMhaOptions o;
+      TorchMhaOptions o = test::batch_first_options();
       o.fully_masked_rows = policy;
       o.dropout = dropout;
       auto m = TorchMultiheadAttention::from_state_dict(s, 2, o);  // training mode
@@ -239,7 +239,7 @@ TEST(TorchMha, FullyMaskedRowsFollowThePolicyWithDropoutToo) {
 
 TEST(TorchMha, DropoutActsInTrainingOnlyAndTheWeightsShowIt) {
   Generator gen(7);
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.dropout = 0.5f;
   auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, true, false), 2, o);
   const Tensor x = random_tensor({4, 16, 8}, gen);
@@ -257,7 +257,7 @@ TEST(TorchMha, DropoutActsInTrainingOnlyAndTheWeightsShowIt) {
 TEST(TorchMha, BadStateDictsAndCallsAreRefusedByName) {
   Generator gen(8);
   const StateDict good = random_state(gen, 8, 8, 8, 8, true, true);
-  auto load = [&](StateDict s, int64_t heads = 2, TorchMhaOptions o = {}) {
+  auto load = [&](StateDict s, int64_t heads = 2, TorchMhaOptions o = test::batch_first_options()) {
     return [s, heads, o] { TorchMultiheadAttention::from_state_dict(s, heads, o); };
   };
   StateDict s = good;
@@ -273,14 +273,14 @@ TEST(TorchMha, BadStateDictsAndCallsAreRefusedByName) {
   s["in_proj_weight"] = Tensor({23, 8});
   EXPECT_TRUE(throws_with(load(s), "in_proj_weight: shape (23, 8) is not (24, 8)"));
   EXPECT_TRUE(throws_with(load(good, 3), "num_heads: 3 does not divide embed_dim 8"));
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.num_kv_heads = 3;
   EXPECT_TRUE(throws_with(load(good, 4, o), "num_kv_heads: 3 does not divide num_heads 4"));
   o = {};
   o.kdim = 5;
   EXPECT_TRUE(throws_with(load(good, 2, o), "kdim: 5 differs from the state dict's key width 8"));
 
-  auto m = TorchMultiheadAttention::from_state_dict(good, 2);
+  auto m = TorchMultiheadAttention::from_state_dict(good, 2, test::batch_first_options());
   const Tensor x = random_tensor({2, 3, 8}, gen), y = random_tensor({2, 5, 8}, gen);
   EXPECT_TRUE(throws_with([&] { m(x, Tensor({2, 5, 7}), y); }, "key: shape (2, 5, 7) has width 7; wanted kdim 8"));
   EXPECT_TRUE(throws_with([&] { m(x, y, Tensor({2, 4, 8})); }, "has 4 positions but key (2, 5, 8) has 5"));
@@ -304,7 +304,7 @@ struct KernelRun {
 KernelRun run_on(AttentionKernel kernel, const StateDict& s, int64_t H, const Tensor& x,
                  const Tensor& v, const Mask& kpm, bool causal, const Tensor& grad_out,
                  FullyMaskedRows policy = FullyMaskedRows::Zeros) {
-  auto m = TorchMultiheadAttention::from_state_dict(s, H);
+  auto m = TorchMultiheadAttention::from_state_dict(s, H, test::batch_first_options());
   m.set_kernel(kernel);
   m.set_fully_masked_rows(policy);
   m.train();

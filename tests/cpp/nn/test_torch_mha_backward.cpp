@@ -65,7 +65,7 @@ bool finite(const Tensor& t) {
 
 struct FdSetup {
   StateDict state;
-  TorchMhaOptions options;
+  TorchMhaOptions options = test::batch_first_options();
   int64_t H;
   Tensor q, k, v, grad_out;
   TorchMhaCall call;
@@ -143,7 +143,7 @@ TEST(TorchMhaBackward, ModuleGradientsMatchFiniteDifferencesWithEveryOption) {
 TEST(TorchMhaBackward, LayoutsGiveTheSameGradients) {
   Generator gen(32);
   const StateDict state = random_state(gen, 12, 12, 12, 12, true, true);
-  TorchMhaOptions bf, sf;
+  TorchMhaOptions bf = test::batch_first_options(), sf = test::batch_first_options();
   sf.batch_first = false;
   bf.add_zero_attn = sf.add_zero_attn = true;
   auto a = TorchMultiheadAttention::from_state_dict(state, 3, bf);
@@ -165,7 +165,7 @@ TEST(TorchMhaBackward, LayoutsGiveTheSameGradients) {
 
 TEST(TorchMhaBackward, GradientsAccumulateUntilZeroGrad) {
   Generator gen(33);
-  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 5, 8, true, true), 2);
+  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 5, 8, true, true), 2, test::batch_first_options());
   for (const auto& [name, g] : m.grads())
     for (float x : g.values()) EXPECT_EQ(x, 0.0f) << name;  // zeros before any backward
   const Tensor x = random_tensor({2, 3, 8}, gen), y = random_tensor({2, 4, 5}, gen),
@@ -192,7 +192,7 @@ TEST(TorchMhaBackward, ParametersCoverTheStateDictForTheOptimisers) {
   Generator gen(34);
   for (bool packed : {true, false}) {
     const StateDict state = random_state(gen, 8, 8, 8, packed ? 8 : 6, true, true);
-    auto m = TorchMultiheadAttention::from_state_dict(state, 2);
+    auto m = TorchMultiheadAttention::from_state_dict(state, 2, test::batch_first_options());
     int64_t covered = 0, total = 0;
     for (const ParamRef& p : m.parameters()) covered += p.value->numel();
     for (const auto& [name, t] : state) total += t.numel();
@@ -225,7 +225,7 @@ TEST(TorchMhaBackward, FullyMaskedRowsGiveFiniteGradientsAndZerosPassNoneToKeys)
     for (float dropout : {0.0f, 0.5f})
       for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas, AttentionKernel::Fused})
         for (bool need_weights : {false, true}) {
-          TorchMhaOptions o;
+          TorchMhaOptions o = test::batch_first_options();
           o.fully_masked_rows = policy;
           o.dropout = dropout;
           auto m = TorchMultiheadAttention::from_state_dict(state, 2, o);
@@ -246,7 +246,7 @@ TEST(TorchMhaBackward, FullyMaskedRowsGiveFiniteGradientsAndZerosPassNoneToKeys)
 
 TEST(TorchMhaBackward, LastDropoutMaskIsTheForwardsMask) {
   Generator gen(36);
-  TorchMhaOptions o;
+  TorchMhaOptions o = test::batch_first_options();
   o.dropout = 0.5f;
   o.add_zero_attn = true;
   auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, false, false), 2, o);
@@ -261,7 +261,7 @@ TEST(TorchMhaBackward, LastDropoutMaskIsTheForwardsMask) {
 
 TEST(TorchMhaBackward, RefusesWithoutATrainingForwardAndOnBadShapes) {
   Generator gen(37);
-  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, true, false), 2);
+  auto m = TorchMultiheadAttention::from_state_dict(random_state(gen, 8, 8, 8, 8, true, false), 2, test::batch_first_options());
   const Tensor x = random_tensor({2, 3, 8}, gen);
   EXPECT_TRUE(throws_with([&] { m.backward(x); }, "TorchMultiheadAttention.backward"));
   EXPECT_TRUE(throws_with([&] { m.backward(x); }, "no training-mode forward"));
