@@ -63,7 +63,8 @@ from . import _checks, _core
 
 _calls = _core._torch_calls
 
-__all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention"]
+__all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention",
+           "head_importance"]
 
 
 def _not_on_cpu(op, name, device):
@@ -206,22 +207,32 @@ def _call_dtype(op, tensors):
 class _Call:
     """One forward call: its module's layer builder and settings, nothing shared with other calls."""
 
-    def __init__(self, state, forward, layers, grads):
+    def __init__(self, state, forward, layers, grads, gates=None):
         self.state = state      # the module's _calls._CallState
-        self.forward = forward  # (q, k, v, params, for_backward) -> (out ndarray, weights or None, context)
-        self.layers = layers    # (params, weights or None) -> the layer tuple _core reads
+        # (q, k, v, params, for_backward, gates) -> (out ndarray, weights or None, context)
+        self.forward = forward
+        self.layers = layers    # (params, weights or None) -> the layer tuple _core reads, without gates
         self.grads = grads      # (params, engine grads) -> one gradient (or None) per parameter
+        self.gates = gates      # (h,) float32 tensor multiplying each head's output, or None
+
+
+_NO_GATES = torch.empty(0)
+
+
+def _with_gates(layers, gates):
+    """The layer tuple with the call's head gates (a (h,) tensor or None) as its last entry."""
+    return layers[:7] + (None if gates is None else gates.detach().contiguous().numpy(),)
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """forward(call, q, k, v, *params) -> (output, weights or empty); backward by mha from the call's
-    own context (kept by this autograd node, not by the module)."""
+    """forward(call, q, k, v, gates, *params) -> (output, weights or empty); backward by mha from the
+    call's own context (kept by this autograd node, not by the module). gates: (h,) or empty."""
 
     @staticmethod
-    def forward(ctx, call, q, k, v, *params):
-        out, weights, context = call.forward(q, k, v, params, True)
+    def forward(ctx, call, q, k, v, gates, *params):
+        out, weights, context = call.forward(q, k, v, params, True, call.gates)
         ctx.call, ctx.context = call, context
-        ctx.save_for_backward(*params)  # torch refuses the backward if one was written in place since
+        ctx.save_for_backward(gates, *params)  # torch refuses the backward if one was written in place since
         weights = torch.empty(0) if weights is None else torch.from_numpy(weights)
         ctx.mark_non_differentiable(weights)
         return torch.from_numpy(out), weights
@@ -232,26 +243,29 @@ class _AttentionFunction(torch.autograd.Function):
             raise RuntimeError("[mha.torch] backward with create_graph=True: mha's attention has no double "
                                "backward (gradient penalties, Hessian-vector products); its first-order "
                                "gradients are exact, so use torch.nn.MultiheadAttention for such losses")
-        params = ctx.saved_tensors
+        gates, *params = ctx.saved_tensors
         call, context = ctx.call, ctx.context
         g = grad_out.detach()
         if g.dtype != torch.float32:
             g = g.float()
-        (gq, gk, gv), *rest = _calls._engine_backward(call.state, context, call.layers(params, None),
-                                                     g.contiguous().numpy())
-        return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
+        layers = _with_gates(call.layers(params, None), call.gates)
+        (gq, gk, gv), *rest = _calls._engine_backward(call.state, context, layers, g.contiguous().numpy())
+        g_gates = torch.from_numpy(rest[-1]) if ctx.needs_input_grad[4] else None
+        return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv), g_gates,
                 *call.grads(params, rest))
 
 
 def _run(call, q, k, v, params, want_weights):
     """Output, weights (or None) and the call's context, through autograd when a gradient is wanted."""
+    gates = call.gates
     need_grad = torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in params))
+        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in params)
+        or (gates is not None and gates.requires_grad))
     if need_grad:
         with torch.inference_mode(False):
-            out, weights = _AttentionFunction.apply(call, q, k, v, *params)
+            out, weights = _AttentionFunction.apply(call, q, k, v, _NO_GATES if gates is None else gates, *params)
         return out, (weights if want_weights else None)
-    out, weights, context = call.forward(q, k, v, params, False)
+    out, weights, context = call.forward(q, k, v, params, False, gates)
     return torch.from_numpy(out), (None if weights is None else torch.from_numpy(weights))
 
 
@@ -480,7 +494,7 @@ class MultiHeadAttention(nn.Module):
             self._cache_impl = _CacheImpl(impl)
         return self._cache_impl
 
-    def forward(self, queries, keys, values, valid_lens=None, *, cache=None):
+    def forward(self, queries, keys, values, valid_lens=None, *, cache=None, head_mask=None):
         """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens);
         with cache= (an mha.KVCache of kv_cache()): the cached call of the n new positions,
         queries, keys, values (B, n, D*), in eval mode without gradients (class docstring)."""
@@ -517,6 +531,7 @@ class MultiHeadAttention(nn.Module):
             cm.sync(named)
             impl.eval()
             impl.precision = precision
+            _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
             nq, nk, nv = _inputs_numpy(queries, keys, values)
             return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache)).to(out_dtype)
         p = _dropout_p(op, "attention.dropout.p", self.attention.dropout.p) if self.training else 0.0
@@ -525,9 +540,9 @@ class MultiHeadAttention(nn.Module):
         weights = self._weights
         module = self
 
-        def forward(q, k, v, ps, for_backward):
+        def forward(q, k, v, ps, for_backward, gates):
             nq, nk, nv = _inputs_numpy(q, k, v)
-            layers = weights.layers(ps, lambda ps: module._call_layers(ps, weights))
+            layers = _with_gates(weights.layers(ps, lambda ps: module._call_layers(ps, weights)), gates)
             out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv,
                                                  lens, num_heads, kernel, precision, for_backward, p, key, True)
             module._last_context = context
@@ -543,7 +558,8 @@ class MultiHeadAttention(nn.Module):
                     out.append(torch.from_numpy(pg[2 * i + 1]) if ps[i * per + 1].requires_grad else None)
             return out
 
-        call = _Call(weights.state, forward, self._call_layers, grads)
+        call = _Call(weights.state, forward, self._call_layers, grads,
+                     _call_gates(op, self.head_gates, head_mask, self.num_heads))
         out, _ = _run(call, queries, keys, values, params, False)
         return out if out_dtype == torch.float32 else out.to(out_dtype)
 
@@ -750,7 +766,7 @@ class MultiheadAttention(nn.Module):
         return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, cache=None):
+                average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
         average_attn_weights=True, is_causal=False, *, cache=None) -> (attn_output,
         attn_weights or None); shapes in the class docstring. With cache= (an mha.KVCache of
@@ -781,6 +797,7 @@ class MultiheadAttention(nn.Module):
             impl.eval()
             impl.precision = precision
             impl.kernel = self._kernel
+            _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
             seq_first = query.dim() == 3 and not batch_first
             if seq_first:  # the cache's module is batch-first
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
@@ -799,7 +816,8 @@ class MultiheadAttention(nn.Module):
                             batch_first=batch_first, add_zero_attn=bool(self.add_zero_attn), kpm=kpm, am=am,
                             need_weights=need_weights, average=average, is_causal=is_causal,
                             kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
-                            p=p, weights=self._weights, out_dtype=out_dtype, module=self)
+                            p=p, weights=self._weights, out_dtype=out_dtype, module=self,
+                            gates=_call_gates(op, self.head_gates, head_mask, self.num_heads))
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -861,7 +879,7 @@ _FUNCTIONAL_STATE = _calls._CallState()  # spare buffers of the functional calls
 
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None):
+                 module=None, gates=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -872,9 +890,9 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
     def build(ps):
         return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op)
 
-    def forward(q, k, v, ps, for_backward):
+    def forward(q, k, v, ps, for_backward, gates):
         nq, nk, nv = _inputs_numpy(q, k, v)
-        layers = build(ps) if weights is None else weights.layers(ps, build)
+        layers = _with_gates(build(ps) if weights is None else weights.layers(ps, build), gates)
         out, w, context = _calls._torch_mha_forward(
             state, layers, nq, nk, nv,
             embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
@@ -886,7 +904,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
     def layers(ps, w):
         return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op)
 
-    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest))
+    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest), gates)
     out, w = _run(call, query, key, value, params, need_weights)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
@@ -1003,3 +1021,83 @@ def replace_attention(model, **kwargs):
             setattr(parent, child_name, ours)
             replaced[f"{parent_name}.{child_name}" if parent_name else child_name] = child
     return replaced
+
+
+def _cache_gates(impl, gates, num_heads):
+    """The cached call's module gets the call's head gates (all 1 without)."""
+    g = np.ones(num_heads, np.float32) if gates is None else gates.detach().float().numpy()
+    if not np.array_equal(impl.head_gates, g):
+        impl.head_gates = g
+
+
+def _call_gates(op, head_gates, head_mask, num_heads):
+    """The (h,) float32 factors of a call's heads: the module's head_gates times the call's head_mask
+    (either may be None), through torch ops so that both get gradients."""
+    if head_mask is not None:
+        if not isinstance(head_mask, torch.Tensor):
+            raise _checks.wrong_kind(op, "head_mask", head_mask, f"a tensor of {num_heads} values (one per head)")
+        if head_mask.numel() != num_heads:
+            raise ValueError(f"[{op}] head_mask: shape {tuple(head_mask.shape)} has {head_mask.numel()} values; "
+                             f"wanted one per head ({num_heads})")
+        head_mask = head_mask.reshape(num_heads).float()
+    if head_gates is None:
+        return head_mask
+    return head_gates if head_mask is None else head_gates * head_mask
+
+
+def _gates_property(doc):
+    def get(self):
+        return self.__dict__.get("_head_gates")
+
+    def set(self, g):
+        op = f"mha.torch.{type(self).__name__}.head_gates"
+        if g is not None:
+            if not isinstance(g, torch.Tensor):
+                raise _checks.wrong_kind(op, "head_gates", g, f"a tensor of {self.num_heads} values or None")
+            if tuple(g.shape) != (self.num_heads,) or g.dtype != torch.float32:
+                raise ValueError(f"[{op}] head_gates: shape {tuple(g.shape)} dtype {g.dtype}; wanted a float32 "
+                                 f"tensor of shape ({self.num_heads},)")
+        self.__dict__["_head_gates"] = g
+
+    return property(get, set, doc=doc)
+
+
+_GATES_DOC = """(num_heads,) float32 tensor or None (all 1): each head's output is multiplied by its gate
+before the output projection. Not a parameter (not in state_dict() or parameters()); give it
+requires_grad=True and its .grad after backward() is each head's gradient importance."""
+MultiHeadAttention.head_gates = _gates_property(_GATES_DOC)
+MultiheadAttention.head_gates = _gates_property(_GATES_DOC)
+
+
+def head_importance(module, loss_fn, method="gradient"):
+    """Each head's importance for `loss_fn()` (a callable that runs the model, `module` inside it,
+    and returns a scalar loss), as the d2l chapter's exercise asks:
+    - "gradient": |d loss / d gate| with every gate at 1 (one forward and backward);
+    - "ablation": loss with the head's gate at 0 minus the loss with all gates at 1 (one forward per
+      head, without gradients).
+    module: an mha.torch module; its head_gates are restored afterwards. -> (num_heads,) tensor."""
+    op = "mha.torch.head_importance"
+    if not isinstance(module, (MultiHeadAttention, MultiheadAttention)):
+        raise _checks.wrong_kind(op, "module", module, "an mha.torch module")
+    if method not in ("gradient", "ablation"):
+        raise ValueError(f"[{op}] method: {method!r}; wanted 'gradient' or 'ablation'")
+    saved = module.head_gates
+    h = module.num_heads
+    try:
+        if method == "gradient":
+            gates = torch.ones(h, requires_grad=True)
+            module.head_gates = gates
+            (g,) = torch.autograd.grad(loss_fn(), gates)
+            return g.abs()
+        with torch.no_grad():
+            module.head_gates = torch.ones(h)
+            base = float(loss_fn())
+            out = torch.empty(h)
+            for i in range(h):
+                gates = torch.ones(h)
+                gates[i] = 0.0
+                module.head_gates = gates
+                out[i] = float(loss_fn()) - base
+            return out
+    finally:
+        module.head_gates = saved

@@ -242,6 +242,8 @@ if torch is not None:
         "torch.MultiheadAttention.precision =": dict(precision="bf16"),
         "torch.MultiHeadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
         "torch.MultiheadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
+        "torch.MultiHeadAttention.head_gates =": dict(head_gates=torch.ones(2)),
+        "torch.MultiheadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.multi_head_attention_forward": dict(
             query=torch.ones(3, 2, 4), key=torch.ones(5, 2, 4), value=torch.ones(5, 2, 4), embed_dim_to_check=4,
             num_heads=2, in_proj_weight=torch.ones(12, 4), in_proj_bias=torch.zeros(12), bias_k=None, bias_v=None,
@@ -274,12 +276,15 @@ NOT_NUMERIC = {
 NO_NUMBERS = {"read_png", "load_safetensors", "safetensors_metadata", "load_checkpoint", "plot.colormap",
               "mask_to_torch_mha", "mask_to_sdpa", "MultiHeadAttention.kernel =", "TorchMultiheadAttention.kernel =",
               "torch.MultiHeadAttention.precision =", "torch.MultiheadAttention.precision =",
-              "TorchMultiheadAttention.fully_masked_rows =", "AttentionModel.layer", "torch.replace_attention"}
+              "TorchMultiheadAttention.fully_masked_rows =", "AttentionModel.layer", "torch.replace_attention",
+              "torch.head_importance"}
 # (entry point, argument) where None is a valid value though not the default.
 NONE_OK = {
     ("Mask.keep", "keep"), ("mask_from_sdpa", "mask"), ("mask_from_torch_mha", "mask"),  # None: no mask
     ("_render_heatmaps", "vmin"), ("_render_heatmaps", "vmax"),  # None: the automatic scale
     ("show_heatmaps", "figsize"),  # None: the automatic size
+    ("torch.MultiHeadAttention.head_gates =", "head_gates"),  # None: all heads at 1
+    ("torch.MultiheadAttention.head_gates =", "head_gates"),
     # PyTorch's functional form takes None for absent tensors though its signature has no defaults
     ("torch.multi_head_attention_forward", "in_proj_weight"), ("torch.multi_head_attention_forward", "in_proj_bias"),
     ("torch.multi_head_attention_forward", "bias_k"), ("torch.multi_head_attention_forward", "bias_v"),
@@ -326,6 +331,8 @@ OPS = {
     "torch.MultiHeadAttention.kv_cache": "MultiHeadAttention.kv_cache",
     "torch.MultiheadAttention.kv_cache": "TorchMultiheadAttention.kv_cache",
     "torch.multi_head_attention_forward": ("mha.torch.multi_head_attention_forward", "mha.torch.MultiheadAttention"),
+    "torch.MultiHeadAttention.head_gates =": "mha.torch.MultiHeadAttention.head_gates",
+    "torch.MultiheadAttention.head_gates =": "mha.torch.MultiheadAttention.head_gates",
 }
 
 # ---- enumeration -----------------------------------------------------------------

@@ -357,6 +357,9 @@ PY = {
     "torch.mha_forward_in_proj": lambda t: _torch_call("mha_forward_in_proj"),
     "torch.mha_forward_bias_kv": lambda t: _torch_call("mha_forward_bias_kv"),
     "torch.replace_self": lambda t: _torch_call("replace_self"),
+    "torch.head_mask": lambda t: _torch_call("head_mask"),
+    "torch.head_gates": lambda t: _torch_call("head_gates"),
+    "torch.importance_method": lambda t: _torch_call("importance_method"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -442,6 +445,14 @@ def _torch_call(what):
         else:
             args["bias_k"] = torch.ones(1, 1, 8)
         mt.multi_head_attention_forward(q, q, q, **args)
+    elif what == "head_mask":
+        x8 = torch.ones(3, 2, 8)
+        mt.MultiheadAttention(8, 2)(x8, x8, x8, head_mask=torch.ones(3))
+    elif what == "head_gates":
+        mt.MultiheadAttention(8, 2).head_gates = torch.ones(3)
+    elif what == "importance_method":
+        m = mt.MultiheadAttention(8, 2)
+        mt.head_importance(m, lambda: m(x, x, x)[0].sum(), method="grad")
     elif what == "replace_self":
         mt.replace_attention(torch.nn.MultiheadAttention(8, 2))
     elif what == "replaced_w_q":
