@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -56,8 +57,11 @@ struct CallState {
     std::lock_guard<std::mutex> lock(mutex);
     return std::move(spare);
   }
-  // Keeps the larger of what it holds and `buffers` (one call's worth).
+  // Keeps the larger of what it holds and `buffers` (one call's worth; the
+  // slots take_buffer emptied are dropped, so the pool never grows).
   void give(std::vector<Tensor>&& buffers) {
+    buffers.erase(std::remove_if(buffers.begin(), buffers.end(), [](const Tensor& t) { return t.numel() == 0; }),
+                  buffers.end());
     auto bytes = [](const std::vector<Tensor>& v) {
       int64_t n = 0;
       for (const Tensor& t : v) n += t.numel();
@@ -207,7 +211,14 @@ void bind_torch_calls(py::module_& core) {
       m, "_CallState",
       "What one torch module's calls share: packings of its weights by slot and version, spare buffers.")
       .def(py::init<>())
-      .def("clear", [](CallState& s) { s.packs.clear(); }, "Forget every packing: the next call packs again.");
+      .def("clear", [](CallState& s) { s.packs.clear(); }, "Forget every packing: the next call packs again.")
+      .def_property_readonly(
+          "spare_buffers",
+          [](CallState& s) {
+            std::lock_guard<std::mutex> lock(s.mutex);
+            return s.spare.size();
+          },
+          "How many spare buffers the pool holds (one call's worth at most).");
 
   m.def("_next_param_version", [] { return ParamVersion().get(); },
         "A parameter version never used before in this process (for _torch_mha_forward's layers).");

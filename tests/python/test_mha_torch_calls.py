@@ -353,3 +353,17 @@ def test_torch_encoder_layers_run_mha_in_eval_mode_under_no_grad():
         got, want = encoder(x), ref_encoder(x)
     assert len(calls) == 2
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_buffer_pool_holds_one_calls_worth_however_many_calls():
+    """A module's calls reuse the buffers of its last finished call; the pool must not grow."""
+    m = mt.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    counts = []
+    for i in range(200):
+        out, _ = m(x, x, x, need_weights=i % 2 == 0)
+        out.sum().backward()
+        with torch.no_grad():
+            m(x, x, x)
+        counts.append(m._weights.state.spare_buffers)
+    assert max(counts) <= 12 and counts[-1] == counts[100]
