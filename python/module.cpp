@@ -81,6 +81,7 @@ void bind_decode(py::module_& m);    // decode_bindings.cpp
 void bind_contexts(py::module_& m);  // context_bindings.cpp
 void bind_caches(py::module_& m);    // cache_bindings.cpp
 void bind_torch_calls(py::module_& m);  // torch_calls.cpp
+void bind_sdpa(py::module_& m);         // sdpa_calls.cpp
 }  // namespace mha::python
 
 using mha::python::to_valid_lens;
@@ -341,6 +342,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_decode(m);
   mha::python::bind_contexts(m);
   mha::python::bind_torch_calls(m);
+  mha::python::bind_sdpa(m);
   mha::python::bind_caches(m);
   // Last: every function, method and setter above gets the overload that
   // names an argument pybind11 could not convert (python/convert.h).

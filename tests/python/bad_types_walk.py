@@ -242,6 +242,10 @@ if torch is not None:
         "torch.MultiheadAttention.precision =": dict(precision="bf16"),
         "torch.MultiHeadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
         "torch.MultiheadAttention.kv_cache": dict(batch_size=2, max_len=4, dtype="float32"),
+        "torch.scaled_dot_product_attention": dict(
+            query=torch.ones(2, 3, 4), key=torch.ones(2, 5, 4), value=torch.ones(2, 5, 4),
+            attn_mask=torch.ones(3, 5, dtype=torch.bool), dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False),
         "torch.MultiHeadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.MultiheadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.multi_head_attention_forward": dict(
@@ -284,6 +288,7 @@ NONE_OK = {
     ("_render_heatmaps", "vmin"), ("_render_heatmaps", "vmax"),  # None: the automatic scale
     ("show_heatmaps", "figsize"),  # None: the automatic size
     ("torch.MultiHeadAttention.head_gates =", "head_gates"),  # None: all heads at 1
+    ("torch.scaled_dot_product_attention", "attn_mask"),  # None: no mask
     ("torch.MultiheadAttention.head_gates =", "head_gates"),
     # PyTorch's functional form takes None for absent tensors though its signature has no defaults
     ("torch.multi_head_attention_forward", "in_proj_weight"), ("torch.multi_head_attention_forward", "in_proj_bias"),
@@ -332,6 +337,7 @@ OPS = {
     "torch.MultiheadAttention.kv_cache": "TorchMultiheadAttention.kv_cache",
     "torch.multi_head_attention_forward": ("mha.torch.multi_head_attention_forward", "mha.torch.MultiheadAttention"),
     "torch.MultiHeadAttention.head_gates =": "mha.torch.MultiHeadAttention.head_gates",
+    "torch.scaled_dot_product_attention": "mha.torch.scaled_dot_product_attention",
     "torch.MultiheadAttention.head_gates =": "mha.torch.MultiheadAttention.head_gates",
 }
 

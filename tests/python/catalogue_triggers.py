@@ -360,6 +360,13 @@ PY = {
     "torch.head_mask": lambda t: _torch_call("head_mask"),
     "torch.head_gates": lambda t: _torch_call("head_gates"),
     "torch.importance_method": lambda t: _torch_call("importance_method"),
+    "sdpa.dropout": lambda t: _sdpa_call("dropout"),
+    "sdpa.rank": lambda t: _sdpa_call("rank"),
+    "sdpa.widths": lambda t: _sdpa_call("widths"),
+    "sdpa.value_lead": lambda t: _sdpa_call("value_lead"),
+    "sdpa.lead": lambda t: _sdpa_call("lead"),
+    "sdpa.mask_causal": lambda t: _sdpa_call("mask_causal"),
+    "sdpa.mask_shape": lambda t: _sdpa_call("mask_shape"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -422,6 +429,27 @@ CLI = {
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     CLI[_id] = lambda t, k=_key, v=_value: viz_checkpoint(t, checkpoint=checkpoint_with(t, k, v))
+
+
+def _sdpa_call(what):
+    """The calls of the catalogue's sdpa.* rows."""
+    import torch
+    from mha.torch import scaled_dot_product_attention as sdpa
+    q, k = torch.ones(2, 3, 4), torch.ones(2, 5, 4)
+    if what == "dropout":
+        sdpa(q, k, k, dropout_p=1.5)
+    elif what == "rank":
+        sdpa(q, k, torch.ones(5, 4))
+    elif what == "widths":
+        sdpa(q, torch.ones(2, 5, 3), k)
+    elif what == "value_lead":
+        sdpa(q, k, torch.ones(3, 5, 4))
+    elif what == "lead":
+        sdpa(q, torch.ones(1, 5, 4), torch.ones(1, 5, 4))
+    elif what == "mask_causal":
+        sdpa(q, k, k, attn_mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)
+    elif what == "mask_shape":
+        sdpa(q, k, k, attn_mask=torch.ones(2, 2, dtype=torch.bool))
 
 
 def _torch_call(what):

@@ -1,0 +1,154 @@
+// python/sdpa_calls.cpp: scaled dot-product attention on mha's kernels, for
+// mha.torch.scaled_dot_product_attention (python/mha/torch_sdpa.py), which
+// checks and shapes every argument first (PyTorch 2.x's semantics).
+//
+//   q:[B,H,L,E] k:[B,Hkv,S,E] v:[B,Hkv,S,Ev] (float32, C-contiguous; Hkv divides H)
+//   mask: none, or [b,h,L,S] with b in {1,B}, h in {1,H}: bool (1 = takes part) or additive
+//   -> out:[B,H,L,Ev], and a context from which the backward runs
+//
+// The kernels (kernels/dispatch.h) take exactly this: grouped heads, a pair
+// mask with broadcast strides, top-left causal masking, the scale as a
+// divisor, counter-based dropout; masked scores are -inf and a row with no
+// key left gets zeros (PyTorch >= 2.5's math path), never NaN.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "convert.h"
+#include "kernels/dispatch.h"
+#include "mha/error.h"
+
+namespace py = pybind11;
+
+namespace mha::python {
+
+namespace {
+
+// What one call keeps for its backward.
+struct SdpaContext {
+  Tensor q, k, v, out;       // [B,H,L,E], [B,Hkv,S,E], [B,Hkv,S,Ev], [B,H,L,Ev]
+  std::vector<float> stats;  // [2,B,H,L] of the fused forward, or empty
+  std::vector<uint8_t> keep;  // the pair mask, bool ...
+  std::vector<float> bias;    // ... or additive
+  int64_t stride_b = 0, stride_h = 0;
+  Causal causal = Causal::None;
+  float scale_divisor = 1.0f;
+  kernels::Dropout dropout;
+
+  kernels::AttentionForward params() {
+    kernels::AttentionForward p;
+    p.q = q.view();
+    p.k = k.view();
+    p.v = v.view();
+    p.scale_divisor = scale_divisor;
+    p.dropout = dropout;
+    p.masks.pair_keep = keep.empty() ? nullptr : keep.data();
+    p.masks.pair_bias = bias.empty() ? nullptr : bias.data();
+    p.masks.pair_stride_b = stride_b;
+    p.masks.pair_stride_h = stride_h;
+    p.masks.causal = causal;
+    p.masks.fill = kernels::MaskFill::NegInf;
+    p.masks.fully_masked = FullyMaskedRows::Zeros;
+    return p;
+  }
+};
+
+Tensor tensor_of(const py::array& a, const char* what) {
+  FloatArray f = FloatArray::ensure(a);
+  if (!f) {
+    PyErr_Clear();
+    fail("mha.torch.scaled_dot_product_attention", what, ": not a float32 array");
+  }
+  Tensor t(shape_of(f));
+  if (f.size() > 0) std::memcpy(t.data(), f.data(), sizeof(float) * static_cast<size_t>(f.size()));
+  return t;
+}
+
+// Hands the tensor's buffer to numpy without a copy.
+py::array_t<float> handed(Tensor&& t) {
+  auto* owner = new Tensor(std::move(t));
+  py::capsule free_owner(owner, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
+  return py::array_t<float>(shape, owner->data(), free_owner);
+}
+
+}  // namespace
+
+void bind_sdpa(py::module_& core) {
+  py::module_ m = core.def_submodule("_sdpa_calls", "mha.torch.scaled_dot_product_attention's calls (internal)");
+  py::class_<SdpaContext, std::shared_ptr<SdpaContext>>(m, "_SdpaContext", "What one call keeps for its backward.");
+
+  m.def(
+      "forward",
+      [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, int64_t stride_b,
+         int64_t stride_h, bool causal, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
+        auto c = std::make_shared<SdpaContext>();
+        c->q = tensor_of(q, "query");
+        c->k = tensor_of(k, "key");
+        c->v = tensor_of(v, "value");
+        if (!mask.is_none()) {
+          py::array a = py::array::ensure(mask);
+          if (a.dtype().kind() == 'b') {
+            py::array_t<uint8_t, py::array::c_style | py::array::forcecast> b(a);
+            c->keep.assign(b.data(), b.data() + b.size());
+          } else {
+            FloatArray f = FloatArray::ensure(a);
+            c->bias.assign(f.data(), f.data() + f.size());
+          }
+        }
+        c->stride_b = stride_b, c->stride_h = stride_h;
+        c->causal = causal ? Causal::TopLeft : Causal::None;
+        c->scale_divisor = 1.0f / scale;
+        if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
+        const int64_t B = c->q.size(0), H = c->q.size(1), L = c->q.size(2), Ev = c->v.size(3);
+        {
+          py::gil_scoped_release release;
+          c->out = Tensor({B, H, L, Ev});
+          kernels::AttentionForward p = c->params();
+          p.out = c->out.view();
+          if (keep && kernels::runs_fused(AttentionKernel::Fused, c->k.size(2))) {
+            c->stats.resize(static_cast<size_t>(2 * B * H * L));
+            p.stats = {c->stats.data(), c->stats.data() + B * H * L};
+          }
+          if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) c->stats.clear();
+        }
+        py::array_t<float> out = to_numpy(c->out);
+        if (!keep) return py::make_tuple(out, py::none());
+        return py::make_tuple(out, py::cast(c));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("stride_b"), py::arg("stride_h"),
+      py::arg("causal"), py::arg("scale"), py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep"),
+      "-> (out [B,H,L,Ev], context or None)");
+
+  m.def(
+      "backward",
+      [](const std::shared_ptr<SdpaContext>& c, const py::array& grad_out) {
+        Tensor g = tensor_of(grad_out, "grad_output");
+        if (g.shape() != c->out.shape())
+          fail("mha.torch.scaled_dot_product_attention", "grad_output: shape ", shape_str(g.shape()),
+               " is not the output's ", shape_str(c->out.shape()));
+        Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
+        {
+          py::gil_scoped_release release;
+          kernels::AttentionBackward p;
+          p.fwd = c->params();
+          p.fwd.out = c->out.view();
+          if (!c->stats.empty()) {
+            const size_t n = c->stats.size() / 2;
+            p.fwd.stats = {c->stats.data(), c->stats.data() + n};
+          }
+          p.grad_out = g.view();
+          p.grad_q = gq.view();
+          p.grad_k = gk.view();
+          p.grad_v = gv.view();
+          kernels::attention_backward(AttentionKernel::Fused, p);
+        }
+        return py::make_tuple(handed(std::move(gq)), handed(std::move(gk)), handed(std::move(gv)));
+      },
+      py::arg("context"), py::arg("grad_output"), "-> (grad_q, grad_k, grad_v)");
+}
+
+}  // namespace mha::python
