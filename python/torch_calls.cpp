@@ -195,8 +195,10 @@ void make_grads(OwnedGrads& g, const nn::EngineLayers& l, int64_t H) {
     g.grads.bias_k = &g.bias_k;
     g.grads.bias_v = &g.bias_v;
   }
-  g.gates = Tensor({H});
-  g.grads.head_gates = &g.gates;
+  if (l.head_gates) {  // the gates' gradient only when the call has gates
+    g.gates = Tensor({H});
+    g.grads.head_gates = &g.gates;
+  }
 }
 
 py::object grad_or_none(Tensor& t) { return t.empty() ? py::object(py::none()) : py::object(handed(std::move(t))); }
@@ -348,7 +350,7 @@ void bind_torch_calls(py::module_& core) {
                                           grad_or_none(og.w[3]), grad_or_none(og.b[3]));
         return py::make_tuple(
             py::make_tuple(handed(std::move(in.queries)), handed(std::move(in.keys)), handed(std::move(in.values))),
-            params, grad_or_none(og.bias_k), grad_or_none(og.bias_v), handed(std::move(og.gates)));
+            params, grad_or_none(og.bias_k), grad_or_none(og.bias_v), grad_or_none(og.gates));
       },
       py::arg("state"), py::arg("context"), py::arg("layers"), py::arg("grad_output"),
       "The backward of the call of `context` with the same weights -> ((gq, gk, gv), (dW_q, db_q, ..., dW_o, "
