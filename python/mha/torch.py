@@ -396,6 +396,8 @@ class MultiHeadAttention(nn.Module):
         self._bias = bias
         self._kernel = _core.Kernel.FUSED if kernel is None else kernel
         self._precision = precision
+        self.original_num_heads = num_heads
+        self.kept_heads = list(range(num_heads))  # numbered as built
         self._make_state()
 
     def _make_state(self):
@@ -447,12 +449,52 @@ class MultiHeadAttention(nn.Module):
     def _layers(self):
         return (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v), ("W_o", self.W_o))
 
+    def prune_heads(self, heads):
+        """Removes heads for good, numbered as built (0 .. original_num_heads - 1), as the d2l module's
+        exercise asks: their rows of W_q, W_k, W_v (and biases) and their columns of W_o go, so the
+        projections get smaller, new Parameters (rebuild optimisers made before); num_heads becomes
+        the kept count, head_dim stays, the output stays num_hiddens wide; the kept heads' gates stay.
+        A lazy module is built narrower at its first call. At least one head must remain."""
+        op = "mha.torch.MultiHeadAttention.prune_heads"
+        # mha's own module checks the numbers with its messages (range, repeats, all removed).
+        check = _core.MultiHeadAttention(self.num_hiddens, self.original_num_heads, 0.0, self._bias)
+        gone = [h for h in range(self.original_num_heads) if h not in self.kept_heads]
+        if gone:
+            check.prune_heads(gone)
+        if isinstance(heads, torch.Tensor):
+            heads = heads.tolist()
+        if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+            raise _checks.wrong_kind(op, "heads", heads, "a list of head numbers")
+        heads = [_checks.integer(h, op, "heads") for h in heads]
+        check.prune_heads(heads)
+        stay = [i for i, h in enumerate(self.kept_heads) if h not in heads]  # positions among the kept
+        d = self.num_hiddens // self.original_num_heads
+        rows = torch.tensor([i * d + c for i in stay for c in range(d)], dtype=torch.long)
+        with torch.no_grad(), torch.inference_mode(False):
+            for layer in (self.W_q, self.W_k, self.W_v):
+                if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
+                    layer.out_features = len(rows)
+                    continue
+                layer.weight = nn.Parameter(layer.weight[rows].clone())
+                if layer.bias is not None:
+                    layer.bias = nn.Parameter(layer.bias[rows].clone())
+                layer.out_features = len(rows)
+            if not (isinstance(self.W_o, nn.modules.lazy.LazyModuleMixin) and self.W_o.has_uninitialized_params()):
+                self.W_o.weight = nn.Parameter(self.W_o.weight[:, rows].clone())
+                self.W_o.in_features = len(rows)
+        gates = self.head_gates
+        if gates is not None:
+            self.head_gates = gates.detach()[stay].clone()
+        self.kept_heads = [self.kept_heads[i] for i in stay]
+        self.num_heads = len(stay)
+        self._make_state()  # packings, the cache's module and the last context are of the old shapes
+
     def _materialise(self, queries, keys, values):
         """torch's lazy initialisation, as the chapter's first call does it (same draws, same order)."""
         for layer, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values), (self.W_o, None)):
             if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
-                if x is None:
-                    x = queries.new_empty((0, self.num_hiddens))
+                if x is None:  # W_o reads the heads' concatenation (narrower once heads are pruned)
+                    x = queries.new_empty((0, self.W_q.out_features))
                 with torch.inference_mode(False), torch.no_grad():  # parameters stay normal tensors
                     layer._infer_parameters(layer, (x.float(),))  # what torch's pre-forward hook does
             width = layer.weight.shape[1]
@@ -492,7 +534,10 @@ class MultiHeadAttention(nn.Module):
 
     def _cache_module(self):
         if self._cache_impl is None:
-            impl = _core.MultiHeadAttention(self.num_hiddens, self.num_heads, 0.0, self._bias)
+            impl = _core.MultiHeadAttention(self.num_hiddens, self.original_num_heads, 0.0, self._bias)
+            gone = [h for h in range(self.original_num_heads) if h not in self.kept_heads]
+            if gone:
+                impl.prune_heads(gone)
             self._cache_impl = _CacheImpl(impl)
         return self._cache_impl
 

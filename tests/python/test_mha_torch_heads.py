@@ -120,3 +120,44 @@ def test_bad_gates_are_refused():
     x = torch.ones(3, 2, 8)
     with pytest.raises(ValueError, match=r"head_mask: shape \(2, 2\) has 4 values; wanted one per head \(2\)"):
         m(x, x, x, head_mask=torch.ones(2, 2))
+
+
+def test_chapter_module_prune_heads_matches_the_c_plus_plus_module():
+    """Pruned heads: the torch module computes what mha's own pruned module computes on the same
+    weights (which holds its pruning to the d2l chapter's module in tests/python/test_prune.py)."""
+    import mha
+    import numpy as np
+    torch.manual_seed(4)
+    m = mt.MultiHeadAttention(12, 4, 0.0, bias=True)
+    x = torch.randn(2, 5, 12)
+    m(x, x, x, None)
+    ref = mha.MultiHeadAttention(12, 4, 0.0, bias=True)
+    ref.load_state_dict({k: v.detach().numpy() for k, v in m.state_dict().items()})
+    m.prune_heads([1])
+    m.prune_heads(torch.tensor([3]))
+    ref.prune_heads([1, 3])
+    assert m.num_heads == 2 and m.kept_heads == [0, 2]
+    assert m.W_q.weight.shape == (6, 12) and m.W_o.weight.shape == (12, 6)
+    ref.eval()
+    want = ref(x.numpy(), x.numpy(), x.numpy())
+    got = m(x, x, x, None)
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+    got.sum().backward()  # the smaller Parameters train
+    assert m.W_q.weight.grad.shape == (6, 12)
+    m.eval()
+    cache = m.kv_cache(2, 8)
+    with torch.no_grad():
+        cached = m(x, x, x, None, cache=cache)
+    np.testing.assert_allclose(cached.numpy(), ref(x.numpy(), x.numpy(), x.numpy(), cache=ref.kv_cache(2, 8)),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"prune_heads\] heads: .*already pruned"):
+        m.prune_heads([1])
+
+
+def test_a_lazy_chapter_module_is_built_narrower():
+    torch.manual_seed(5)
+    m = mt.MultiHeadAttention(8, 2, 0.0)
+    m.prune_heads([0])
+    x = torch.randn(1, 3, 5)
+    out = m(x, x, x, None)
+    assert out.shape == (1, 3, 8) and m.W_q.weight.shape == (4, 5) and m.W_o.weight.shape == (8, 4)
