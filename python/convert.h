@@ -110,8 +110,13 @@ inline py::object as_numpy(const py::handle& obj) {
   // AttributeError inside hasattr, a few microseconds per argument (the d2l
   // chapter's toy call passes four).
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::object>(obj);
-  if (py::hasattr(obj, "detach") && py::hasattr(obj, "numpy") && py::hasattr(obj, "requires_grad"))
-    return obj.attr("detach")().attr("cpu")().attr("numpy")();
+  if (py::hasattr(obj, "detach") && py::hasattr(obj, "numpy") && py::hasattr(obj, "requires_grad")) {
+    py::object t = obj.attr("detach")().attr("cpu")();
+    // numpy has no bfloat16: widened to float32 (exact), never read as an
+    // empty array.
+    if (std::string(py::str(t.attr("dtype"))) == "torch.bfloat16") t = t.attr("float")();
+    return t.attr("numpy")();
+  }
   return py::reinterpret_borrow<py::object>(obj);
 }
 

@@ -367,3 +367,18 @@ def test_the_buffer_pool_holds_one_calls_worth_however_many_calls():
             m(x, x, x)
         counts.append(m._weights.state.spare_buffers)
     assert max(counts) <= 12 and counts[-1] == counts[100]
+
+
+def test_bfloat16_torch_tensors_are_read_at_every_numpy_entry_point():
+    """numpy has no bfloat16: mha's array API widens such tensors (exactly) instead of reading an
+    empty array (which gave 'shape (0,)' errors and wrote empty safetensors)."""
+    x = torch.randn(2, 3, 8).to(torch.bfloat16)
+    m = mha.MultiHeadAttention(8, 2, seed=0).eval()
+    np.testing.assert_array_equal(m(x, x, x), m(x.float().numpy(), x.float().numpy(), x.float().numpy()))
+    import tempfile, os
+    path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    mha.save_safetensors(path, {"a": x})
+    np.testing.assert_array_equal(mha.load_safetensors(path)["a"], x.float().numpy())
+    state = {k: v.to(torch.bfloat16) for k, v in nn.MultiheadAttention(8, 2).state_dict().items()}
+    t = mha.TorchMultiheadAttention.from_state_dict(state, 2)
+    assert t.state_dict()["in_proj_weight"].shape == (24, 8)
