@@ -642,14 +642,15 @@ class MultiheadAttention(nn.Module):
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                        add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
                        device=None, dtype=None, *, fully_masked_rows=mha.FullyMaskedRows.ZEROS,
-                       kernel=None, precision='float32')
+                       kernel=mha.Kernel.FUSED, precision='float32')
 
     The same parameters, names, initialisation (torch's, from torch's generator)
     and state dict as nn.MultiheadAttention, so either's state dict loads into
     the other and it can replace TransformerEncoderLayer(...).self_attn.
 
     forward(query, key, value, key_padding_mask=None, need_weights=True,
-            attn_mask=None, average_attn_weights=True, is_causal=False)
+            attn_mask=None, average_attn_weights=True, is_causal=False, *,
+            cache=None, head_mask=None)
         -> (attn_output, attn_weights or None)
     query (B, L, E) if batch_first else (L, B, E), or unbatched (L, E); key
     (.., S, kdim), value (.., S, vdim); key_padding_mask (B, S) or (S,);
@@ -664,8 +665,10 @@ class MultiheadAttention(nn.Module):
     q, k, v to bfloat16; attention, parameters, gradients and optimiser steps
     stay float32.
 
-    Note: in eval mode under no_grad, torch's TransformerEncoderLayer may skip
-    self_attn.forward for its own fused kernel, reading these same parameters.
+    head_gates ((num_heads,) tensor or None) and head_mask= multiply each head's
+    output before out_proj (module docstring of mha.torch.head_importance).
+    torch's TransformerEncoder(Layer) calls this module in eval mode under
+    no_grad too (its own fused path is never taken for it).
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
