@@ -666,7 +666,7 @@ class MultiheadAttention(nn.Module):
     stay float32.
 
     head_gates ((num_heads,) tensor or None) and head_mask= multiply each head's
-    output before out_proj (module docstring of mha.torch.head_importance).
+    output before out_proj (see mha.torch.head_importance).
     torch's TransformerEncoder(Layer) calls this module in eval mode under
     no_grad too (its own fused path is never taken for it).
     """
