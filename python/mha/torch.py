@@ -765,6 +765,51 @@ class MultiheadAttention(nn.Module):
             raise _checks.wrong_kind("mha.torch.MultiheadAttention.kernel", "kernel", k, "an mha.Kernel")
         self._kernel = k
 
+    def _kept(self):
+        kept = self.__dict__.get("kept_heads")
+        return None if kept is None or len(kept) == self.num_heads else kept
+
+    def prune_heads(self, heads):
+        """Removes heads for good, numbered as built (0 .. num_heads - 1), as
+        mha.TorchMultiheadAttention.prune_heads: calls compute only the kept heads (their rows of the
+        projections and columns of out_proj, gathered once per version of the parameters); the
+        Parameters keep PyTorch's shapes with the removed heads' rows and columns set to zero, so
+        that nn.MultiheadAttention loads the state dict and computes what this module computes, and
+        their gradients are zero there. num_heads stays as built (PyTorch's attribute); kept_heads
+        lists the heads that remain; head_gates and head_mask keep one entry per head as built.
+        At least one head must remain."""
+        op = "mha.torch.MultiheadAttention.prune_heads"
+        if isinstance(heads, torch.Tensor):
+            heads = heads.tolist()
+        if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+            raise _checks.wrong_kind(op, "heads", heads, "a list of head numbers")
+        heads = [_checks.integer(h, op, "heads") for h in heads]
+        kept = self.__dict__.get("kept_heads") or list(range(self.num_heads))
+        # mha's own drop-in checks the numbers with its messages (range, repeats, all removed).
+        E, H = self.embed_dim, self.num_heads
+        check = _core.TorchMultiheadAttention.from_state_dict(
+            {"in_proj_weight": np.zeros((3 * E, E), np.float32), "out_proj.weight": np.zeros((E, E), np.float32)},
+            H)
+        gone = [h for h in range(H) if h not in kept]
+        if gone:
+            check.prune_heads(gone)
+        check.prune_heads(heads)
+        d = E // H
+        removed = _kept_rows(sorted(set(gone) | set(heads)), d)
+        with torch.no_grad():
+            for name, p in self._named_params():
+                if name in ("in_proj_weight", "in_proj_bias"):
+                    for part in range(3):
+                        p[part * E:(part + 1) * E][removed] = 0
+                elif name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                    p[removed] = 0
+                elif name == "out_proj.weight":
+                    p[:, removed] = 0
+                elif name in ("bias_k", "bias_v"):
+                    p.view(-1)[removed] = 0
+        self.kept_heads = [h for h in kept if h not in heads]
+        self._make_state()  # packings, the cache's module and the last context are of the old heads
+
     def parameters_written(self):
         """Tell mha that parameters were written where torch's version counter does not see it
         (in place on ``.data``, or through a numpy view of their storage): the next call repacks
@@ -793,12 +838,22 @@ class MultiheadAttention(nn.Module):
             impl = _core.TorchMultiheadAttention.from_state_dict(
                 state, self.num_heads, batch_first=True, kdim=self.kdim, vdim=self.vdim,
                 add_zero_attn=self.add_zero_attn, dropout=0.0, fully_masked_rows=self._fully_masked_rows)
+            kept = self._kept()
+            if kept is not None:
+                impl.prune_heads([h for h in range(self.num_heads) if h not in kept])
             self._cache_impl = _CacheImpl(impl)
         return self._cache_impl
 
     def _cache_pairs(self, named):
         """(mha buffer name, tensor) for _CacheImpl.sync."""
         proj, bias_k, bias_v = _drop_in_split(named, self.embed_dim)
+        kept = self._kept()
+        if kept is not None:  # the cache's module was pruned alike: its buffers hold the kept rows
+            rows = _kept_rows(kept, self.embed_dim // self.num_heads)
+            proj = [(w[rows], None if b is None else b[rows]) for w, b in proj[:3]] + \
+                   [(proj[3][0][:, rows], proj[3][1])]
+            bias_k = None if bias_k is None else bias_k.reshape(-1)[rows]
+            bias_v = None if bias_v is None else bias_v.reshape(-1)[rows]
         out = []
         for (w, b), n in zip(proj, ("q_proj", "k_proj", "v_proj", "out_proj")):
             out.append((f"{n}_weight" if n != "out_proj" else "out_proj.weight", w))
@@ -847,7 +902,11 @@ class MultiheadAttention(nn.Module):
             impl.eval()
             impl.precision = precision
             impl.kernel = self._kernel
-            _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
+            gates = _call_gates(op, self.head_gates, head_mask, self.num_heads)
+            kept = self._kept()
+            if kept is not None and gates is not None:
+                gates = gates[torch.tensor(kept, dtype=torch.long)]
+            _cache_gates(impl, gates, self.num_heads if kept is None else len(kept))
             seq_first = query.dim() == 3 and not batch_first
             if seq_first:  # the cache's module is batch-first
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
@@ -867,7 +926,8 @@ class MultiheadAttention(nn.Module):
                             need_weights=need_weights, average=average, is_causal=is_causal,
                             kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
-                            gates=_call_gates(op, self.head_gates, head_mask, self.num_heads))
+                            gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
+                            kept=self._kept())
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -889,12 +949,25 @@ def _drop_in_split(named, E):
     return proj, d.get("bias_k"), d.get("bias_v")
 
 
-def _drop_in_layers(named, weights, E, add_zero_attn, op="mha.torch.MultiheadAttention"):
+def _kept_rows(kept, d):
+    """The rows (of W_q, W_k, W_v; columns of W_o) of the kept heads, d wide each."""
+    return torch.tensor([h * d + c for h in kept for c in range(d)], dtype=torch.long)
+
+
+def _drop_in_layers(named, weights, E, add_zero_attn, op="mha.torch.MultiheadAttention", kept=None, d=0):
     """The layer tuple of one drop-in call (weights: the _Weights that versions the projections,
-    or None: packed for this call alone)."""
+    or None: packed for this call alone). kept: the heads a pruned module keeps (their rows and
+    columns are gathered, once per version of the parameters), or None."""
     for name, t in named:
         _check_param(op, name, t)
     proj, bias_k, bias_v = _drop_in_split(named, E)
+    if kept is not None:
+        rows = _kept_rows(kept, d)
+        with torch.no_grad():
+            proj = [(w[rows], None if b is None else b[rows]) for w, b in proj[:3]] + \
+                   [(proj[3][0][:, rows].contiguous(), proj[3][1])]
+            bias_k = None if bias_k is None else bias_k.reshape(-1)[rows]
+            bias_v = None if bias_v is None else bias_v.reshape(-1)[rows]
     layers = []
     for i, (w, b) in enumerate(proj):
         version = weights.version(i, w) if weights is not None else 0
@@ -903,9 +976,28 @@ def _drop_in_layers(named, weights, E, add_zero_attn, op="mha.torch.MultiheadAtt
             None if bias_v is None else _float_array(bias_v), add_zero_attn, None)
 
 
-def _drop_in_grads(names, ps, rest):
-    """The engine's gradients of a drop-in call, one per parameter (None where none is wanted)."""
+def _scatter_rows(g, rows, n, columns=False):
+    """g's rows (or columns) placed at `rows` of a zero array n rows (columns) long."""
+    shape = list(g.shape)
+    shape[1 if columns else 0] = n
+    out = np.zeros(shape, np.float32)
+    if columns:
+        out[:, rows.numpy()] = g
+    else:
+        out[rows.numpy()] = g
+    return out
+
+
+def _drop_in_grads(names, ps, rest, kept=None, d=0, E=0):
+    """The engine's gradients of a drop-in call, one per parameter (None where none is wanted); a
+    pruned module's gradients are zero on the removed heads' rows and columns."""
     pg, gbk, gbv, _gates = rest
+    if kept is not None:
+        rows = _kept_rows(kept, d)
+        pg = [None if x is None else _scatter_rows(x, rows, E) for x in pg[:6]] + \
+             [_scatter_rows(pg[6], rows, E, columns=True), pg[7]]
+        gbk = None if gbk is None else _scatter_rows(gbk, rows, E)
+        gbv = None if gbv is None else _scatter_rows(gbv, rows, E)
     by_name = dict(zip(names, ps))
     g = {}
     if "in_proj_weight" in by_name:
@@ -927,9 +1019,21 @@ def _drop_in_grads(names, ps, rest):
 _FUNCTIONAL_STATE = _calls._CallState()  # spare buffers of the functional calls (their weights: per call)
 
 
+def _kept_mask_slices(op, am, kept, num_heads):
+    """A per-head attn_mask ((B*h, L, S), or (h, L, S) unbatched, h as built) cut to the kept heads."""
+    if am is None or isinstance(am, _core.Mask) or np.ndim(am) != 3:
+        if isinstance(am, _core.Mask) and len(am.shape) == 3:
+            raise NotImplementedError(f"[{op}] attn_mask: a per-head mha.Mask on a module with pruned heads; "
+                                      "pass the mask as a tensor")
+        return am
+    a = np.asarray(am)
+    L, S = a.shape[1:]
+    return np.ascontiguousarray(a.reshape(-1, num_heads, L, S)[:, kept].reshape(-1, L, S))
+
+
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None):
+                 module=None, gates=None, kept=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -937,8 +1041,14 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
     state = weights.state if weights is not None else _FUNCTIONAL_STATE
     drop_key = _dropout_key(p)
 
+    d = embed_dim // num_heads
+    if kept is not None:
+        if gates is not None:
+            gates = gates[torch.tensor(kept, dtype=torch.long)]
+        am = _kept_mask_slices(op, am, kept, num_heads)
+
     def build(ps):
-        return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op)
+        return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op, kept, d)
 
     def forward(q, k, v, ps, for_backward, gates):
         nq, nk, nv = _inputs_numpy(q, k, v)
@@ -952,9 +1062,9 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         return out, w, context
 
     def layers(ps, w):
-        return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op)
+        return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op, kept, d)
 
-    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest), gates)
+    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates)
     out, w = _run(call, query, key, value, params, need_weights)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)

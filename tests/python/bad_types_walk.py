@@ -248,6 +248,7 @@ if torch is not None:
             enable_gqa=False),
         "torch.MultiHeadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.MultiHeadAttention.prune_heads": dict(heads=[0]),
+        "torch.MultiheadAttention.prune_heads": dict(heads=[0]),
         "torch.MultiheadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.multi_head_attention_forward": dict(
             query=torch.ones(3, 2, 4), key=torch.ones(5, 2, 4), value=torch.ones(5, 2, 4), embed_dim_to_check=4,
@@ -340,6 +341,8 @@ OPS = {
     "torch.MultiHeadAttention.head_gates =": "mha.torch.MultiHeadAttention.head_gates",
     "torch.scaled_dot_product_attention": "mha.torch.scaled_dot_product_attention",
     "torch.MultiHeadAttention.prune_heads": ("mha.torch.MultiHeadAttention.prune_heads", "MultiHeadAttention.prune_heads"),
+    "torch.MultiheadAttention.prune_heads": ("mha.torch.MultiheadAttention.prune_heads",
+                                             "TorchMultiheadAttention.prune_heads"),
     "torch.MultiheadAttention.head_gates =": "mha.torch.MultiheadAttention.head_gates",
 }
 

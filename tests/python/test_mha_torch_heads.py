@@ -161,3 +161,45 @@ def test_a_lazy_chapter_module_is_built_narrower():
     x = torch.randn(1, 3, 5)
     out = m(x, x, x, None)
     assert out.shape == (1, 3, 8) and m.W_q.weight.shape == (4, 5) and m.W_o.weight.shape == (8, 4)
+
+
+@pytest.mark.parametrize("bias_kv", [False, True])
+def test_drop_in_prune_heads(bias_kv):
+    """The pruned drop-in: what mha's own pruned drop-in computes, and what nn.MultiheadAttention
+    computes from its state dict (the removed heads' rows and columns are zero); gradients are zero
+    there; cached calls and per-head masks follow the kept heads."""
+    import mha
+    import numpy as np
+    torch.manual_seed(6)
+    m = mt.MultiheadAttention(12, 4, batch_first=True, add_bias_kv=bias_kv)
+    ref = mha.TorchMultiheadAttention.from_state_dict({k: v.detach().numpy() for k, v in m.state_dict().items()},
+                                                     4, batch_first=True)
+    m.prune_heads([2])
+    m.prune_heads([0])
+    ref.prune_heads([0, 2])
+    assert m.kept_heads == [1, 3] and m.num_heads == 4
+    x = torch.randn(2, 5, 12, requires_grad=True)
+    am = torch.randn(2 * 4, 5, 5 + bias_kv)[:, :, :5]  # per head as built
+    out, w = m(x, x, x, attn_mask=am, average_attn_weights=False)
+    ref.train()
+    want, want_w = ref(x.detach().numpy(), x.detach().numpy(), x.detach().numpy(), attn_mask=am.numpy(),
+                       average_attn_weights=False)
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w.detach().numpy(), want_w, rtol=1e-5, atol=1e-6)
+    peer = nn.MultiheadAttention(12, 4, batch_first=True, add_bias_kv=bias_kv)
+    peer.load_state_dict(m.state_dict())
+    peer_out, _ = peer(x, x, x, attn_mask=am, need_weights=False)
+    torch.testing.assert_close(out, peer_out, rtol=1e-4, atol=1e-5)
+    out.square().sum().backward()
+    removed = torch.tensor([c for h in (0, 2) for c in range(h * 3, h * 3 + 3)])
+    assert torch.count_nonzero(m.in_proj_weight.grad[:12][removed]) == 0
+    assert torch.count_nonzero(m.out_proj.weight.grad[:, removed]) == 0
+    assert torch.count_nonzero(m.out_proj.weight.grad) > 0
+    if not bias_kv:  # (a module with bias_k cannot decode with a cache)
+        m.eval()
+        with torch.no_grad():
+            cached, _ = m(x, x, x, cache=m.kv_cache(2, 8))
+            plain, _ = m(x, x, x, is_causal=True, need_weights=False)
+        torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"prune_heads\] heads: .*already pruned"):
+        m.prune_heads([2])
