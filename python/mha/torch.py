@@ -53,6 +53,7 @@ How they relate to torch:
   each Parameter that changed since the last cached call.
 """
 
+import math
 import threading
 
 import numpy as np
@@ -659,8 +660,11 @@ class MultiheadAttention(nn.Module):
     attn_weights (B, L, S) averaged over heads or (B, num_heads, L, S) (S + 1 with
     bias_k/bias_v, + 1 with add_zero_attn). Differences from PyTorch 1.13: a row
     whose every key is masked gets fully_masked_rows (zeros by default), not NaN;
-    is_causal=True always applies the causal mask; the weights are not
-    differentiable and masks get no gradient. precision='bfloat16' ('bf16')
+    is_causal=True always applies the causal mask; masks get no gradient.
+    The returned weights are differentiable when a gradient is wanted (they
+    are then recomputed by torch's ops from the call's query, key and
+    parameters, with its masks and dropout mask: mha's values to float32
+    rounding); with mha.Mask objects as masks they are not. precision='bfloat16' ('bf16')
     runs the projections' products in bfloat16 with float32 sums and rounds
     q, k, v to bfloat16; attention, parameters, gradients and optimiser steps
     stay float32.
@@ -927,7 +931,7 @@ class MultiheadAttention(nn.Module):
                             kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
                             gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
-                            kept=self._kept())
+                            kept=self._kept(), masks=(key_padding_mask, attn_mask))
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -1033,7 +1037,7 @@ def _kept_mask_slices(op, am, kept, num_heads):
 
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None, kept=None):
+                 module=None, gates=None, kept=None, masks=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -1042,6 +1046,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
     drop_key = _dropout_key(p)
 
     d = embed_dim // num_heads
+    last = [None]  # the call's context (its dropout mask for differentiable weights)
     if kept is not None:
         if gates is not None:
             gates = gates[torch.tensor(kept, dtype=torch.long)]
@@ -1059,6 +1064,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
             fully_masked, for_backward, p, drop_key, p > 0.0)
         if context is not None and module is not None:
             module._last_context = context
+        last[0] = context
         return out, w, context
 
     def layers(ps, w):
@@ -1066,6 +1072,13 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
 
     call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates)
     out, w = _run(call, query, key, value, params, need_weights)
+    if w is not None and masks is not None and torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or any(t.requires_grad for t in params)) \
+            and not any(isinstance(m, _core.Mask) for m in masks):
+        # The weights as a function of query, key and the projections, by torch's ops (their
+        # values equal mha's to float32 rounding), so that a loss on them has gradients.
+        w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
+                                    masks, is_causal, fully_masked, p, last[0], average, kept)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
         w = None if w is None else w.to(out_dtype)
@@ -1146,7 +1159,8 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
                         am=_mask_numpy(attn_mask, "attn_mask"),
                         need_weights=need_weights, average=average_attn_weights,
                         is_causal=is_causal, kernel=_core.Kernel.FUSED, precision=mode or "float32",
-                        fully_masked=_core.FullyMaskedRows.ZEROS, p=p, weights=None, out_dtype=out_dtype)
+                        fully_masked=_core.FullyMaskedRows.ZEROS, p=p, weights=None, out_dtype=out_dtype,
+                        masks=(key_padding_mask, attn_mask))
 
 
 def replace_attention(model, **kwargs):
@@ -1261,3 +1275,82 @@ def head_importance(module, loss_fn, method="gradient"):
             return out
     finally:
         module.head_gates = saved
+
+
+def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
+                            p, context, average, kept):
+    """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
+    torch's ops from the call's query, key and parameters, with the call's masks, fully masked
+    policy and mha's dropout mask: what mha returned, now differentiable."""
+    kpm, am = (torch.from_numpy(np.asarray(m)) if m is not None and not isinstance(m, torch.Tensor) else m
+               for m in masks)
+    batched = query.dim() == 3
+    qx, kx = query, key
+    if not batched:
+        qx, kx = qx.unsqueeze(0), kx.unsqueeze(0)
+    elif not batch_first:
+        qx, kx = qx.transpose(0, 1), kx.transpose(0, 1)
+    proj, bias_k, _ = _drop_in_split(named, E)
+    d = E // H
+    (wq, bq), (wk, bk) = proj[0], proj[1]
+    if kept is not None:
+        rows = _kept_rows(kept, d)
+        wq, wk = wq[rows], wk[rows]
+        bq = None if bq is None else bq[rows]
+        bk = None if bk is None else bk[rows]
+        bias_k = None if bias_k is None else bias_k.reshape(-1)[rows]
+    h = H if kept is None else len(kept)
+    q = nn.functional.linear(qx, wq, bq)
+    k = nn.functional.linear(kx, wk, bk)
+    B, L, S = q.shape[0], q.shape[1], k.shape[1]
+    if bias_k is not None:
+        k = torch.cat([k, bias_k.reshape(1, 1, -1).expand(B, 1, -1)], 1)
+    if add_zero_attn:
+        k = torch.cat([k, k.new_zeros(B, 1, k.shape[2])], 1)
+    Kt = k.shape[1]
+    q = q.reshape(B, L, h, d).transpose(1, 2)
+    k = k.reshape(B, Kt, h, d).transpose(1, 2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    masked = torch.zeros(B, 1, L, Kt, dtype=torch.bool)
+
+    def padded(t, fill):  # a mask over the S given keys, extended over the appended ones
+        if t.shape[-1] == Kt:
+            return t
+        return torch.cat([t, torch.full((*t.shape[:-1], Kt - t.shape[-1]), fill, dtype=t.dtype)], -1)
+
+    if kpm is not None:
+        t = kpm if batched else kpm.unsqueeze(0)
+        t = t.detach()
+        if t.dtype == torch.bool:
+            masked = masked | padded(t, False)[:, None, None, :]
+        else:
+            s = s + padded(t.float(), 0.0)[:, None, None, :]
+    if am is not None:
+        a = am.detach()
+        if a.dim() == 2:
+            a = a[None, None]
+        else:
+            a = a.reshape(-1, H, L, S)
+            if kept is not None:
+                a = a[:, torch.tensor(kept, dtype=torch.long)]
+        if a.dtype in (torch.bool, torch.uint8):
+            masked = masked | padded(a.bool(), False)
+        else:
+            s = s + padded(a.float(), 0.0)
+    causal = is_causal if isinstance(is_causal, _core.Causal) else (
+        _core.Causal.TOP_LEFT if is_causal else _core.Causal.NONE)
+    if causal != _core.Causal.NONE:
+        i = torch.arange(L)[:, None]
+        j = torch.arange(Kt)[None, :]
+        last_key = i if causal == _core.Causal.TOP_LEFT else i + Kt - L
+        masked = masked | (j > last_key)
+    s = s.masked_fill(masked, float("-inf"))
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    w = torch.softmax(s.masked_fill(dead, 0.0), -1)
+    fill = 0.0 if fully_masked == _core.FullyMaskedRows.ZEROS else 1.0 / Kt
+    w = torch.where(dead, torch.full_like(w, fill), w)
+    if p > 0.0 and context is not None:
+        w = w * torch.from_numpy(context.dropout_mask)
+    if average:
+        w = w.mean(1)
+    return w if batched else w.squeeze(0)

@@ -382,3 +382,40 @@ def test_bfloat16_torch_tensors_are_read_at_every_numpy_entry_point():
     state = {k: v.to(torch.bfloat16) for k, v in nn.MultiheadAttention(8, 2).state_dict().items()}
     t = mha.TorchMultiheadAttention.from_state_dict(state, 2)
     assert t.state_dict()["in_proj_weight"].shape == (24, 8)
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_returned_weights_are_differentiable(index):
+    """need_weights with inputs that require grad: the weights carry gradients to the query, the key
+    and the projections, as nn.MultiheadAttention's do; their values are mha's."""
+    rng = np.random.default_rng(500 + index)
+    H = int(rng.integers(1, 4))
+    E = H * int(rng.integers(1, 4))
+    batch_first, bias_kv, zero_attn = (bool(rng.integers(0, 2)) for _ in range(3))
+    average = bool(rng.integers(0, 2))
+    torch.manual_seed(index)
+    m = mt.MultiheadAttention(E, H, batch_first=batch_first, add_bias_kv=bias_kv, add_zero_attn=zero_attn)
+    peer = peer_of(m)
+    B, L, S = int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(2, 6))
+    shape = lambda n: (B, n, E) if batch_first else (n, B, E)  # noqa: E731
+    q = torch.tensor(rng.standard_normal(shape(L)), dtype=torch.float32, requires_grad=True)
+    kv = torch.tensor(rng.standard_normal(shape(S)), dtype=torch.float32, requires_grad=True)
+    kpm = torch.tensor(rng.random((B, S)) < 0.3)
+    kpm[:, 0] = False  # every row keeps a key (PyTorch gives NaN otherwise)
+    am = torch.tensor(rng.standard_normal((L, S)), dtype=torch.float32) if rng.integers(0, 2) else None
+    G = None
+    grads = []
+    for module in (m, peer):
+        module.zero_grad()
+        qq, kk = q.detach().clone().requires_grad_(True), kv.detach().clone().requires_grad_(True)
+        _, w = module(qq, kk, kk, key_padding_mask=kpm, attn_mask=am, average_attn_weights=average)
+        if G is None:
+            G = torch.randn(w.shape, generator=torch.Generator().manual_seed(index))
+        (w * G).sum().backward()
+        grads.append((w.detach(), qq.grad, kk.grad, m.in_proj_weight.grad if module is m else
+                      peer.in_proj_weight.grad))
+    with torch.no_grad():
+        _, plain = m(q, kv, kv, key_padding_mask=kpm, attn_mask=am, average_attn_weights=average)
+    torch.testing.assert_close(grads[0][0], plain, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
