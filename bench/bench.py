@@ -9,6 +9,7 @@ and a 4096x4096 sgemm as the machine's roofline, at 1 and 2 threads.
     /usr/bin/python3 bench/bench.py            # everything (~5 min on 2 cores)
     /usr/bin/python3 bench/bench.py --quick    # fewer repeats, no L16384 peers
     /usr/bin/python3 bench/bench.py --decode   # only the decode cases (bench/bench_decode.py)
+    /usr/bin/python3 bench/bench.py --torch-modules   # mha.torch's drop-in against torch's module
 
 What is measured
 - ms: median wall time of one forward call (after a warm-up call), inputs
@@ -282,8 +283,18 @@ def main():
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where it is installed")
     ap.add_argument("--decode", action="store_true",
                     help="only the decode cases: few queries over a KV cache (bench/bench_decode.py)")
+    ap.add_argument("--torch-modules", action="store_true",
+                    help="only mha.torch.MultiheadAttention against torch.nn.MultiheadAttention, forward and "
+                         "forward+backward, each in its own process (bench/bench_torch_modules.py)")
     ap.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_modules:
+        # The user's module against torch's, each side in a process of its own at its better
+        # OpenMP wait policy (one process would let one side's thread pool slow the other).
+        cmd = [sys.executable, str(HERE / "bench_torch_modules.py"), "--threads", *map(str, args.threads)]
+        if args.quick:
+            cmd += ["--reps", "5"]
+        return subprocess.call(cmd)
 
     ensure_openblas_core()
     sys.path.insert(0, str(BUILD / "python"))
