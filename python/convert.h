@@ -238,6 +238,16 @@ inline py::array_t<float> to_numpy(const Tensor& t) {
   return out;
 }
 
+// Hands the tensor's buffer to numpy without a copy: the array keeps the
+// tensor alive. For outputs as large as the inputs this saves a full copy at
+// the peak of a call.
+inline py::array_t<float> hand_to_numpy(Tensor&& t) {
+  auto* owner = new Tensor(std::move(t));
+  py::capsule free_owner(owner, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
+  return py::array_t<float>(shape, owner->data(), free_owner);
+}
+
 // A dict of arrays by name, the argument `arg` ("state_dict", "grads"); its
 // values are named "<arg>['<name>']" in messages.
 inline std::map<std::string, Tensor> to_tensors(const py::handle& obj, const std::string& op,

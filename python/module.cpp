@@ -29,15 +29,7 @@ using mha::python::to_dict;
 using mha::python::to_numpy;
 using mha::python::to_tensor;
 
-// Hands the tensor's buffer to numpy without a copy: the array keeps the
-// tensor alive. For outputs as large as the inputs this saves a full copy at
-// the peak of a call.
-py::array_t<float> hand_to_numpy(mha::Tensor&& t) {
-  auto* owner = new mha::Tensor(std::move(t));
-  py::capsule free_owner(owner, [](void* p) { delete static_cast<mha::Tensor*>(p); });
-  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
-  return py::array_t<float>(shape, owner->data(), free_owner);
-}
+using mha::python::hand_to_numpy;
 
 
 py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {

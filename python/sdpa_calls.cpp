@@ -67,14 +67,6 @@ Tensor tensor_of(const py::array& a, const char* what) {
   return t;
 }
 
-// Hands the tensor's buffer to numpy without a copy.
-py::array_t<float> handed(Tensor&& t) {
-  auto* owner = new Tensor(std::move(t));
-  py::capsule free_owner(owner, [](void* p) { delete static_cast<Tensor*>(p); });
-  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
-  return py::array_t<float>(shape, owner->data(), free_owner);
-}
-
 }  // namespace
 
 void bind_sdpa(py::module_& core) {
@@ -146,7 +138,7 @@ void bind_sdpa(py::module_& core) {
           p.grad_v = gv.view();
           kernels::attention_backward(AttentionKernel::Fused, p);
         }
-        return py::make_tuple(handed(std::move(gq)), handed(std::move(gk)), handed(std::move(gv)));
+        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)), hand_to_numpy(std::move(gv)));
       },
       py::arg("context"), py::arg("grad_output"), "-> (grad_q, grad_k, grad_v)");
 }

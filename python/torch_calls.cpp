@@ -92,14 +92,6 @@ Tensor input_tensor(const py::object& obj, const char* op, const char* what, std
   return t;
 }
 
-// Hands the tensor's buffer to numpy without a copy (the array keeps it).
-py::array_t<float> handed(Tensor&& t) {
-  auto* owner = new Tensor(std::move(t));
-  py::capsule free_owner(owner, [](void* p) { delete static_cast<Tensor*>(p); });
-  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
-  return py::array_t<float>(shape, owner->data(), free_owner);
-}
-
 // The arrays of one call's layers, held while the call reads them.
 struct CallLayers {
   std::vector<CArray> keep;
@@ -201,7 +193,7 @@ void make_grads(OwnedGrads& g, const nn::EngineLayers& l, int64_t H) {
   }
 }
 
-py::object grad_or_none(Tensor& t) { return t.empty() ? py::object(py::none()) : py::object(handed(std::move(t))); }
+py::object grad_or_none(Tensor& t) { return t.empty() ? py::object(py::none()) : py::object(hand_to_numpy(std::move(t))); }
 
 }  // namespace
 
@@ -261,14 +253,14 @@ void bind_torch_calls(py::module_& core) {
             if (!t->empty()) spare.push_back(std::move(*t));
           state->give(std::move(spare));
         }
-        py::object w = f.result.weights ? py::object(handed(std::move(*f.result.weights))) : py::object(py::none());
+        py::object w = f.result.weights ? py::object(hand_to_numpy(std::move(*f.result.weights))) : py::object(py::none());
         py::object ctx = keep_context || for_backward ? py::cast(ForwardContext(pooled(std::move(f.context), state)))
                                                       : py::object(py::none());
         if (ctx.is_none()) {
           py::gil_scoped_release release;
           pooled(std::move(f.context), state).reset();
         }
-        return py::make_tuple(handed(std::move(f.result.output)), w, ctx);
+        return py::make_tuple(hand_to_numpy(std::move(f.result.output)), w, ctx);
       },
       py::arg("state"), py::arg("layers"), py::arg("query"), py::arg("key"), py::arg("value"),
       py::arg("embed_dim"), py::arg("num_heads"), py::arg("batch_first"), py::arg("key_padding_mask"),
@@ -314,7 +306,7 @@ void bind_torch_calls(py::module_& core) {
           py::gil_scoped_release release;
           pooled(std::move(r.context), state).reset();
         }
-        return py::make_tuple(handed(std::move(r.output)), ctx);
+        return py::make_tuple(hand_to_numpy(std::move(r.output)), ctx);
       },
       py::arg("state"), py::arg("layers"), py::arg("queries"), py::arg("keys"), py::arg("values"),
       py::arg("valid_lens"), py::arg("num_heads"), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
@@ -349,7 +341,7 @@ void bind_torch_calls(py::module_& core) {
                                           grad_or_none(og.b[1]), grad_or_none(og.w[2]), grad_or_none(og.b[2]),
                                           grad_or_none(og.w[3]), grad_or_none(og.b[3]));
         return py::make_tuple(
-            py::make_tuple(handed(std::move(in.queries)), handed(std::move(in.keys)), handed(std::move(in.values))),
+            py::make_tuple(hand_to_numpy(std::move(in.queries)), hand_to_numpy(std::move(in.keys)), hand_to_numpy(std::move(in.values))),
             params, grad_or_none(og.bias_k), grad_or_none(og.bias_v), grad_or_none(og.gates));
       },
       py::arg("state"), py::arg("context"), py::arg("layers"), py::arg("grad_output"),
