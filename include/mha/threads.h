@@ -17,9 +17,14 @@
 
 namespace mha {
 
-// n >= 1; throws mha::Error otherwise.
+// 1 <= n <= max_num_threads(); throws mha::Error otherwise (more threads than
+// that only oversubscribe the cores, and tens of thousands exhaust memory).
 void set_num_threads(int n);
-// The current setting; by default OpenMP's (OMP_NUM_THREADS, else the cores).
+// The current setting; by default OpenMP's (OMP_NUM_THREADS, else the cores),
+// capped at max_num_threads().
 int num_threads();
+// The most threads mha computes with: 4x the hardware threads the OpenMP
+// runtime sees (omp_get_num_procs), at least 4.
+int max_num_threads();
 
 }  // namespace mha
