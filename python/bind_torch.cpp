@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "convert.h"
+#include "object_lock.h"
 #include "mha/error.h"
 #include "mha/masks.h"
 #include "mha/torch_mha.h"
@@ -26,6 +27,8 @@ using mha::python::as_numpy;
 using mha::python::shape_of;
 using mha::python::to_numpy;
 using mha::python::to_tensor;
+using mha::python::hand_to_numpy;
+using mha::python::locked;
 
 std::vector<uint8_t> bits_of(const py::array& a) {
   BoolArray b = BoolArray::ensure(a);
@@ -363,12 +366,12 @@ Rows with every key masked get fully_masked_rows, never NaN.
           [](TMHA& self, const py::object& grad_output) {
             const mha::Tensor g = to_tensor(grad_output, "TorchMultiheadAttention.backward", "grad_output");
             TMHA::InputGrads grads;
-            {
-              py::gil_scoped_release release;
+            auto accumulated = locked(&self, [&] {
               grads = self.backward(g);
-            }
+              return self.grads();
+            });
             py::dict params;
-            for (const auto& [k, v] : self.grads()) params[py::str(k)] = to_numpy(v);
+            for (auto& [k, v] : accumulated) params[py::str(k)] = hand_to_numpy(std::move(v));
             return py::make_tuple(
                 py::make_tuple(to_numpy(grads.query), to_numpy(grads.key), to_numpy(grads.value)), params);
           },
@@ -379,10 +382,10 @@ Rows with every key masked get fully_masked_rows, never NaN.
           "parameters' gradients are added to the accumulated ones (until zero_grad());\n"
           "param_grads is their dict by PyTorch's names, shaped like state_dict().\n"
           "The call's masks, policy and dropout mask are reused; never NaN.")
-      .def("zero_grad", &TMHA::zero_grad, "Set every accumulated gradient to zero.")
-      .def("grads", [](const TMHA& s) {
+      .def("zero_grad", [](TMHA& s) { locked(&s, [&] { s.zero_grad(); }); }, "Set every accumulated gradient to zero.")
+      .def("grads", [](TMHA& s) {
              py::dict d;
-             for (const auto& [k, v] : s.grads()) d[py::str(k)] = to_numpy(v);
+             for (auto& [k, v] : locked(&s, [&] { return s.grads(); })) d[py::str(k)] = hand_to_numpy(std::move(v));
              return d;
            }, "The accumulated parameter gradients by PyTorch's names (like state_dict()).")
       .def_property_readonly(

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "convert.h"
+#include "object_lock.h"
 #include "mha/mha.h"
 
 namespace mha::python {
@@ -25,15 +26,6 @@ CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& at
                         const char* op);
 
 namespace {
-
-// None, (B,) or (B, n): the chapter's valid lengths, read as the plain call reads them.
-ValidLens to_valid_lens(const py::object& obj, const char* op) {
-  if (obj.is_none()) return {};
-  FloatArray a = float_array(obj, op, "valid_lens");
-  if (a.ndim() != 1 && a.ndim() != 2)
-    fail(op, "valid_lens: shape ", shape_str(shape_of(a)), " is neither (B,) nor (B, n)");
-  return ValidLens::from_tensor(to_tensor(a));
-}
 
 Mask key_padding_mask_of(const py::object& obj, const char* op) {
   return to_call_masks(obj, py::none(), py::bool_(false), op).key_padding_mask;
@@ -55,18 +47,14 @@ struct Inputs {
 
 // forward(q, k, v) is the module's cached call with the call's masks bound.
 template <typename Forward>
-py::array_t<float> cached_call(const Forward& forward, const py::object& q, const py::object& k, const py::object& v,
-                               const char* op, const char* names[3]) {
+py::array_t<float> cached_call(const Forward& forward, KVCache& cache, const py::object& q, const py::object& k,
+                               const py::object& v, const char* op, const char* names[3]) {
   Inputs in;
   in.q = to_tensor(q, op, names[0]);
   if (k.ptr() != q.ptr()) in.k = to_tensor(k, op, names[1]);
   const bool v_is_k = v.ptr() == k.ptr();
   if (v.ptr() != q.ptr() && !v_is_k) in.v = to_tensor(v, op, names[2]);
-  Tensor out;
-  {
-    py::gil_scoped_release release;
-    out = forward(in.q, in.keys(), in.values(v_is_k));
-  }
+  Tensor out = locked(&cache, [&] { return forward(in.q, in.keys(), in.values(v_is_k)); });
   return to_numpy(out);
 }
 
@@ -81,6 +69,10 @@ head, so that a cached call, m(x, x, x, cache=cache), projects only its new
 positions and attends over everything cached: the d2l chapter's decoder loop
 (all earlier inputs concatenated and projected again at each step) without
 the re-projection. Each batch row has its own length.
+
+Threads: a cache may be shared; its calls and methods run one at a time, each
+whole (a cache is one sequence's state: threads decoding different sequences
+want a cache each).
 )doc")
       .def_property_readonly("batch_size", &KVCache::batch_size)
       .def_property_readonly("capacity", &KVCache::capacity, "Positions each batch row can hold.")
@@ -88,30 +80,45 @@ the re-projection. Each batch row has its own length.
       .def_property_readonly("head_dim", &KVCache::head_dim)
       .def_property_readonly("dtype", [](const KVCache& c) { return std::string(to_string(c.dtype())); },
                              "'float32' or 'bfloat16': how keys and values are stored.")
-      .def_property_readonly("lengths", &KVCache::lengths, "Positions held by each batch row (a list).")
+      .def_property_readonly(
+          "lengths", [](KVCache& c) { return locked(&c, [&] { return c.lengths(); }); },
+          "Positions held by each batch row (a list).")
       .def_property_readonly("storage_bytes", &KVCache::storage_bytes)
-      .def("truncate", &KVCache::truncate, py::arg("row"), py::arg("length"),
-           "Rewind batch row `row` to its first `length` positions (0 <= length <= its length).")
-      .def("reset", &KVCache::reset, "Every row back to length 0 (the storage stays).")
+      .def(
+          "truncate",
+          [](KVCache& c, int64_t row, int64_t length) { locked(&c, [&] { c.truncate(row, length); }); },
+          py::arg("row"), py::arg("length"),
+          "Rewind batch row `row` to its first `length` positions (0 <= length <= its length).")
+      .def(
+          "reset", [](KVCache& c) { locked(&c, [&] { c.reset(); }); },
+          "Every row back to length 0 (the storage stays).")
       .def(
           "reorder",
-          [](KVCache& c, const py::object& rows) { c.reorder(int_list(rows, "KVCache.reorder", "rows")); },
+          [](KVCache& c, const py::object& rows) {
+            const std::vector<int64_t> r = int_list(rows, "KVCache.reorder", "rows");
+            locked(&c, [&] { c.reorder(r); });
+          },
           py::arg("rows"), "Beam search: new row i = old row rows[i] (one entry per batch row).")
       .def(
           "append",
           [](KVCache& c, const py::object& keys, const py::object& values) {
-            c.append(to_tensor(keys, "KVCache.append", "keys"), to_tensor(values, "KVCache.append", "values"));
+            const Tensor k = to_tensor(keys, "KVCache.append", "keys");
+            const Tensor v = to_tensor(values, "KVCache.append", "values");
+            locked(&c, [&] { c.append(k, v); });
           },
           py::arg("keys"), py::arg("values"),
           "Append projected keys and values, each (batch_size, n, num_kv_heads * head_dim).")
-      .def("keys", [](const KVCache& c, int64_t row) { return to_numpy(c.keys(row)); }, py::arg("row"),
-           "(num_kv_heads, length, head_dim): batch row `row`'s stored keys as float32.")
-      .def("values", [](const KVCache& c, int64_t row) { return to_numpy(c.values(row)); }, py::arg("row"),
-           "(num_kv_heads, length, head_dim): batch row `row`'s stored values as float32.")
-      .def("__repr__", [](const KVCache& c) {
+      .def(
+          "keys", [](KVCache& c, int64_t row) { return to_numpy(locked(&c, [&] { return c.keys(row); })); },
+          py::arg("row"), "(num_kv_heads, length, head_dim): batch row `row`'s stored keys as float32.")
+      .def(
+          "values", [](KVCache& c, int64_t row) { return to_numpy(locked(&c, [&] { return c.values(row); })); },
+          py::arg("row"), "(num_kv_heads, length, head_dim): batch row `row`'s stored values as float32.")
+      .def("__repr__", [](KVCache& c) {
+        const std::vector<int64_t> lengths = locked(&c, [&] { return c.lengths(); });
         return py::str("mha.KVCache(batch_size={}, capacity={}, num_kv_heads={}, head_dim={}, dtype='{}', lengths={})")
             .format(c.batch_size(), c.capacity(), c.num_kv_heads(), c.head_dim(), to_string(c.dtype()),
-                    py::cast(c.lengths()));
+                    py::cast(lengths));
       });
 
   auto textbook = py::reinterpret_borrow<py::class_<MultiHeadAttention>>(m.attr("MultiHeadAttention"));
@@ -130,11 +137,11 @@ the re-projection. Each batch row has its own length.
              const py::object& valid_lens, KVCache& cache) {
             static const char* op = "MultiHeadAttention.forward";
             static const char* names[3] = {"queries", "keys", "values"};
-            const ValidLens lens = to_valid_lens(valid_lens, op);
+            const ValidLens lens = to_valid_lens(valid_lens, op, "(B, n)");
             auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
               return self.forward(a, b, c, lens, cache);
             };
-            return cached_call(forward, q, k, v, op, names);
+            return cached_call(forward, cache, q, k, v, op, names);
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("cache"),
@@ -164,7 +171,7 @@ the re-projection. Each batch row has its own length.
             auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
               return self.forward(a, b, c, cache, mask);
             };
-            return cached_call(forward, q, k, v, op, names);
+            return cached_call(forward, cache, q, k, v, op, names);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::kw_only(), py::arg("cache"),

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "convert.h"
+#include "object_lock.h"
 #include "mha/context.h"
 #include "mha/multihead.h"
 #include "mha/torch_mha.h"
@@ -28,12 +29,12 @@ template <typename Module>
 py::tuple backward_of(Module& self, const ForwardContext& ctx, const py::object& grad_output, const char* op) {
   const Tensor g = to_tensor(grad_output, op, "grad_output");
   typename Module::InputGrads grads;
-  {
-    py::gil_scoped_release release;
+  auto accumulated = locked(&self, [&] {
     grads = self.backward(ctx, g);
-  }
+    return self.grads();
+  });
   py::dict params;
-  for (const auto& [k, v] : self.grads()) params[py::str(k)] = to_numpy(v);
+  for (auto& [k, v] : accumulated) params[py::str(k)] = hand_to_numpy(std::move(v));
   return py::make_tuple(inputs_of(grads), params);
 }
 

@@ -21,6 +21,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +33,7 @@
 
 #include "mha/error.h"
 #include "mha/tensor.h"
+#include "mha/valid_lens.h"
 
 namespace mha::python {
 
@@ -167,6 +169,47 @@ inline Tensor to_tensor(const py::handle& obj, const std::string& op, const std:
   return to_tensor(float_array(obj, op, what));
 }
 
+// valid_lens: None, (B,) or (B, Q) (`per_query` names the second form in
+// messages), read as the d2l chapter compares them: key k is kept iff
+// float32(k) < length, in the promoted dtype. Integer and float32 lengths are
+// compared in float32 there (torch promotes int64 against float32 to
+// float32), and so here. float64 lengths are compared in float64: k < x iff
+// k < ceil(x) for a whole k, so x is kept as ceil(x), which float32 holds
+// exactly up to 2^24 keys (rounded up past that); 3.0000001 keeps key 3 and
+// 1e-300 keeps key 0, as in the chapter, where rounding to float32 first
+// would mask them. NaN, negative and infinite lengths pass unchanged, to
+// ValidLens::check's errors and rules.
+inline ValidLens to_valid_lens(const py::handle& obj, const std::string& op, const char* per_query = "(B, Q)") {
+  if (obj.is_none()) return {};
+  const py::array a = real_array(obj, op, "valid_lens");
+  if (a.ndim() != 1 && a.ndim() != 2)
+    fail(op, "valid_lens: shape ", shape_str(shape_of(a)), " is neither (B,) nor ", per_query);
+  if (a.dtype().kind() != 'f' || a.dtype().itemsize() <= 4) return ValidLens::from_tensor(to_tensor(float_array(a, op, "valid_lens")));
+  using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecast>;
+  const DoubleArray d = DoubleArray::ensure(a);
+  if (!d) {
+    PyErr_Clear();
+    fail(kType, op, "valid_lens: cannot be read as a numeric array");
+  }
+  std::vector<float> lens(static_cast<size_t>(d.size()));
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const double x = d.data()[i];
+    if (!(x > 0) || std::isinf(x)) {
+      lens[i] = static_cast<float>(x);  // NaN, <= 0 (the check refuses < 0), +-inf
+      continue;
+    }
+    const double whole = std::ceil(x);
+    if (whole > static_cast<double>(std::numeric_limits<float>::max())) {
+      lens[i] = std::numeric_limits<float>::infinity();
+      continue;
+    }
+    float f = static_cast<float>(whole);
+    if (static_cast<double>(f) < whole) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+    lens[i] = f;
+  }
+  return ValidLens::from_tensor(Tensor(shape_of(a), std::move(lens)));
+}
+
 // A real number (int or float, numpy scalars included), refusing strings,
 // None and the like.
 inline double real_number(const py::handle& obj, const std::string& op, const std::string& what) {
@@ -269,6 +312,14 @@ inline py::dict to_dict(const std::map<std::string, Tensor>& s) {
   return d;
 }
 
+// An int-sized count or size taken as int64_t (so that pybind11 never refuses
+// it for its width): `value` if it fits an int, else an error with the range.
+inline int int_sized(int64_t value, const char* op, const char* name) {
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
+    fail(op, name, ": ", value, " is out of range; wanted at most ", std::numeric_limits<int>::max(), " in magnitude");
+  return static_cast<int>(value);
+}
+
 // ---- arguments pybind11 could not convert -----------------------------------
 //
 // When no overload of a bound function accepts a call's arguments, pybind11
@@ -283,6 +334,14 @@ inline py::dict to_dict(const std::map<std::string, Tensor>& s) {
 
 struct Param {
   std::string name, type;
+};
+
+// What the last overload checks a call against: the first overload's
+// parameters (positional and keyword), and the keywords only other overloads
+// take (the cached call's `cache`).
+struct Signature {
+  std::vector<Param> params;
+  std::vector<Param> other_keywords;
 };
 
 // Splits `text` at the commas outside brackets.
@@ -308,41 +367,56 @@ inline std::vector<std::string> split_top(const std::string& text) {
   return parts;
 }
 
-// The arguments of the first overload in a pybind11 docstring:
-// "name(a: int, b: float = 0.0) -> None" -> {a: int}, {b: float}.
-inline std::vector<Param> signature_params(const std::string& doc) {
+// The parameters of one signature line "name(a: int, b: float = 0.0) -> None"
+// -> {a: int}, {b: float}; false if the line holds no signature.
+inline bool line_params(const std::string& line, std::vector<Param>& out) {
+  const size_t open = line.find('(');
+  if (open == std::string::npos || line.find("*args") != std::string::npos) return false;
+  int depth = 0;
+  size_t close = std::string::npos;
+  for (size_t i = open; i < line.size() && close == std::string::npos; ++i) {
+    if (line[i] == '(' || line[i] == '[' || line[i] == '{' || line[i] == '<') ++depth;
+    if (line[i] == ')' || line[i] == ']' || line[i] == '}' || line[i] == '>')
+      if (--depth == 0) close = i;
+  }
+  if (close == std::string::npos) return false;
+  out.clear();
+  for (const std::string& part : split_top(line.substr(open + 1, close - open - 1))) {
+    const size_t colon = part.find(':');
+    Param p;
+    p.name = part.substr(0, colon);
+    if (colon != std::string::npos) {
+      std::string type = part.substr(colon + 1);
+      const size_t eq = type.find(" = ");
+      if (eq != std::string::npos) type = type.substr(0, eq);
+      p.type = split_top(type).empty() ? std::string() : type.substr(type.find_first_not_of(' '));
+    }
+    out.push_back(p);
+  }
+  return true;
+}
+
+// Every overload's parameters in a pybind11 docstring, first overload first:
+// the first signature line, and for an overloaded function each "N. name(...)"
+// line (other lines are documentation, whose parentheses are not signatures).
+inline std::vector<std::vector<Param>> signature_overloads(const std::string& doc) {
+  std::vector<std::vector<Param>> overloads;
   size_t line_start = 0;
+  bool overloaded = false;
   while (line_start < doc.size()) {
     size_t line_end = doc.find('\n', line_start);
     if (line_end == std::string::npos) line_end = doc.size();
     const std::string line = doc.substr(line_start, line_end - line_start);
     line_start = line_end + 1;
-    const size_t open = line.find('(');
-    if (open == std::string::npos || line.find("*args") != std::string::npos) continue;
-    int depth = 0;
-    size_t close = std::string::npos;
-    for (size_t i = open; i < line.size() && close == std::string::npos; ++i) {
-      if (line[i] == '(' || line[i] == '[' || line[i] == '{' || line[i] == '<') ++depth;
-      if (line[i] == ')' || line[i] == ']' || line[i] == '}' || line[i] == '>')
-        if (--depth == 0) close = i;
-    }
-    if (close == std::string::npos) continue;
-    std::vector<Param> out;
-    for (const std::string& part : split_top(line.substr(open + 1, close - open - 1))) {
-      const size_t colon = part.find(':');
-      Param p;
-      p.name = part.substr(0, colon);
-      if (colon != std::string::npos) {
-        std::string type = part.substr(colon + 1);
-        const size_t eq = type.find(" = ");
-        if (eq != std::string::npos) type = type.substr(0, eq);
-        p.type = split_top(type).empty() ? std::string() : type.substr(type.find_first_not_of(' '));
-      }
-      out.push_back(p);
-    }
-    return out;
+    if (line == "Overloaded function.") overloaded = true;
+    size_t digits = 0;
+    while (digits < line.size() && std::isdigit(static_cast<unsigned char>(line[digits]))) ++digits;
+    const bool numbered = digits > 0 && line.compare(digits, 2, ". ") == 0;
+    if (overloaded ? !numbered : !overloads.empty()) continue;
+    std::vector<Param> params;
+    if (line_params(numbered ? line.substr(digits + 2) : line, params)) overloads.push_back(params);
   }
-  return {};
+  return overloads;
 }
 
 inline bool is_string(const py::handle& v) { return PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()); }
@@ -426,6 +500,49 @@ inline std::string wanted_of(const std::string& type) {
   return t;
 }
 
+// Whether pybind11 reads `v` as `type` only in its second pass, with
+// conversions: an int or a numpy number for a float, a numpy integer or bool
+// for an int, a numpy bool for a bool, and such elements of a list or tuple.
+inline bool needs_conversion(const std::string& type, const py::handle& v) {
+  if (type == "float") return !PyFloat_Check(v.ptr());
+  if (type == "int") return !PyLong_Check(v.ptr());
+  if (type == "bool") return !PyBool_Check(v.ptr());
+  const bool list = type.rfind("List[", 0) == 0;
+  if ((list || type.rfind("Tuple[", 0) == 0) && PySequence_Check(v.ptr()) && !is_string(v)) {
+    const std::vector<std::string> types = split_top(type.substr(list ? 5 : 6, type.size() - (list ? 6 : 7)));
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+    for (size_t i = 0; i < seq.size(); ++i)
+      if (!types.empty() && needs_conversion(types.at(list ? 0 : std::min(i, types.size() - 1)), seq[i])) return true;
+  }
+  return false;
+}
+
+// The bindings take integers as int64_t, seeds and dropout keys as uint64_t,
+// byte counts as uint64_t (narrower counts are taken as int64_t and checked by
+// the library with its own message): an int parameter holding a Python int
+// outside that range is refused with the range.
+inline void check_integer_range(const std::string& op, const Param& p, const py::handle& v) {
+  if (p.type != "int" || !PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) return;
+  const bool unsigned_ = p.name == "seed" || p.name == "bytes" || p.name.find("_key") != std::string::npos ||
+                         p.name.find("seed") != std::string::npos;
+  int overflow = 0;
+  const long long as_signed = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow == 0 && !(unsigned_ && as_signed < 0)) {
+    if (unsigned_ || as_signed >= std::numeric_limits<int64_t>::min()) return;
+  }
+  if (unsigned_ && overflow > 0) {
+    PyLong_AsUnsignedLongLong(v.ptr());
+    if (!PyErr_Occurred()) return;
+    PyErr_Clear();
+  }
+  const std::string value = py::str(v).cast<std::string>();
+  if (unsigned_)
+    fail(op, p.name, ": ", value.size() > 40 ? value.substr(0, 20) + "...(" + std::to_string(value.size()) + " digits)" : value,
+         " is out of range; wanted an integer in [0, 18446744073709551615] (64 bits, unsigned)");
+  fail(op, p.name, ": ", value.size() > 40 ? value.substr(0, 20) + "...(" + std::to_string(value.size()) + " digits)" : value,
+       " is out of range; wanted an integer in [-9223372036854775808, 9223372036854775807] (64 bits)");
+}
+
 // The last overload's body: the unknown keyword, the count of arguments, or
 // the argument that is not of the kind wanted.
 //
@@ -433,15 +550,18 @@ inline std::string wanted_of(const std::string& type) {
 // included, then the others with conversions: this one lets a call whose
 // arguments are all of the right kind go on to that second pass (an int
 // where a float is wanted).
-[[noreturn]] inline void argument_error(const std::string& op, const std::vector<Param>& params,
+[[noreturn]] inline void argument_error(const std::string& op, const Signature& signature,
                                         const py::args& args, const py::kwargs& kwargs) {
+  const std::vector<Param>& params = signature.params;
   std::vector<std::string> names;
   for (const Param& p : params) names.push_back(p.name);
+  std::vector<Param> keywords = params;
+  keywords.insert(keywords.end(), signature.other_keywords.begin(), signature.other_keywords.end());
   const py::list wanted_list = py::cast(names);
   const std::string wanted = py::str(", ").attr("join")(wanted_list).cast<std::string>();
   for (auto [k, v] : kwargs) {
     const std::string key = py::str(k);
-    if (std::find(names.begin(), names.end(), key) == names.end())
+    if (std::none_of(keywords.begin(), keywords.end(), [&](const Param& p) { return p.name == key; }))
       throw py::type_error(py::str("[{}] unexpected keyword argument '{}'; the arguments are {}")
                                .format(op, key, wanted).cast<std::string>());
   }
@@ -454,8 +574,28 @@ inline std::string wanted_of(const std::string& type) {
   };
   for (size_t i = 0; i < args.size(); ++i) check(params[i], args[i]);
   for (auto [k, v] : kwargs)
-    for (const Param& p : params)
-      if (p.name == py::str(k).cast<std::string>()) check(p, v);
+    for (const Param& p : keywords)
+      if (p.name == py::str(k).cast<std::string>()) {
+        check(p, v);
+        break;
+      }
+  // Every argument is of a kind the real overloads read. When none needs a
+  // conversion either (pybind11's first pass would have taken it), an integer
+  // that the parameter's type cannot hold is why: say which, with the range.
+  bool exact = true;
+  for (size_t i = 0; i < args.size(); ++i) exact = exact && !needs_conversion(params[i].type, args[i]);
+  for (auto [k, v] : kwargs)
+    for (const Param& p : keywords)
+      if (p.name == py::str(k).cast<std::string>()) {
+        exact = exact && !needs_conversion(p.type, v);
+        break;
+      }
+  if (exact) {
+    for (size_t i = 0; i < args.size(); ++i) check_integer_range(op, params[i], args[i]);
+    for (auto [k, v] : kwargs)
+      for (const Param& p : keywords)
+        if (p.name == py::str(k).cast<std::string>()) check_integer_range(op, p, v);
+  }
   // Every argument is of a kind the real overload reads: pybind11 tried it
   // without conversions only (its first pass); let it try again with them.
   // (If that fails too, pybind11's own message follows: e.g. an integer past
@@ -463,12 +603,25 @@ inline std::string wanted_of(const std::string& type) {
   throw py::reference_cast_error();
 }
 
-inline std::vector<Param> params_of(const py::handle& f, bool method) {
-  std::vector<Param> p = signature_params(py::getattr(f, "__doc__", py::str("")).is_none()
-                                              ? std::string()
-                                              : py::str(f.attr("__doc__")).cast<std::string>());
-  if (method && !p.empty()) p.erase(p.begin());  // self
-  return p;
+inline Signature params_of(const py::handle& f, bool method) {
+  const py::object doc = py::getattr(f, "__doc__", py::str(""));
+  std::vector<std::vector<Param>> overloads = signature_overloads(doc.is_none() ? std::string() : py::str(doc).cast<std::string>());
+  Signature s;
+  for (size_t i = 0; i < overloads.size(); ++i) {
+    std::vector<Param>& p = overloads[i];
+    if (method && !p.empty()) p.erase(p.begin());  // self
+    if (i == 0) {
+      s.params = p;
+      continue;
+    }
+    for (const Param& q : p) {
+      auto known = [&](const Param& r) { return r.name == q.name; };
+      if (q.name != "*" && std::none_of(s.params.begin(), s.params.end(), known) &&
+          std::none_of(s.other_keywords.begin(), s.other_keywords.end(), known))
+        s.other_keywords.push_back(q);
+    }
+  }
+  return s;
 }
 
 // Gives every function of `m` and every constructor, method, static method
@@ -518,8 +671,8 @@ inline void add_type_help(py::module_ m, const std::string& prefix = "") {
                    !member.attr("fset").is_none() && PyCFunction_Check(member.attr("fset").ptr())) {
           const std::string op = cls_op + "." + attr;
           const py::object fset = member.attr("fset");
-          std::vector<Param> params = params_of(fset, true);
-          if (!params.empty()) params[0].name = attr;
+          Signature params = params_of(fset, true);
+          if (!params.params.empty()) params.params[0].name = attr;
           py::cpp_function cf(
               [op, params](const py::handle&, const py::args& args, const py::kwargs& kwargs) {
                 argument_error(op, params, args, kwargs);

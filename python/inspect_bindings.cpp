@@ -42,8 +42,7 @@ pairs (Q+K-1,) int: (batch row, query, key) triples averaged at each offset
   m.def(
       "head_offsets",
       [](const py::object& weights, const py::object& valid_lens, int64_t first_query) {
-        const ValidLens lens = valid_lens.is_none() ? ValidLens{}
-                                                    : ValidLens::from_tensor(to_tensor(valid_lens, "head_offsets", "valid_lens"));
+        const ValidLens lens = to_valid_lens(valid_lens, "head_offsets");
         return head_offsets(to_tensor(weights, "head_offsets", "weights"), lens, first_query);
       },
       py::arg("weights"), py::arg("valid_lens") = py::none(), py::arg("first_query") = 0,

@@ -59,13 +59,6 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 namespace mha::python {
 
-mha::ValidLens to_valid_lens(const py::object& obj, const char* op) {
-  if (obj.is_none()) return {};
-  FloatArray a = mha::python::float_array(obj, op, "valid_lens");
-  if (a.ndim() != 1 && a.ndim() != 2)
-    mha::fail(op, "valid_lens: shape ", mha::shape_str(mha::python::shape_of(a)), " is neither (B,) nor (B, Q)");
-  return mha::ValidLens::from_tensor(to_tensor(a));
-}
 void bind_training(py::module_& m);  // train_bindings.cpp
 void bind_pruning(py::module_& m);   // prune_bindings.cpp
 void bind_inspect(py::module_& m);   // inspect_bindings.cpp
@@ -136,6 +129,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_num_threads", &mha::set_num_threads, py::arg("n"),
         "Threads for attention (OpenMP) and projections (OpenBLAS, process-wide).");
   m.def("get_num_threads", &mha::num_threads, "Threads mha computes with.");
+  m.def("max_num_threads", &mha::max_num_threads,
+        "The most threads set_num_threads takes: 4x the machine's hardware threads, at least 4.");
 
   m.def(
       "masked_softmax",

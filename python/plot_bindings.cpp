@@ -52,7 +52,7 @@ void add_plot_bindings(py::module_& m) {
       [](const py::object& weights, const std::string& xlabel, const std::string& ylabel,
          const std::vector<std::string>& titles, const std::vector<std::string>& row_labels,
          const std::string& title, const std::string& colorbar_label, const std::string& note,
-         const py::object& vmin, const py::object& vmax, int max_cells, int panel_size) {
+         const py::object& vmin, const py::object& vmax, int64_t max_cells, int64_t panel_size) {
         const mha::Tensor t = mha::python::to_tensor(weights, "plot.render_heatmaps", "weights");
         mha::plot::HeatmapOptions opt;
         opt.xlabel = xlabel;
@@ -64,8 +64,8 @@ void add_plot_bindings(py::module_& m) {
         opt.note = note;
         opt.vmin = vmin.is_none() ? mha::plot::kAuto : mha::python::real_number(vmin, "plot.render_heatmaps", "vmin");
         opt.vmax = vmax.is_none() ? mha::plot::kAuto : mha::python::real_number(vmax, "plot.render_heatmaps", "vmax");
-        opt.max_cells = max_cells;
-        opt.panel_size = panel_size;
+        opt.max_cells = mha::python::int_sized(max_cells, "plot.render_heatmaps", "max_cells");
+        opt.panel_size = mha::python::int_sized(panel_size, "plot.render_heatmaps", "panel_size");
         mha::plot::Heatmaps h;
         {
           py::gil_scoped_release release;

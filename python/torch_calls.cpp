@@ -36,7 +36,6 @@ namespace mha::python {
 
 CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
                         const char* op);  // bind_torch.cpp
-ValidLens to_valid_lens(const py::object& obj, const char* op);  // module.cpp
 
 namespace {
 

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "convert.h"
+#include "object_lock.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
 
@@ -36,10 +37,7 @@ py::array_t<int32_t> ids_to_numpy(const std::vector<int32_t>& ids, int64_t B, in
   return out;
 }
 
-ValidLens lens_of(const py::object& obj, const char* op) {
-  if (obj.is_none()) return {};
-  return ValidLens::from_tensor(to_tensor(obj, op, "valid_lens"));
-}
+ValidLens lens_of(const py::object& obj, const char* op) { return to_valid_lens(obj, op); }
 
 py::dict task_config_dict(const OffsetPairTaskConfig& c) {
   py::dict d;
@@ -111,7 +109,7 @@ void bind_torch_module_support(py::module_& m) {
   // {"title", "xlabel", "ylabel", "log_y", "series": [(name, x, y), ...]}.
   m.def(
       "_render_line_chart",
-      [](const py::list& panels, const std::string& title, int plot_width, int plot_height) {
+      [](const py::list& panels, const std::string& title, int64_t plot_width, int64_t plot_height) {
         const char* op = "plot.render_line_chart";
         std::vector<plot::LinePanel> ps;
         // Each value checked before it is read: a panel that is not a dict, a
@@ -161,8 +159,8 @@ void bind_torch_module_support(py::module_& m) {
         }
         plot::LineChartOptions o;
         o.title = title;
-        o.plot_width = plot_width;
-        o.plot_height = plot_height;
+        o.plot_width = int_sized(plot_width, op, "plot_width");
+        o.plot_height = int_sized(plot_height, op, "plot_height");
         const plot::Image im = plot::render_line_chart(ps, o).image;
         py::array_t<uint8_t> out({py::ssize_t{im.height}, py::ssize_t{im.width}, py::ssize_t{4}});
         std::copy(im.rgba.begin(), im.rgba.end(), out.mutable_data());
@@ -182,23 +180,28 @@ void bind_training(py::module_& m) {
           [](MultiHeadAttention& self, const py::object& grad_output) {
             const Tensor g = to_tensor(grad_output, "MultiHeadAttention.backward", "grad_output");
             MultiHeadAttention::InputGrads grads;
-            {
-              py::gil_scoped_release release;
+            StateDict params = locked(&self, [&] {
               grads = self.backward(g);
-            }
+              return self.grads();
+            });
             return py::make_tuple(
                 py::make_tuple(to_numpy(grads.queries), to_numpy(grads.keys), to_numpy(grads.values)),
-                to_dict(self.grads()));
+                to_dict(params));
           },
           py::arg("grad_output"),
           "backward(grad_output (B,Q,num_hiddens)) -> ((grad_queries, grad_keys, grad_values), param_grads)\n\n"
           "After a training-mode call: the gradients of that call's queries (B,Q,Dq), keys\n"
           "(B,K,Dk) and values (B,K,Dv). The parameters' gradients are added to the\n"
           "accumulated ones (until zero_grad()); param_grads is their dict by state-dict name.")
-      .def("zero_grad", &MultiHeadAttention::zero_grad, "Set every accumulated gradient to zero.")
-      .def("grads", [](MultiHeadAttention& s) { return to_dict(s.grads()); },
+      .def("zero_grad", [](MultiHeadAttention& s) { locked(&s, [&] { s.zero_grad(); }); },
+           "Set every accumulated gradient to zero.")
+      .def("grads", [](MultiHeadAttention& s) { return to_dict(locked(&s, [&] { return s.grads(); })); },
            "The accumulated parameter gradients by state-dict name.")
-      .def("set_grads", [](MultiHeadAttention& s, const py::object& d) { s.set_grads(to_tensors(d, "MultiHeadAttention.set_grads", "grads")); },
+      .def("set_grads",
+           [](MultiHeadAttention& s, const py::object& d) {
+             const StateDict grads = to_tensors(d, "MultiHeadAttention.set_grads", "grads");
+             locked(&s, [&] { s.set_grads(grads); });
+           },
            py::arg("grads"), "Replace accumulated gradients by name (shapes as the parameters').")
       .def("initialize", &MultiHeadAttention::initialize, py::arg("dq"), py::arg("dk"), py::arg("dv"),
            "Fix the lazy input widths as a first call with these widths would.")
@@ -234,36 +237,31 @@ Called as model(tokens (B,T) ints, valid_lens=None|(B,)|(B,T)) -> logits (B,T,nu
             int64_t B = 0, T = 0;
             const std::vector<int32_t> ids = to_ids(tokens, "AttentionModel.forward", "tokens", B, T);
             const ValidLens lens = lens_of(vl, "AttentionModel.forward");
-            Tensor out;
-            {
-              py::gil_scoped_release release;
-              out = self.forward(ids, B, T, lens);
-            }
-            return to_numpy(out);
+            return hand_to_numpy(locked(&self, [&] { return self.forward(ids, B, T, lens); }));
           },
           py::arg("tokens"), py::arg("valid_lens") = py::none(), "(tokens (B,T), valid_lens) -> logits (B,T,C)")
       .def(
           "backward",
           [](AttentionModel& self, const py::object& grad_logits) {
             const Tensor g = to_tensor(grad_logits, "AttentionModel.backward", "grad_logits");
-            {
-              py::gil_scoped_release release;
+            return to_dict(locked(&self, [&] {
               self.backward(g);
-            }
-            return to_dict(self.grads());
+              return self.grads();
+            }));
           },
           py::arg("grad_logits"),
           "backward(grad_logits (B,T,C)) -> param_grads: accumulates and returns every parameter's gradient")
-      .def("zero_grad", &AttentionModel::zero_grad)
-      .def("grads", [](AttentionModel& s) { return to_dict(s.grads()); })
-      .def("state_dict", [](const AttentionModel& s) { return to_dict(s.state_dict()); })
+      .def("zero_grad", [](AttentionModel& s) { locked(&s, [&] { s.zero_grad(); }); })
+      .def("grads", [](AttentionModel& s) { return to_dict(locked(&s, [&] { return s.grads(); })); })
+      .def("state_dict", [](AttentionModel& s) { return to_dict(locked(&s, [&] { return s.state_dict(); })); })
       .def("load_state_dict", [](AttentionModel& s, const py::object& d) {
-             s.load_state_dict(to_tensors(d, "AttentionModel.load_state_dict"));
+             const StateDict sd = to_tensors(d, "AttentionModel.load_state_dict");
+             locked(&s, [&] { s.load_state_dict(sd); });
            },
            py::arg("state_dict"))
-      .def("train", [](AttentionModel& s, bool on) -> AttentionModel& { s.train(on); return s; },
+      .def("train", [](AttentionModel& s, bool on) -> AttentionModel& { locked(&s, [&] { s.train(on); }); return s; },
            py::arg("mode").noconvert() = true, py::return_value_policy::reference)
-      .def("eval", [](AttentionModel& s) -> AttentionModel& { s.eval(); return s; },
+      .def("eval", [](AttentionModel& s) -> AttentionModel& { locked(&s, [&] { s.eval(); }); return s; },
            py::return_value_policy::reference)
       .def_property_readonly("training", &AttentionModel::training)
       .def("layer", py::overload_cast<int64_t>(&AttentionModel::layer), py::arg("index"),
@@ -335,11 +333,13 @@ for t >= far (else -100), lengths uniform in [min_len, max_len], padded with tok
 
   py::module_ optim = m.def_submodule("optim", "Optimisers with PyTorch's update rules.");
   py::class_<optim::Optimizer>(optim, "Optimizer")
-      .def("step", &optim::Optimizer::step, "One update of every parameter from its gradient.")
-      .def("zero_grad", &optim::Optimizer::zero_grad, "Zero every parameter's gradient.")
-      .def_property("lr", &optim::Optimizer::lr, [](optim::Optimizer& o, Real lr) { o.set_lr(lr); })
-      .def_property_readonly("steps", &optim::Optimizer::steps)
-      .def("state", [](const optim::Optimizer& o) { return to_dict(o.state()); },
+      .def("step", [](optim::Optimizer& o) { locked(&o, [&] { o.step(); }); },
+           "One update of every parameter from its gradient.")
+      .def("zero_grad", [](optim::Optimizer& o) { locked(&o, [&] { o.zero_grad(); }); },
+           "Zero every parameter's gradient.")
+      .def_property("lr", &optim::Optimizer::lr, [](optim::Optimizer& o, Real lr) { locked(&o, [&] { o.set_lr(lr); }); })
+      .def_property_readonly("steps", [](optim::Optimizer& o) { return locked(&o, [&] { return o.steps(); }); })
+      .def("state", [](optim::Optimizer& o) { return to_dict(locked(&o, [&] { return o.state(); })); },
            "State buffers by '<parameter>.<buffer>' (e.g. 'W_q.weight.exp_avg').");
   py::class_<optim::SGD, optim::Optimizer>(optim, "SGD", "torch.optim.SGD's update rule.")
       .def(py::init([](py::object module, Real lr, Real momentum, Real dampening, Real weight_decay,

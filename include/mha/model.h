@@ -108,11 +108,11 @@ class AttentionModel {
   const ModelConfig& config() const { return config_; }
   // The number of attention layers, config().num_layers.
   int64_t num_layers() const { return config_.num_layers; }
-  // Attention layer i, 0 <= i < num_layers() (std::out_of_range otherwise);
-  // its attention_weights() are those of the last forward.
-  MultiHeadAttention& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
+  // Attention layer i, 0 <= i < num_layers() (mha::Error otherwise); its
+  // attention_weights() are those of the last forward.
+  MultiHeadAttention& layer(int64_t i) { return *layers_[checked_layer(i)]; }
   // Attention layer i, read-only.
-  const MultiHeadAttention& layer(int64_t i) const { return *layers_.at(static_cast<size_t>(i)); }
+  const MultiHeadAttention& layer(int64_t i) const { return *layers_[checked_layer(i)]; }
   const Tensor& embedding() const { return embedding_; }   // [V,D]
   const Tensor& positions() const { return positions_; }   // [max_len,D]
 
@@ -133,6 +133,7 @@ class AttentionModel {
     Tensor last;  // X_L:[B,T,D], the read-out's input
   };
   Saved saved_;
+  size_t checked_layer(int64_t i) const;
 };
 
 // d2l's PositionalEncoding table: P[t, 2j] = sin(t / 10000^(2j/D)),

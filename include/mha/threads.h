@@ -15,11 +15,13 @@
 //   mha::set_num_threads(1);   // e.g. to run several modules side by side
 #pragma once
 
+#include <cstdint>
+
 namespace mha {
 
 // 1 <= n <= max_num_threads(); throws mha::Error otherwise (more threads than
 // that only oversubscribe the cores, and tens of thousands exhaust memory).
-void set_num_threads(int n);
+void set_num_threads(int64_t n);
 // The current setting; by default OpenMP's (OMP_NUM_THREADS, else the cores),
 // capped at max_num_threads().
 int num_threads();

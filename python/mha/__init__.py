@@ -22,6 +22,7 @@ from ._core import (  # noqa: F401
     Kernel,
     KVCache,
     get_num_threads,
+    max_num_threads,
     MultiHeadAttention,
     load_safetensors,
     masked_softmax,

@@ -40,6 +40,14 @@ def integer(value, op, name):
     return int(value)
 
 
+def index(value, op, name, size):
+    """An integer in [0, size) as an int."""
+    value = integer(value, op, name)
+    if not 0 <= value < size:
+        raise ValueError(f"[{op}] {name}: {value}; wanted 0 <= {name} < {size}")
+    return value
+
+
 def flag(value, op, name):
     """True or False (a numpy bool too)."""
     if not isinstance(value, (bool, np.bool_)):

@@ -176,6 +176,8 @@ def show_heatmaps(matrices, xlabel="Keys", ylabel="Queries", titles=None, figsiz
     if isinstance(figsize, (str, bytes)) or hasattr(figsize, "__fspath__"):
         path, figsize = figsize, None  # mha 0.1's positional path
     dpi = _checks.real(dpi, "show_heatmaps", "dpi")
+    if not 0 < dpi <= 10000:
+        raise ValueError(f"[show_heatmaps] dpi: {dpi:g}; wanted 0 < dpi <= 10000 (pixels per inch)")
     matrices = _checks.real_array(matrices, "show_heatmaps", "matrices")
     if panel_size is None:
         panel_size = 0
@@ -208,8 +210,11 @@ def cell_center(layout, row, col, q, k):
     """(x, y) pixel at the centre of the cell that shows element (q, k) of panel (row, col)."""
     if not isinstance(layout, dict):
         raise _checks.wrong_kind("plot.cell_center", "layout", layout, "the layout dict of render_heatmaps")
-    row, col, q, k = (_checks.integer(v, "plot.cell_center", n) for v, n in ((row, "row"), (col, "col"),
-                                                                              (q, "q"), (k, "k")))
+    op = "plot.cell_center"
+    row = _checks.index(row, op, "row", layout["rows"])
+    col = _checks.index(col, op, "col", layout["cols"])
+    q = _checks.index(q, op, "q", layout["queries"])
+    k = _checks.index(k, op, "k", layout["keys"])
     x, y, _, _ = layout["panels"][row * layout["cols"] + col]
     cw, ch, gap = layout["cell_w"], layout["cell_h"], layout["gap"]
     return (x + (k // layout["k_block"]) * cw + (cw - gap) // 2,

@@ -688,6 +688,19 @@ class MultiheadAttention(nn.Module):
                                                 (add_zero_attn, "add_zero_attn"), (batch_first, "batch_first")))
         kdim = None if kdim is None else _checks.integer(kdim, op, "kdim")
         vdim = None if vdim is None else _checks.integer(vdim, op, "vdim")
+        # Checked here, before torch's module allocates (its own checks are
+        # asserts, and a huge width fails inside torch's allocator).
+        for n, v in (("embed_dim", embed_dim), ("num_heads", num_heads), ("kdim", kdim), ("vdim", vdim)):
+            if v is not None and v < 1:
+                raise ValueError(f"[{op}] {n}: {v}; wanted a positive integer")
+        if embed_dim % num_heads:
+            raise ValueError(f"[{op}] embed_dim: {embed_dim} is not divisible by num_heads {num_heads}")
+        widths = embed_dim + (kdim or embed_dim) + (vdim or embed_dim)
+        param_bytes = 4 * (embed_dim * widths + embed_dim * embed_dim + 6 * embed_dim)
+        if param_bytes > _core.memory_limit():
+            raise ValueError(f"[{op}] embed_dim: {embed_dim}: the parameters need {param_bytes} bytes, above the "
+                             f"memory limit of {_core.memory_limit()} bytes; raise the limit with "
+                             "mha.set_memory_limit")
         if dtype is not None and dtype != torch.float32:
             raise TypeError(f"[mha.torch.MultiheadAttention] dtype {dtype}: mha keeps float32 parameters "
                             "(bfloat16 and float16 inputs run its bfloat16 mode on them)")
@@ -1107,6 +1120,10 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     _refuse_tracing(op)
     embed_dim_to_check = _checks.integer(embed_dim_to_check, op, "embed_dim_to_check")
     num_heads = _checks.integer(num_heads, op, "num_heads")
+    if num_heads < 1:
+        raise ValueError(f"[{op}] num_heads: {num_heads}; wanted a positive integer")
+    if num_heads > embed_dim_to_check > 0:
+        raise ValueError(f"[{op}] num_heads: {num_heads} is more heads than embed_dim_to_check {embed_dim_to_check}")
     dropout_p = _checks.real(dropout_p, op, "dropout_p")
     add_zero_attn, training, need_weights, use_separate_proj_weight, average_attn_weights = (
         _checks.flag(v, op, n) for v, n in ((add_zero_attn, "add_zero_attn"), (training, "training"),

@@ -18,11 +18,11 @@ int max_num_threads() {
   return most;
 }
 
-void set_num_threads(int n) {
+void set_num_threads(int64_t n) {
   if (n < 1 || n > max_num_threads())
     fail("set_num_threads", "n: ", n, " is not a thread count in [1, ", max_num_threads(),
          "] (at most 4x the machine's ", omp_get_num_procs(), " hardware threads)");
-  g_threads = n;
+  g_threads = static_cast<int>(n);
 }
 
 int num_threads() {

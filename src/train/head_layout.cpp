@@ -93,6 +93,8 @@ void save_attention(const std::string& path, const MultiHeadAttention& m) {
 
 MultiHeadAttention load_attention(const std::string& path, int64_t num_heads) {
   static const char* op = "load_attention";
+  if (num_heads < 0)
+    fail(op, "num_heads: ", num_heads, "; wanted a positive number of heads, or 0 to read it from the file");
   const SafetensorsFile file = read_safetensors(path);
   StateDict state;
   for (const auto& [name, raw] : file.tensors)

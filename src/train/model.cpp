@@ -31,6 +31,12 @@ Tensor sinusoidal_positions(int64_t max_len, int64_t D) {
   return P;
 }
 
+size_t AttentionModel::checked_layer(int64_t i) const {
+  if (i < 0 || i >= num_layers())
+    fail("AttentionModel.layer", "index: ", i, "; wanted 0 <= index < num_layers ", num_layers());
+  return static_cast<size_t>(i);
+}
+
 AttentionModel::AttentionModel(const ModelConfig& c, uint64_t seed)
     : config_(c), readout_(c.num_classes > 0 ? c.num_classes : 1, /*bias=*/true) {
   if (c.vocab_size <= 0) fail(kOp, "vocab_size: ", c.vocab_size, " is not positive");

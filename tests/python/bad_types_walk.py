@@ -1,6 +1,7 @@
 """The walk of tests/python/test_bad_types.py, run as a child process.
 
     python bad_types_walk.py FIRST
+    python bad_types_walk.py --ints FIRST
 
 enumerates every entry point of the mha package by introspection (the
 functions and classes of mha, mha._core, mha.optim, mha.plot and mha.torch;
@@ -13,7 +14,9 @@ per call:
     RESULT <json>                after it: the outcome
 
 from call number FIRST on. A crash ends the process after a START without its
-RESULT; the test starts the walk again after that call. `--list` prints the
+RESULT; the test starts the walk again after that call. With --ints, each
+integer argument is given integers out of most or all ranges instead
+(INT_POISONS; tests/python/test_int_ranges.py). `--list` prints the
 entry points and the arguments poisoned in each, and nothing is called.
 """
 import faulthandler
@@ -59,6 +62,17 @@ BAD = {
     "str_list": ["1", "2"],
     "object_array": np.array([1.0, None], dtype=object),
     "str_array": np.array(["1.5", "2.5"]),
+}
+
+# Integers no parameter can hold or most cannot (the --ints walk): past 32
+# bits, past 63, past 64, negative.
+INT_POISONS = {
+    "2**31": 2**31,
+    "2**63": 2**63,
+    "2**64": 2**64,
+    "10**30": 10**30,
+    "-1": -1,
+    "-2**63-1": -2**63 - 1,
 }
 
 # ---- valid calls -------------------------------------------------------------
@@ -539,11 +553,27 @@ def cases():
     return out
 
 
-def run(first):
-    all_cases = cases()
+def int_cases():
+    """Every (label, kind, obj, argument, poison name, poison value) of the --ints
+    walk: each argument whose valid value is an int (not a bool) given each
+    INT_POISONS value."""
+    out = []
+    for label, kind, obj in entry_points():
+        for arg, good in GOOD.get(label, {}).items():
+            if isinstance(good, int) and not isinstance(good, bool):
+                for pname, bad in INT_POISONS.items():
+                    out.append((label, kind, obj, arg, pname, bad))
+    return out
+
+
+def run(first, all_cases=None):
+    all_cases = cases() if all_cases is None else all_cases
+    limit, threads = mha.memory_limit(), mha.get_num_threads()
     for i, (label, kind, obj, arg, pname, bad) in enumerate(all_cases):
         if i < first:
             continue
+        mha.set_memory_limit(limit)  # what an earlier call of set_memory_limit / set_num_threads set
+        mha.set_num_threads(threads)
         print(f"START {i} {label} {arg} {pname}", flush=True)
         good = {k: value(v) for k, v in GOOD.get(label, {}).items()}
         good[arg] = bad
@@ -570,5 +600,7 @@ def listing():
 if __name__ == "__main__":
     if sys.argv[1] == "--list":
         listing()
+    elif sys.argv[1] == "--ints":
+        run(int(sys.argv[2]), int_cases())
     else:
         run(int(sys.argv[1]))

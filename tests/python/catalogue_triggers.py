@@ -26,6 +26,11 @@ def ones(*shape):
     return np.ones(shape, np.float32)
 
 
+def _torch_module(embed_dim, num_heads):
+    import mha.torch
+    return mha.torch.MultiheadAttention(embed_dim, num_heads)
+
+
 def _torch_module_with_precision(precision):
     import mha.torch
     return mha.torch.MultiheadAttention(16, 2, precision=precision)
@@ -373,6 +378,19 @@ PY = {
     "py.precision": lambda t: _torch_module_with_precision("fp16"),
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
     "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),
+    # integers out of range, indices, sizes (hardening round three)
+    "py.int64_range": lambda t: mha.MultiHeadAttention(8, 2).eval().kv_cache(1, 4).truncate(0, 2**64),
+    "py.uint64_range": lambda t: mha.set_memory_limit(-1),
+    "py.int_sized": lambda t: mha._core._render_line_chart(
+        [{"title": "t", "series": [("a", [0.0, 1.0], [1.0, 2.0])]}], "", 2**31, 80),
+    "model.layer": lambda t: small_model().layer(3),
+    "attention_file.negative_heads": lambda t: mha.load_attention(str(t / "any.safetensors"), num_heads=-1),
+    "py.heatmap_dpi": lambda t: mha.show_heatmaps(ones(1, 1, 2, 2), dpi=-1),
+    "plot.cell_index": lambda t: mha.plot.cell_center(mha.plot.render_heatmaps(ones(1, 1, 2, 2))[1], 5, 0, 0, 0),
+    "torch.mha_positive": lambda t: _torch_module(4, -1),
+    "torch.mha_divisible": lambda t: _torch_module(4, 3),
+    "torch.mha_memory": lambda t: _torch_module(100000, 1),
+    "torch.mha_forward_heads": lambda t: _torch_call("mha_forward_heads"),
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     PY[_id] = lambda t, k=_key, v=_value: mha.load_checkpoint(checkpoint_with(t, k, v))
@@ -470,6 +488,8 @@ def _torch_call(what):
             args["use_separate_proj_weight"] = True
         elif what == "mha_forward_in_proj":
             args["in_proj_weight"] = None
+        elif what == "mha_forward_heads":
+            args["num_heads"] = 16
         else:
             args["bias_k"] = torch.ones(1, 1, 8)
         mt.multi_head_attention_forward(q, q, q, **args)

@@ -8,7 +8,12 @@ strings, an object array or an array of strings. Each call runs in a child
 process that is started again after a crash, so a segmentation fault is
 reported as the call that caused it.
 
-Each such call must raise a TypeError (mha.ArgumentTypeError, also a
+The second walk (--ints) gives every integer argument integers past 32, 63
+and 64 bits and negative ones: each is refused with a ValueError naming the
+argument and its range (never pybind11's "incompatible function arguments",
+never a crash or a bare bad_alloc), or is valid there (a seed below 2**64).
+
+Each such call of the first walk must raise a TypeError (mha.ArgumentTypeError, also a
 ValueError, for mha's own checks) whose message starts with the operation in
 brackets and then names the argument: never a crash, never another error,
 never a string read as a number.
@@ -28,11 +33,11 @@ import mha
 WALK = pathlib.Path(__file__).resolve().parent / "bad_types_walk.py"
 
 
-def run_walk(cwd):
+def run_walk(cwd, mode=()):
     """(results, crashes): every call's outcome, and the calls that crashed the child."""
     results, crashes, first = [], [], 0
     while True:
-        r = subprocess.run([sys.executable, str(WALK), str(first)], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, str(WALK), *mode, str(first)], capture_output=True, text=True,
                            timeout=900, cwd=cwd, env=dict(os.environ))
         started, done = None, False
         for line in r.stdout.splitlines():
@@ -134,3 +139,47 @@ def test_a_mistyped_keyword_is_still_named_alone():
         mha.MultiHeadAttention(8, num_head=2)
     with pytest.raises(TypeError, match=r"^\[OffsetPairTask.sample\] 3 positional arguments given"):
         mha.OffsetPairTask().sample(1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def int_walk(tmp_path_factory):
+    return run_walk(tmp_path_factory.mktemp("int_walk"), ("--ints",))
+
+
+# Integers valid where they are given: 64-bit unsigned seeds and byte counts,
+# and widths of lazy modules and tasks that allocate nothing until used.
+VALID_HUGE = {("seed", "2**31"), ("seed", "2**63"), ("bytes", "2**31"), ("bytes", "2**63"),
+              ("num_hiddens", "2**31"), ("max_len", "2**31")}
+
+
+def test_every_integer_out_of_range_is_refused_naming_the_argument(int_walk):
+    results, crashes = int_walk
+    assert len(results) > 300, "the walk made too few calls to mean anything"
+    assert not crashes, "crashed:\n" + "\n".join(crashes)
+    problems = []
+    for r in results:
+        what = f"{r['label']}({r['arg']}={r['poison']})"
+        if r["outcome"] == "accepted":
+            if (r["arg"], r["poison"]) not in VALID_HUGE:
+                problems.append(f"{what}: accepted")
+        elif "ValueError" not in r["mro"] or "incompatible" in r["message"]:
+            problems.append(f"{what}: {r['type']}: {r['message'][:200]}")
+        elif not r["message"].startswith("[") or "_core" in r["message"] or "_torch_calls" in r["message"] \
+                or not (r["arg"] in r["message"] or "memory limit" in r["message"] or "overflows 64 bits"
+                        in r["message"] or "plot size" in r["message"]):
+            problems.append(f"{what}: the message does not name the operation and {r['arg']}: {r['message'][:200]}")
+    assert not problems, f"{len(problems)} of {len(results)} calls:\n" + "\n".join(problems[:80])
+
+
+def test_an_integer_past_64_bits_names_the_range():
+    cache = mha.MultiHeadAttention(8, 2).eval().kv_cache(1, 4)
+    with pytest.raises(ValueError, match=r"^\[KVCache.truncate\] length: 18446744073709551616 is out of range; "
+                                         r"wanted an integer in \[-9223372036854775808, 9223372036854775807\]"):
+        cache.truncate(0, 2**64)
+    with pytest.raises(ValueError, match=r"^\[set_memory_limit\] bytes: -1 is out of range; wanted an integer in "
+                                         r"\[0, 18446744073709551615\]"):
+        mha.set_memory_limit(-1)
+    with pytest.raises(ValueError, match=r"^\[set_num_threads\] n: 2147483648 is not a thread count in \[1, "):
+        mha.set_num_threads(2**31)
+    with pytest.raises(ValueError, match=r"^\[MultiHeadAttention\] seed: 1000000000000000000000 is out of range"):
+        mha.MultiHeadAttention(8, 2, seed=10**21)

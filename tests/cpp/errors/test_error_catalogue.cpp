@@ -393,6 +393,7 @@ std::map<std::string, std::function<void()>> core_triggers() {
          save_safetensors(p, state(8, 4, false));
          load_attention(p);
        }},
+      {"attention_file.negative_heads", [] { load_attention(temp_path("any.safetensors"), -1); }},
       {"prune_model.layer", [] {
          AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
          prune_model_heads(model, {{1, 0}});

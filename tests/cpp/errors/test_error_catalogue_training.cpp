@@ -56,6 +56,7 @@ Triggers training_triggers() {
   return {
       // AttentionModel
       {"model.vocab_size", [] { ModelConfig c = small(); c.vocab_size = 0; model_with(c); }},
+      {"model.layer", [] { AttentionModel m(small()); m.layer(3); }},
       {"model.num_classes", [] { ModelConfig c = small(); c.num_classes = -1; model_with(c); }},
       {"model.max_len", [] { ModelConfig c = small(); c.max_len = 0; model_with(c); }},
       {"model.num_layers", [] { ModelConfig c = small(); c.num_layers = 0; model_with(c); }},
