@@ -233,7 +233,10 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           "attention_weights",
           [](const mha::MultiHeadAttention& s) {
             mha::Tensor w = s.attention_weights();
-            // C++ gives an empty tensor before any call; Python says so.
+            // C++ gives an empty tensor when there is no last call; Python
+            // says why (none yet, or prune_heads discarded it), as the
+            // selecting overload does.
+            if (w.dim() == 0) s.attention_weights(std::vector<int64_t>{0}, std::vector<int64_t>{0});
             if (w.dim() == 0) mha::fail("MultiHeadAttention.attention_weights", "no forward call yet: there are no weights to show");
             return hand_to_numpy(std::move(w));
           },

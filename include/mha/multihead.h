@@ -313,6 +313,9 @@ class MultiHeadAttention {
   // heads' outputs, lengths, its weights or the statistics they are
   // recomputed from, and, in training mode, what backward() needs.
   detail::Latest<nn::AttentionContext> state_;
+  // prune_heads() discarded the last call (state_ is empty since): what the
+  // accessors of the last call say then.
+  detail::Relaxed<bool> pruned_last_call_{false};
   // Buffers of replaced states, for the next call to reuse (no page faults or
   // zeroing of fresh memory: ~10% of a B8 L512 forward).
   detail::Latest<std::vector<Tensor>> spare_;

@@ -312,6 +312,7 @@ class TorchMultiheadAttention {
 
   // The last training-mode forward's save (null after an eval-mode one).
   std::shared_ptr<const nn::AttentionContext> saved_;
+  bool pruned_last_call_ = false;  // prune_heads() discarded saved_ (training is one thread's business)
   // Gradients by layer ("q_proj.weight", ..., "out_proj.bias", "bias_k",
   // "bias_v"), made on first use; grads() packs them by PyTorch's names.
   StateDict grads_;

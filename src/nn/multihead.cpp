@@ -144,6 +144,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   // call unless someone still reads it (a copy of this module, or an
   // attention_weights() in progress on another thread).
   std::shared_ptr<nn::AttentionContext> old = state_.exchange(r.context);
+  pruned_last_call_.set(false);
   if (old && old.use_count() == 1) spare_.store(std::make_shared<std::vector<Tensor>>(nn::release_buffers(*old)));
   return {std::move(r.output), std::move(r.context)};
 }
@@ -163,6 +164,8 @@ Tensor MultiHeadAttention::attention_weights(const std::vector<int64_t>& batch_r
                                              const std::vector<int64_t>& heads) const {
   static const char* op = "MultiHeadAttention.attention_weights";
   const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  if (!st && pruned_last_call_.get())
+    fail(op, "prune_heads discarded the last call (it had the removed heads): call the module again");
   if (!st) fail(op, "no forward call yet: there are no weights to show");
   return nn::checked_weights_of(op, "the last call", *st, batch_rows, heads);
 }

@@ -102,6 +102,9 @@ ParamList MultiHeadAttention::parameters() {
 
 Tensor MultiHeadAttention::last_dropout_mask() const {
   const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  if (!st && pruned_last_call_.get())
+    fail("MultiHeadAttention.last_dropout_mask",
+         "prune_heads discarded the last call (it had the removed heads): call the module again");
   if (!st) fail("MultiHeadAttention.last_dropout_mask", "no forward call yet: there is no mask to show");
   return nn::dropout_mask(*st);
 }
@@ -111,6 +114,8 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward(const Tensor& grad_o
   // Training is one thread's business; a forward() of another thread
   // replaces the last call whole, never half.
   const std::shared_ptr<nn::AttentionContext> st = state_.load();
+  if (!st && pruned_last_call_.get())
+    fail(op, "prune_heads discarded the last call (it had the removed heads): call the module again");
   if (!st || !st->for_backward)
     fail(op, "no training-mode forward to differentiate: call the module in training mode "
              "(train()) before backward()");

@@ -36,6 +36,7 @@ void MultiHeadAttention::prune_heads(const std::vector<int64_t>& heads) {
   // pointers to them, and ensure_grads() refills them with zeros.
   for (auto& [name, g] : grads_) g = Tensor();
   state_.store(nullptr);
+  pruned_last_call_.set(true);
   spare_.store(nullptr);
 }
 

@@ -65,6 +65,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   if (call.keep_context) result.context = ForwardContext(f.context);
   if (training_) saved_ = std::move(f.context);
   else saved_.reset();
+  pruned_last_call_ = false;
   return result;
 }
 

@@ -70,6 +70,9 @@ ParamList TorchMultiheadAttention::parameters() {
 }
 
 Tensor TorchMultiheadAttention::last_dropout_mask() const {
+  if (!saved_ && pruned_last_call_)
+    fail("TorchMultiheadAttention.last_dropout_mask",
+         "prune_heads discarded the last call (it had the removed heads): call the module again");
   if (!saved_)
     fail("TorchMultiheadAttention.last_dropout_mask",
          "no training-mode forward since the last eval-mode one: there is no mask to show");
@@ -77,6 +80,9 @@ Tensor TorchMultiheadAttention::last_dropout_mask() const {
 }
 
 TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward(const Tensor& grad_output) {
+  if (!saved_ && pruned_last_call_)
+    fail("TorchMultiheadAttention.backward",
+         "prune_heads discarded the last call (it had the removed heads): call the module again");
   if (!saved_)
     fail("TorchMultiheadAttention.backward", "no training-mode forward to differentiate: call the module in training mode "
          "(train()) before backward()");

@@ -26,6 +26,7 @@ void TorchMultiheadAttention::prune_heads(const std::vector<int64_t>& heads) {
   // tensors are emptied, not erased: parameters() handed out pointers to
   // them, and ensure_grads() refills them with zeros.
   for (auto& [name, g] : grads_) g = Tensor();
+  pruned_last_call_ = saved_ != nullptr;
   saved_.reset();
 }
 

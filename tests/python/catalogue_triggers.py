@@ -26,6 +26,13 @@ def ones(*shape):
     return np.ones(shape, np.float32)
 
 
+def _pruned_after_call():
+    m = mha.MultiHeadAttention(8, 2)
+    m(ones(1, 2, 4), ones(1, 2, 4), ones(1, 2, 4))
+    m.prune_heads([0])
+    return m
+
+
 def _torch_module(embed_dim, num_heads):
     import mha.torch
     return mha.torch.MultiheadAttention(embed_dim, num_heads)
@@ -379,6 +386,7 @@ PY = {
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
     "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),
     # integers out of range, indices, sizes (hardening round three)
+    "prune.discarded_call": lambda t: _pruned_after_call().attention_weights,
     "py.int64_range": lambda t: mha.MultiHeadAttention(8, 2).eval().kv_cache(1, 4).truncate(0, 2**64),
     "py.uint64_range": lambda t: mha.set_memory_limit(-1),
     "py.int_sized": lambda t: mha._core._render_line_chart(

@@ -26,9 +26,9 @@ def draw(rng, bias_kv=False):
     bias = bool(rng.random() < 0.5)
     batch_first = bool(rng.random() < 0.5)
     t = torch.nn.MultiheadAttention(E, h, bias=bias, add_bias_kv=bias_kv, batch_first=batch_first)
-    with torch.no_grad():
+    with torch.no_grad():  # from rng, so that each case is the same every run
         for p in t.parameters():
-            p.copy_(torch.randn(p.shape) * 0.5)
+            p.copy_(torch.from_numpy(rng.standard_normal(tuple(p.shape)).astype(np.float32)) * 0.5)
     shape = (lambda n: (B, n, E)) if batch_first else (lambda n: (n, B, E))
     f32 = np.float32
     x = dict(q=rng.standard_normal(shape(L)).astype(f32), k=rng.standard_normal(shape(S)).astype(f32),

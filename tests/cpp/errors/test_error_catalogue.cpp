@@ -393,6 +393,12 @@ std::map<std::string, std::function<void()>> core_triggers() {
          save_safetensors(p, state(8, 4, false));
          load_attention(p);
        }},
+      {"prune.discarded_call", [] {
+         MultiHeadAttention m(8, 2);
+         m.forward(ones({1, 2, 4}), ones({1, 2, 4}), ones({1, 2, 4}));
+         m.prune_heads({0});
+         m.attention_weights({0}, {0});
+       }},
       {"attention_file.negative_heads", [] { load_attention(temp_path("any.safetensors"), -1); }},
       {"prune_model.layer", [] {
          AttentionModel model({.vocab_size = 3, .num_classes = 2, .max_len = 4, .num_hiddens = 8, .num_heads = 2});
