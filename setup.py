@@ -3,6 +3,7 @@ plus the compiled extension mha._core) with Debian's setuptools, offline.
 
     python3 -m venv --system-site-packages /tmp/venv-mha    # numpy from Debian
     /tmp/venv-mha/bin/pip install .
+    /tmp/venv-mha/bin/mha --help                              # the command-line tool
 
 The extension is built by CMake (the same CMakeLists.txt as everything else,
 target mha_python), so the compiler flags, the BLAS and the version are the
@@ -42,15 +43,21 @@ class CMakeBuild(build_ext):
             "cmake", "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DPython_EXECUTABLE={sys.executable}",
-            "-DMHA_BUILD_PYTHON=ON", "-DMHA_BUILD_TESTS=OFF", "-DMHA_BUILD_TOOLS=OFF",
+            "-DMHA_BUILD_PYTHON=ON", "-DMHA_BUILD_TESTS=OFF", "-DMHA_BUILD_TOOLS=ON",
         ])
-        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "mha_python", "-j", jobs])
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "mha_python", "mha_tool", "-j", jobs])
         built = sorted((build_dir / "python" / "mha").glob("_core*.so"))
         if len(built) != 1:
             sys.exit(f"setup.py: expected one _core*.so in {build_dir}/python/mha, found {built}")
         dest = pathlib.Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[0], dest)
+        # The command-line tool rides in the package (mha/_bin/mha); the
+        # `mha` console command (mha/_tool.py) runs it.
+        tool = dest.parent / "_bin" / "mha"
+        tool.parent.mkdir(exist_ok=True)
+        shutil.copyfile(build_dir / "mha", tool)
+        tool.chmod(0o755)
 
 
 setup(
@@ -62,6 +69,7 @@ setup(
     ext_modules=[Extension("mha._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy"],
+    entry_points={"console_scripts": ["mha = mha._tool:main"]},
     python_requires=">=3.9",
     # setuptools' own build/ would land beside CMake's build/ folder.
     options={"build": {"build_base": "build-python"}, "egg_info": {"egg_base": "build-python"}},

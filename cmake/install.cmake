@@ -6,6 +6,8 @@
 #   find_package(mha 0.1 REQUIRED)
 #   target_link_libraries(app PRIVATE mha::mha)
 #   target_link_libraries(app PRIVATE mha::plot)   # mha/plot.h: heatmaps, charts (cairo)
+#   find_package(mha 0.1 REQUIRED COMPONENTS dist)  # when built with MPI:
+#   target_link_libraries(app PRIVATE mha::dist)   # mha/dist.h, multi-process attention
 #
 # The package's config finds OpenBLAS and OpenMP itself (cmake/mhaConfig.cmake.in),
 # so a user of the static library never names them; mha::plot also finds cairo
@@ -35,6 +37,18 @@ endif()
 
 install(EXPORT mhaTargets NAMESPACE mha:: FILE mhaTargets.cmake
   DESTINATION ${MHA_INSTALL_CMAKEDIR})
+
+# mha::dist (MPI) in an export set of its own, so that mha::mha's users need
+# no MPI: the package's config loads it when MPI is found (component "dist").
+if(TARGET mha_dist)
+  set_target_properties(mha_dist PROPERTIES EXPORT_NAME dist)
+  install(TARGETS mha_dist EXPORT mhaDistTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(EXPORT mhaDistTargets NAMESPACE mha:: FILE mhaDistTargets.cmake
+    DESTINATION ${MHA_INSTALL_CMAKEDIR})
+endif()
 configure_package_config_file(cmake/mhaConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/mhaConfig.cmake
   INSTALL_DESTINATION ${MHA_INSTALL_CMAKEDIR})

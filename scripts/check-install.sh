@@ -22,6 +22,12 @@ cmake -S examples/consumer -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
 cmake --build "$tmp/consumer" -j"${JOBS:-2}" > "$tmp/consumer-build.log"
 "$tmp/consumer/seed_check"
 "$tmp/consumer/plot_check"
+# mha::dist, when this build has it (MPI found): the consumer's ring attention on 2 ranks.
+if [ -f "$prefix/lib/cmake/mha/mhaDistTargets.cmake" ] || [ -n "$(find "$prefix" -name mhaDistTargets.cmake)" ]; then
+  [ -x "$tmp/consumer/dist_check" ] || { echo "check-install: mha::dist is installed but the consumer did not find it" >&2; exit 1; }
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$tmp/consumer/dist_check"
+  echo "check-install: mha::dist links from the package and runs under mpirun"
+fi
 
 # 2. pkg-config, with the same source.
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig

@@ -31,4 +31,7 @@ PY
 [ "$got" = "$version" ] || { echo "check-python-install: mha.__version__ is '$got', wanted '$version'" >&2; exit 1; }
 pip_version=$("$tmp/venv/bin/pip" show mha | sed -n 's/^Version: //p')
 [ "$pip_version" = "$version" ] || { echo "check-python-install: pip sees version '$pip_version', wanted '$version'" >&2; exit 1; }
-echo "check-python-install: ok (pip install . into a venv; import mha from $tmp gives $got)"
+# The `mha` command comes with the package (console entry point -> mha/_bin/mha).
+tool=$("$tmp/venv/bin/mha" --version)
+[ "$tool" = "mha $version" ] || { echo "check-python-install: the installed 'mha --version' printed '$tool', wanted 'mha $version'" >&2; exit 1; }
+echo "check-python-install: ok (pip install . into a venv; import mha from $tmp gives $got; the mha command runs)"
