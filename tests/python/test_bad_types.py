@@ -183,3 +183,15 @@ def test_an_integer_past_64_bits_names_the_range():
         mha.set_num_threads(2**31)
     with pytest.raises(ValueError, match=r"^\[MultiHeadAttention\] seed: 1000000000000000000000 is out of range"):
         mha.MultiHeadAttention(8, 2, seed=10**21)
+
+
+def test_a_keyword_of_another_overload_is_checked_not_called_unexpected():
+    # `cache` is a keyword of the cached call (the second overload): a value
+    # of the wrong kind is named as such, not as an unexpected keyword.
+    m = mha.MultiHeadAttention(8, 2).eval()
+    x = np.ones((1, 1, 8), np.float32)
+    with pytest.raises(mha.ArgumentTypeError,
+                       match=r"^\[MultiHeadAttention.forward\] cache: got str, wanted mha.KVCache$"):
+        m(x, x, x, cache="c")
+    with pytest.raises(TypeError, match=r"^\[MultiHeadAttention.forward\] unexpected keyword argument 'cach'"):
+        m(x, x, x, cach=m.kv_cache(1, 2))
