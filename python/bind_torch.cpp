@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "bindings.h"
 #include "convert.h"
 #include "object_lock.h"
 #include "mha/error.h"
@@ -138,8 +139,14 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
             bool average_attn_weights, const py::object& is_causal, bool with_context) {
   const char* op = "TorchMultiheadAttention.forward";
-  mha::Tensor q = to_tensor(query, op, "query"), k = to_tensor(key, op, "key"),
-              v = to_tensor(value, op, "value");
+  // One array passed twice is one tensor, so that the module projects it
+  // once (self-attention: one product for the packed in_proj) and it is
+  // copied in once, as the chapter module's call does.
+  mha::Tensor q = to_tensor(query, op, "query");
+  mha::Tensor tk = key.ptr() == query.ptr() ? mha::Tensor() : to_tensor(key, op, "key");
+  mha::Tensor tv = value.ptr() == query.ptr() || value.ptr() == key.ptr() ? mha::Tensor() : to_tensor(value, op, "value");
+  const mha::Tensor& k = key.ptr() == query.ptr() ? q : tk;
+  const mha::Tensor& v = value.ptr() == query.ptr() ? q : value.ptr() == key.ptr() ? k : tv;
   mha::TorchMhaCall call;
   call.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
   call.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
@@ -152,9 +159,9 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
     py::gil_scoped_release release;
     r = self.forward(q, k, v, call);
   }
-  py::object w = r.weights ? py::object(to_numpy(*r.weights)) : py::object(py::none());
-  if (with_context) return py::make_tuple(to_numpy(r.output), w, r.context);
-  return py::make_tuple(to_numpy(r.output), w);
+  py::object w = r.weights ? py::object(hand_to_numpy(std::move(*r.weights))) : py::object(py::none());
+  if (with_context) return py::make_tuple(hand_to_numpy(std::move(r.output)), w, r.context);
+  return py::make_tuple(hand_to_numpy(std::move(r.output)), w);
 }
 
 }  // namespace
@@ -172,7 +179,7 @@ mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::objec
 
 }  // namespace mha::python
 
-void bind_torch(py::module_& m) {
+void mha::python::bind_torch(py::module_& m) {
   py::enum_<mha::Causal>(m, "Causal", "Causal masking; TOP_LEFT is PyTorch's is_causal=True.")
       .value("NONE", mha::Causal::None)
       .value("TOP_LEFT", mha::Causal::TopLeft, "query i sees keys j <= i")

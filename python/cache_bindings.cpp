@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "bindings.h"
 #include "convert.h"
 #include "object_lock.h"
 #include "mha/mha.h"
@@ -20,10 +21,6 @@ namespace mha::python {
 
 namespace py = pybind11;
 
-// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
-// arrays read as PyTorch reads them (True = masked out), floats as additive.
-CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
-                        const char* op);
 
 namespace {
 

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings.h"
 #include "convert.h"
 #include "object_lock.h"
 #include "mha/context.h"

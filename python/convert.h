@@ -291,6 +291,9 @@ inline py::array_t<float> hand_to_numpy(Tensor&& t) {
   return py::array_t<float>(shape, owner->data(), free_owner);
 }
 
+// A tensor the binding owns and gives away (a call's result): handed over.
+inline py::array_t<float> to_numpy(Tensor&& t) { return hand_to_numpy(std::move(t)); }
+
 // A dict of arrays by name, the argument `arg` ("state_dict", "grads"); its
 // values are named "<arg>['<name>']" in messages.
 inline std::map<std::string, Tensor> to_tensors(const py::handle& obj, const std::string& op,

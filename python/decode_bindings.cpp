@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bindings.h"
 #include "convert.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"

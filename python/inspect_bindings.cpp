@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings.h"
 #include "convert.h"
 #include "mha/inspect.h"
 

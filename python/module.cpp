@@ -9,18 +9,11 @@
 
 #include <cstring>
 
+#include "bindings.h"
 #include "convert.h"
 #include "mha/mha.h"
 
 namespace py = pybind11;
-void add_plot_bindings(py::module_& m);  // python/plot_bindings.cpp
-void bind_torch(py::module_& m);  // python/bind_torch.cpp: the PyTorch drop-in
-namespace mha::python {
-// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
-// arrays read as PyTorch reads them (True = masked out), floats as additive.
-mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask,
-                             const py::object& is_causal, const char* op);
-}
 
 namespace {
 
@@ -59,14 +52,6 @@ py::array raw_to_numpy(const mha::RawTensor& raw, const std::string& name) {
 
 namespace mha::python {
 
-void bind_training(py::module_& m);  // train_bindings.cpp
-void bind_pruning(py::module_& m);   // prune_bindings.cpp
-void bind_inspect(py::module_& m);   // inspect_bindings.cpp
-void bind_decode(py::module_& m);    // decode_bindings.cpp
-void bind_contexts(py::module_& m);  // context_bindings.cpp
-void bind_caches(py::module_& m);    // cache_bindings.cpp
-void bind_torch_calls(py::module_& m);  // torch_calls.cpp
-void bind_sdpa(py::module_& m);         // sdpa_calls.cpp
 }  // namespace mha::python
 
 using mha::python::to_valid_lens;
@@ -316,7 +301,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
         return d;
       },
       py::arg("path"), "Read every tensor of a safetensors file as numpy arrays (F16/BF16 as float32).");
-  add_plot_bindings(m);
+  mha::python::add_plot_bindings(m);
   m.def("set_memory_limit", &mha::set_memory_limit, py::arg("bytes"),
         "Most bytes one call may allocate (0: the default, the machine's physical memory).\n"
         "A call that would need more raises ValueError before allocating.");
@@ -325,7 +310,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
       "safetensors_metadata", [](const std::string& path) { return mha::read_safetensors(path).metadata; },
       py::arg("path"), "The __metadata__ of a safetensors file as a dict of strings.");
 
-  bind_torch(m);
+  mha::python::bind_torch(m);
   mha::python::bind_training(m);
   mha::python::bind_pruning(m);
   mha::python::bind_inspect(m);

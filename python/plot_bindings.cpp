@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bindings.h"
 #include "convert.h"
 #include "mha/error.h"
 #include "mha/plot.h"
@@ -46,7 +47,7 @@ py::tuple box(const mha::plot::Box& b) { return py::make_tuple(b.x, b.y, b.w, b.
 
 }  // namespace
 
-void add_plot_bindings(py::module_& m) {
+void mha::python::add_plot_bindings(py::module_& m) {
   m.def(
       "_render_heatmaps",
       [](const py::object& weights, const std::string& xlabel, const std::string& ylabel,

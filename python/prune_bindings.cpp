@@ -2,6 +2,7 @@
 // head importance measures (mha/prune.h, mha/importance.h).
 #include <pybind11/stl.h>
 
+#include "bindings.h"
 #include "convert.h"
 #include "mha/mha.h"
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "bindings.h"
 #include "convert.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "bindings.h"
 #include "convert.h"
 #include "mha/context.h"
 #include "mha/error.h"
@@ -33,9 +34,6 @@
 namespace py = pybind11;
 
 namespace mha::python {
-
-CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
-                        const char* op);  // bind_torch.cpp
 
 namespace {
 

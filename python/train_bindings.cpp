@@ -2,6 +2,7 @@
 // backward and gradients, and the optimisers (mha.optim).
 #include <pybind11/stl.h>
 
+#include "bindings.h"
 #include "convert.h"
 #include "object_lock.h"
 #include "mha/mha.h"

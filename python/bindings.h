@@ -1,0 +1,33 @@
+// python/bindings.h: what the binding files of mha._core share. module.cpp
+// defines the module and calls each file's bind_* function once; the
+// conversions every binding uses are in python/convert.h, the lock of
+// objects that Python threads share in python/object_lock.h.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "mha/masks.h"
+
+namespace mha::python {
+
+namespace py = pybind11;
+
+// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
+// arrays read as PyTorch reads them (True = masked out), floats as additive,
+// is_causal as True/False or an mha.Causal.
+CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
+                        const char* op);
+
+// Each binding file's part of mha._core, in the order module.cpp calls them.
+void add_plot_bindings(py::module_& m);   // plot_bindings.cpp: heatmaps, PNG
+void bind_torch(py::module_& m);          // bind_torch.cpp: Mask, TorchMultiheadAttention
+void bind_training(py::module_& m);       // train_bindings.cpp: backward, AttentionModel, optimisers
+void bind_pruning(py::module_& m);        // prune_bindings.cpp: head gates, pruning, importance
+void bind_inspect(py::module_& m);        // inspect_bindings.cpp: head_offsets
+void bind_decode(py::module_& m);         // decode_bindings.cpp: the decode kernel
+void bind_contexts(py::module_& m);       // context_bindings.cpp: ForwardContext
+void bind_caches(py::module_& m);         // cache_bindings.cpp: KVCache, cached calls
+void bind_torch_calls(py::module_& m);    // torch_calls.cpp: mha.torch's calls
+void bind_sdpa(py::module_& m);           // sdpa_calls.cpp: scaled_dot_product_attention
+
+}  // namespace mha::python
