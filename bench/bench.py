@@ -22,6 +22,12 @@ What is measured
 - % sgemm: GFLOP/s over torch.mm's 4096x4096 rate at the same thread count,
   measured in this run just before and after each case (the larger of the
   two), so that load from other processes drifts out of the ratio.
+- % peak: GFLOP/s over the machine's float32 FMA peak at the same thread
+  count, measured in this run by a register-only loop of fused
+  multiply-adds on the instruction set mha's GEMM uses (mha._core._fma_peak,
+  src/cpu/gemm/fma_peak.h), at the start and at the end (the larger counts).
+  bfloat16 rows are held to the same float32 figure (no AMX peak is
+  measured: on an AMX machine its tiles' peak is 16x that per core).
 - speedup: the peer's ms over mha's ms (> 1: mha is faster); for mha's
   bfloat16 mode (precision="bf16"), mha's float32 ms over its ms.
 - padding target: besides the two separate cases (timed minutes apart), mha's
@@ -345,6 +351,11 @@ def main():
     # with other work the sgemm rate drifts, and a ratio is only meaningful
     # between runs under the same conditions.
     roof = {}
+    import mha
+    fma_peak = {}
+    for t in args.threads:
+        progress(f"threads={t}: FMA peak")
+        fma_peak[t] = mha._core._fma_peak(t, 0.3)
     for t in args.threads:
         for case in args.cases:
             impls = [impl for (tt, c, impl) in jobs if tt == t and c == case]
@@ -388,6 +399,12 @@ def main():
             set_threads(t)
             paired[t] = paired_padding_ratio(np, 2 * budget)
 
+    for t in args.threads:  # the peak again at the end: the larger counts
+        progress(f"threads={t}: FMA peak again")
+        again = mha._core._fma_peak(t, 0.3)
+        if again["gflops"] > fma_peak[t]["gflops"]:
+            fma_peak[t] = again
+
     memory = {}
     if not args.no_memory:
         # ONNX Runtime runs in node: its memory is not comparable (n/a).
@@ -402,11 +419,17 @@ def main():
     sys.stderr.write("\r\033[K")
 
     print(f"\n{'case':26} {'thr':>3} {'implementation':28} {'ms':>10} {'GFLOP/s':>8} "
-          f"{'% sgemm':>8} {'speedup':>8} {'peak MB':>9}  (% of the sgemm rate measured around the case)")
+          f"{'% sgemm':>8} {'% peak':>7} {'speedup':>8} {'peak MB':>9}  (% of the sgemm rate measured around the case; "
+          f"% of the FMA peak)")
+    for t in args.threads:
+        p = fma_peak[t]
+        print(f"{'FMA peak':26} {t:>3} {'register-only FMA, ' + p['isa']:28} {'':>10} {p['gflops']:>8.1f} "
+              f"{'':>8} {100.0:>6.1f}%")
     for t in args.threads:
         rates = [f"{roof[(t, c)]:.0f}" for c in args.cases if (t, c) in roof]
         print(f"{'sgemm 4096x4096':26} {t:>3} {'torch.mm (OpenBLAS), median':28} {2 * 4096 ** 3 / sgemm[t] / 1e6:>10.2f} "
-              f"{sgemm[t]:>8.1f} {100.0:>7.1f}%   per case: {' '.join(rates)} GFLOP/s")
+              f"{sgemm[t]:>8.1f} {100.0:>7.1f}% {100 * sgemm[t] / fma_peak[t]['gflops']:>6.1f}%   per case: "
+              f"{' '.join(rates)} GFLOP/s")
     for case in args.cases:
         fl = flops(*CASES[case])
         for t in args.threads:
@@ -419,13 +442,14 @@ def main():
                 mem_s = f"{mem:9.1f}" if mem is not None else f"{'n/a':>9}"
                 if ms is None:
                     why = "failed" if impl == ORT else "skipped (memory)"
-                    print(f"{case:26} {t:>3} {impl:28} {why:>10} {'':>8} {'':>8} {'':>8} {mem_s}")
+                    print(f"{case:26} {t:>3} {impl:28} {why:>10} {'':>8} {'':>8} {'':>7} {'':>8} {mem_s}")
                     continue
                 rate = fl / ms / 1e9
                 speed = ("" if impl == "mha" or ours is None else
                          f"{ours / ms:7.2f}x" if impl == BF16 else f"{ms / ours:7.2f}x")
                 print(f"{case:26} {t:>3} {impl:28} {ms * 1e3:>10.3f} {rate:>8.1f} "
-                      f"{100 * rate / roof[(t, case)]:>7.1f}% {speed:>8} {mem_s}")
+                      f"{100 * rate / roof[(t, case)]:>7.1f}% {100 * rate / fma_peak[t]['gflops']:>6.1f}% "
+                      f"{speed:>8} {mem_s}")
 
     if ort_notes:
         print("\nONNX Runtime (com.microsoft.MultiHeadAttention; mha's time / ORT's time, same run; "

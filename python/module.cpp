@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "cpu/gemm/fma_peak.h"
 #include "mha/mha.h"
 
 namespace py = pybind11;
@@ -114,6 +115,26 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_num_threads", &mha::set_num_threads, py::arg("n"),
         "Threads for attention (OpenMP) and projections (OpenBLAS, process-wide).");
   m.def("get_num_threads", &mha::num_threads, "Threads mha computes with.");
+  m.def(
+      "_fma_peak",
+      [](int64_t threads, double seconds) {
+        const int n = threads < 1 || threads > mha::max_num_threads() ? 0 : static_cast<int>(threads);
+        if (n == 0)
+          mha::fail("measure_fma_peak", "threads: ", threads, "; wanted 1 <= threads <= ", mha::max_num_threads());
+        mha::cpu::FmaPeak p;
+        {
+          py::gil_scoped_release release;
+          p = mha::cpu::measure_fma_peak(n, seconds);
+        }
+        py::dict d;
+        d["isa"] = mha::cpu::gemm_isa_name(p.isa);
+        d["threads"] = p.threads;
+        d["gflops"] = p.gflops;
+        return d;
+      },
+      py::arg("threads"), py::arg("seconds") = 0.2,
+      "For benchmarks: the measured float32 FMA peak (a register-only loop on the GEMM's\n"
+      "instruction set, cpu/gemm/fma_peak.h) -> {'isa', 'threads', 'gflops'}.");
   m.def("max_num_threads", &mha::max_num_threads,
         "The most threads set_num_threads takes: 4x the machine's hardware threads, at least 4.");
 

@@ -166,6 +166,7 @@ GOOD = {
     "load_attention": dict(path=SAVED, num_heads=2),
     "load_checkpoint": dict(path=SAVED),
     "set_num_threads": dict(n=1),
+    "_fma_peak": dict(threads=1, seconds=0.01),
     "set_memory_limit": dict(bytes=0),
     "Mask.keep": dict(keep=np.ones((2, 2), bool)),
     "Mask.additive": dict(bias=ones(2, 2)),

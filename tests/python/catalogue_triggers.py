@@ -387,6 +387,8 @@ PY = {
     "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),
     # integers out of range, indices, sizes (hardening round three)
     "prune.discarded_call": lambda t: _pruned_after_call().attention_weights,
+    "peak.threads": lambda t: mha._core._fma_peak(0),
+    "peak.seconds": lambda t: mha._core._fma_peak(1, 0.0),
     "py.int64_range": lambda t: mha.MultiHeadAttention(8, 2).eval().kv_cache(1, 4).truncate(0, 2**64),
     "py.uint64_range": lambda t: mha.set_memory_limit(-1),
     "py.int_sized": lambda t: mha._core._render_line_chart(
