@@ -526,24 +526,22 @@ inline bool needs_conversion(const std::string& type, const py::handle& v) {
 // outside that range is refused with the range.
 inline void check_integer_range(const std::string& op, const Param& p, const py::handle& v) {
   if (p.type != "int" || !PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) return;
-  const bool unsigned_ = p.name == "seed" || p.name == "bytes" || p.name.find("_key") != std::string::npos ||
-                         p.name.find("seed") != std::string::npos;
-  int overflow = 0;
-  const long long as_signed = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-  if (overflow == 0 && !(unsigned_ && as_signed < 0)) {
-    if (unsigned_ || as_signed >= std::numeric_limits<int64_t>::min()) return;
-  }
-  if (unsigned_ && overflow > 0) {
+  const bool unsigned_ = p.name == "bytes" || p.name.find("seed") != std::string::npos ||
+                         p.name.find("_key") != std::string::npos;
+  int overflow = 0;  // -1 below int64, +1 above
+  const long long value = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  bool fits = overflow == 0 && !(unsigned_ && value < 0);
+  if (unsigned_ && overflow > 0) {  // past int64: within uint64?
     PyLong_AsUnsignedLongLong(v.ptr());
-    if (!PyErr_Occurred()) return;
+    fits = PyErr_Occurred() == nullptr;
     PyErr_Clear();
   }
-  const std::string value = py::str(v).cast<std::string>();
-  if (unsigned_)
-    fail(op, p.name, ": ", value.size() > 40 ? value.substr(0, 20) + "...(" + std::to_string(value.size()) + " digits)" : value,
-         " is out of range; wanted an integer in [0, 18446744073709551615] (64 bits, unsigned)");
-  fail(op, p.name, ": ", value.size() > 40 ? value.substr(0, 20) + "...(" + std::to_string(value.size()) + " digits)" : value,
-       " is out of range; wanted an integer in [-9223372036854775808, 9223372036854775807] (64 bits)");
+  if (fits) return;
+  std::string text = py::str(v).cast<std::string>();
+  if (text.size() > 40) text = text.substr(0, 20) + "...(" + std::to_string(text.size()) + " digits)";
+  fail(op, p.name, ": ", text, " is out of range; wanted an integer in ",
+       unsigned_ ? "[0, 18446744073709551615] (64 bits, unsigned)"
+                 : "[-9223372036854775808, 9223372036854775807] (64 bits)");
 }
 
 // The last overload's body: the unknown keyword, the count of arguments, or
