@@ -33,12 +33,14 @@
 #include "bench_decode.h"
 #include "bench_gemm_small.h"
 #include "bench_masks.h"
+#include "bench_progress.h"
 #include "commands.h"
 // Internal (the bench part, CMakeLists.txt mha_tool_bench): the GEMM is timed
 // by instruction set, which the public API does not expose.
 #include "cpu/gemm/gemm.h"
 #include "cpu/parallel_gemm.h"
 #include "mha/mha.h"
+#include "outputs.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -227,8 +229,7 @@ void run_bench(const BenchOptions& opt) {
   const int total = static_cast<int>(opt.threads.size()) * (n_cases + 1) + (opt.no_memory ? 0 : n_cases);
   int done = 0;
   auto progress = [&](const std::string& what) {
-    std::fprintf(stderr, "\r\033[K[%d/%d] %s", done, total, what.c_str());
-    std::fflush(stderr);
+    bench_progress("[" + std::to_string(done) + "/" + std::to_string(total) + "] " + what);
   };
 
   std::vector<double> memory(n_cases, -1);
@@ -268,7 +269,7 @@ void run_bench(const BenchOptions& opt) {
     ++done;
   }
   set_num_threads(saved);
-  std::fprintf(stderr, "\r\033[K");
+  bench_progress_done();
 
   std::printf("\n%-26s %3s %10s %8s %8s %9s %9s\n", "case", "thr", "ms", "GFLOP/s", "% sgemm", "peak MB",
               "sgemm GF/s");
@@ -290,34 +291,6 @@ void run_bench(const BenchOptions& opt) {
                   100 * rate / roof[{t, i}], mem, roof[{t, i}]);
     }
 
-  const int t = opt.threads.back();
-  std::printf("\nTargets (%d threads):\n", t);
-  for (int i : {1, 3, 4}) {
-    const double pct = 100 * flops(kCases[i]) / ms[{t, i}] / 1e9 / roof[{t, i}];
-    std::printf("  module forward %s: %.1f%% of sgemm (target >= 90%%): %s\n", kCases[i].name, pct,
-                pct >= 90 ? "met" : "MISSED");
-  }
-  if (memory[4] >= 0) {
-    const Case& c = kCases[4];
-    const double bound = 2.0 * 4 * (c.B * c.Q * c.Dq + c.B * c.Q * c.D + 4 * c.D * c.D) / 1048576.0 + 64;
-    std::printf("  peak memory %s: %.1f MB, bound 2 x (inputs + outputs + weights) + 64 MB = %.1f MB: %s\n",
-                c.name, memory[4], bound, memory[4] <= bound ? "met" : "MISSED");
-  }
-  // Also with each time scaled by the sgemm rate measured around it, which
-  // takes out load that changed between the two cases.
-  const double ratio = ms[{t, 2}] / ms[{t, 1}];
-  const double norm = ratio * roof[{t, 2}] / roof[{t, 1}];
-  std::printf("  padding (valid lengths averaging 40%% of K): %.3f x the unpadded time, %.3f x in "
-              "sgemm-normalised time (target <= 0.7): %s\n",
-              ratio, norm, norm <= 0.7 ? "met" : "MISSED");
-  std::printf("  the d2l chapter's toy shape: %.4f ms per forward call (target <= 0.02 ms): %s\n",
-              ms[{t, 0}] * 1e3, ms[{t, 0}] <= 2e-5 ? "met" : "MISSED");
-  {
-    const int i = 6;
-    const double pct = 100 * flops(kCases[i]) / ms[{t, i}] / 1e9 / roof[{t, i}];
-    std::printf("  training step %s (3x forward FLOPs): %.1f%% of sgemm (target >= 80%%): %s\n",
-                kCases[i].name, pct, pct >= 80 ? "met" : "MISSED");
-  }
 }
 
 }  // namespace
@@ -326,18 +299,31 @@ void add_bench_command(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Time mha's forward on its benchmark shapes against the machine's sgemm (PyTorch peers: bench/bench.py)");
-  cmd->add_option("--threads", opt->threads, "Thread counts to run at")->capture_default_str();
+  CLI::Option* threads = cmd->add_option("--threads", opt->threads, "Thread counts to run at")
+                            ->transform(thread_count())->capture_default_str();
   cmd->add_flag("--quick", opt->quick, "Short timing budget per case");
-  cmd->add_flag("--no-memory", opt->no_memory, "Skip the peak-memory child processes");
-  cmd->add_flag("--masks", opt->masks,
-                "Only the mask rows: causal and key padding masks against none, fused kernel and modules");
-  cmd->add_flag("--decode", opt->decode,
-                "Only the decode kernel: few queries over a KV cache, against the time to read the cache once");
-  cmd->add_flag("--prefill", opt->prefill,
-                "Only prefills (many new queries over a KV cache): the decode kernel against the fused kernel");
-  cmd->add_flag("--small-gemm", opt->small_gemm,
-                "Only products of few rows: mha's GEMM with and without a packed copy of the weight (one thread)");
-  cmd->add_option("--memory-child", opt->memory_child)->group("");  // hidden
+  CLI::Option* no_memory = cmd->add_flag("--no-memory", opt->no_memory, "Skip the peak-memory child processes");
+  // The four parts below run alone: each excludes the others (only one
+  // would run), and --no-memory, which only the main part measures.
+  std::vector<CLI::Option*> parts = {
+      cmd->add_flag("--masks", opt->masks,
+                    "Only the mask rows: causal and key padding masks against none, fused kernel and modules"),
+      cmd->add_flag("--decode", opt->decode,
+                    "Only the decode kernel: few queries over a KV cache, against the time to read the cache once"),
+      cmd->add_flag("--prefill", opt->prefill,
+                    "Only prefills (many new queries over a KV cache): the decode kernel against the fused kernel"),
+      cmd->add_flag("--small-gemm", opt->small_gemm,
+                    "Only products of few rows: mha's GEMM with and without a packed copy of the weight (one "
+                    "thread; takes no --threads)")};
+  for (CLI::Option* part : parts) {
+    part->excludes(no_memory);
+    for (CLI::Option* other : parts)
+      if (other != part) part->excludes(other);
+  }
+  parts.back()->excludes(threads);
+  cmd->add_option("--memory-child", opt->memory_child)
+      ->transform(integer_in(0, static_cast<int64_t>(std::size(kCases)) - 1))
+      ->group("");  // hidden
   cmd->callback([opt] { run_bench(*opt); });
 }
 

@@ -221,11 +221,6 @@ void run_decode_bench(const std::vector<int>& threads, bool quick, double budget
               " kernels::decode_working_bytes, counted by tests/cpp/memory/decode_memory.cpp), %% cache: its share)\n\n");
   std::printf("%-36s %3s %10s %8s %10s %10s %7s %9s %9s %7s\n", "case", "thr", "ms", "GB/s", "stream GB/s",
               "read ms", "x read", "x read+W", "work KiB", "% cache");
-  struct Target {
-    double ratio;
-    std::string name;
-  };
-  std::vector<Target> targets;
   for (int t : threads) {
     set_num_threads(t);
     for (const DecodeCase& c : cases(quick)) {
@@ -250,16 +245,8 @@ void run_decode_bench(const std::vector<int>& threads, bool quick, double budget
       std::printf("  %-34s %3d %10.3f %8s %10s %10.3f %7.2f %9.2f\n", mod.module, t, mod.seconds * 1e3, "", "",
                   read_w * 1e3, mod.seconds / read, mod.seconds / read_w);
       std::fflush(stdout);
-      if (t == threads.back() && c.B == 1 && c.Qn == 1 && c.K == 32768 && c.Hkv == 32) {
-        targets.push_back({s / read, c.name() + " (decode kernel)"});
-        targets.push_back({mod.seconds / read, c.name() + " (" + mod.module + " step, x cache read)"});
-      }
     }
   }
-  std::printf("\nTarget: a step <= 1.25x the cache-read time (batch 1, 32768 keys, %d threads):\n",
-              threads.back());
-  for (const Target& x : targets)
-    std::printf("  %s: %.2fx: %s\n", x.name.c_str(), x.ratio, x.ratio <= 1.25 ? "met" : "MISSED");
 }
 
 void run_prefill_bench(const std::vector<int>& threads, double budget) {

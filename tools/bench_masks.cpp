@@ -11,6 +11,7 @@
 // ms: median wall time after a warm-up call; ratio: masked / unmasked time
 // of the same kernel.
 #include "bench_masks.h"
+#include "bench_progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -136,15 +137,14 @@ void run_mask_bench(const std::vector<int>& threads, double budget) {
   for (int t : threads) {
     set_num_threads(t);
     for (const Shape4& c : shapes) {
-      std::fprintf(stderr, "\r\033[Kthreads=%d %s", t, c.name);
-      std::fflush(stderr);
+      bench_progress("threads=" + std::to_string(t) + " " + c.name);
       const double k0 = kernel_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Fused, budget);
       const double k1 = kernel_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Fused, budget);
       const double m0 = module_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Fused, budget);
       const double m1 = module_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Fused, budget);
       const double b0 = module_time(c.B, c.L, c.D, c.h, MaskKind::None, AttentionKernel::Blas, budget);
       const double b1 = module_time(c.B, c.L, c.D, c.h, c.mask, AttentionKernel::Blas, budget);
-      std::fprintf(stderr, "\r\033[K");
+      bench_progress_done();
       std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", c.name, "fused kernel alone", t, k0 * 1e3,
                   k1 * 1e3, k1 / k0);
       std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", c.name, "TorchMHA module, Fused", t,

@@ -48,6 +48,7 @@ void show_heatmap(const DemoOptions& opt, const Tensor& w, const ValidLens& vali
 }
 
 void run_demo(const DemoOptions& opt) {
+  if (!opt.no_heatmap) check_outputs("demo", {{"--heatmap", opt.heatmap}}, {".png"});
   // The d2l chapter's example: num_hiddens 100, 5 heads, dropout 0.5; B 2, Q 4, K 6;
   // valid_lens [3, 2]; X = ones(2, 4, 100), Y = ones(2, 6, 100).
   const int64_t num_hiddens = 100, num_heads = 5, batch = 2, queries = 4, kvpairs = 6;
@@ -88,10 +89,11 @@ void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand("demo", "Run the d2l chapter's check and show each head's weights");
   cmd->add_option("--seed", opt->seed, "Seed of the initialisation and dropout")
-      ->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--heatmap", opt->heatmap, "PNG file for the heatmap of every head's weights")
-      ->capture_default_str();
-  cmd->add_flag("--no-heatmap", opt->no_heatmap, "Do not write the heatmap");
+      ->transform(unsigned_integer())->capture_default_str();
+  CLI::Option* heatmap =
+      cmd->add_option("--heatmap", opt->heatmap, "PNG file for the heatmap of every head's weights")
+          ->capture_default_str();
+  cmd->add_flag("--no-heatmap", opt->no_heatmap, "Do not write the heatmap")->excludes(heatmap);
   cmd->callback([opt] { run_demo(*opt); });
 }
 

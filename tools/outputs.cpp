@@ -6,9 +6,12 @@
 #include <cctype>
 #include <charconv>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
 
 #include "mha/atomic_file.h"
 #include "mha/error.h"
+#include "mha/threads.h"
 
 namespace mha::tools {
 
@@ -31,6 +34,13 @@ const char* format_of(const std::string& ext) {
   if (ext == ".csv") return "a CSV table";
   if (ext == ".json") return "a JSON file";
   if (ext == ".safetensors") return "a safetensors file";
+  if (ext == ".gif" || ext == ".bmp" || ext == ".tif" || ext == ".tiff" || ext == ".webp") return "another picture format";
+  if (ext == ".npy" || ext == ".npz") return "a numpy array file";
+  if (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") return "a torch.save file";
+  if (ext == ".onnx") return "an ONNX model";
+  if (ext == ".h5" || ext == ".hdf5") return "an HDF5 file";
+  if (ext == ".gguf") return "a GGUF model";
+  if (ext == ".zip" || ext == ".gz" || ext == ".tar") return "an archive";
   return "";
 }
 
@@ -72,26 +82,78 @@ void check_outputs(const char* op, const std::vector<NamedPath>& outputs, const 
 
 namespace mha::tools {
 
+namespace {
+
+// A digit string's value; false if it has no digits, another character, or
+// does not fit (no saturation: from_chars reports the overflow).
+template <typename T>
+bool parse_decimal(const std::string& s, T& v) {
+  if (s.empty() || (s[0] == '-' && (s.size() == 1 || !std::is_signed_v<T>))) return false;
+  const char* end = s.data() + s.size();
+  const auto r = std::from_chars(s.data(), end, v);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+}  // namespace
+
+std::string readable(int64_t v) {
+  if (v == std::numeric_limits<int64_t>::max()) return "2^63 - 1";
+  if (v == std::numeric_limits<int64_t>::min()) return "-2^63";
+  if (v == std::numeric_limits<int32_t>::max()) return "2^31 - 1";
+  return std::to_string(v);
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi, bool allow_empty) {
+  const std::string range = "[" + readable(lo) + ", " + readable(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range, allow_empty](std::string& s) -> std::string {
+        if (s.empty() && allow_empty) return "";
+        int64_t v = 0;
+        if (!parse_decimal(s, v) || v < lo || v > hi) return "'" + s + "' is not an integer in " + range;
+        s = std::to_string(v);  // "007" -> "7": CLI11 would read a leading 0 as octal
+        return "";
+      },
+      range, "integer in " + range);
+}
+
+CLI::Validator thread_count() { return integer_in(1, mha::max_num_threads()); }
+
 CLI::Validator unsigned_integer() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         uint64_t v = 0;
-        const char* end = s.data() + s.size();
-        const auto r = std::from_chars(s.data(), end, v);
-        if (s.empty() || r.ptr != end) return "'" + s + "' is not an integer >= 0";
-        if (r.ec == std::errc::result_out_of_range) return "'" + s + "' is above 2^64 - 1";
+        if (!parse_decimal(s, v)) return "'" + s + "' is not an integer in [0, 2^64 - 1]";
+        s = std::to_string(v);
         return "";
       },
-      "UINT64", "unsigned 64-bit integer");
+      "[0, 2^64 - 1]", "unsigned 64-bit integer");
 }
 
-CLI::Validator non_negative_size() {
+CLI::Validator size_in_bytes() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
-        if (s.find('-') != std::string::npos) return "'" + s + "' is negative; wanted a size >= 0 (0: the default)";
+        const std::string wanted = "' is not a size: wanted a whole number of bytes with an optional unit "
+                                   "(B, KB, MB, GB, TB; 1 KB = 1024 bytes), at most 2^64 - 1 bytes";
+        size_t digits = 0;
+        while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+        size_t at = digits;
+        while (at < s.size() && s[at] == ' ') ++at;
+        std::string unit = s.substr(at);
+        std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+        int shift = -1;
+        const char* const units[][3] = {{"b", "", ""}, {"k", "kb", "kib"}, {"m", "mb", "mib"},
+                                        {"g", "gb", "gib"}, {"t", "tb", "tib"}};
+        if (unit.empty()) shift = 0;
+        for (int u = 0; u < 5 && shift < 0; ++u)
+          for (const char* name : units[u])
+            if (*name && unit == name) shift = 10 * u;
+        uint64_t v = 0;
+        if (digits == 0 || shift < 0 || !parse_decimal(s.substr(0, digits), v)) return "'" + s + wanted;
+        if (shift > 0 && v > (std::numeric_limits<uint64_t>::max() >> shift)) return "'" + s + wanted;
+        s = std::to_string(v << shift);
         return "";
       },
-      "", "non-negative size");
+      "", "size in bytes");
 }
 
 }  // namespace mha::tools

@@ -21,6 +21,7 @@
 // experiment needs more heads than the task needs: 2 per layer do the work).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -42,6 +43,8 @@ namespace mha::tools {
 namespace {
 
 const char* kOp = "prune";
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
 
 struct PruneOptions {
   std::string checkpoint;
@@ -56,7 +59,7 @@ struct PruneOptions {
   int64_t latency_batch = 64;
   int latency_repeats = 20;
   int threads = 1;
-  std::string kernel = "blas";
+  std::string kernel = "fused";  // the library's default (README.md)
   std::string plot = "prune.png";
   std::string csv = "prune.csv";
   std::string pruned_out;
@@ -157,12 +160,6 @@ void plan_experiment(const PruneOptions& opt, const TrainConfig& cfg) {
 }
 
 void run_prune(PruneOptions& opt) {
-  if (opt.threads <= 0) fail(kOp, "--threads: ", opt.threads, " is not positive");
-  if (opt.importance_size <= 0) fail(kOp, "--importance-size: ", opt.importance_size, " is not positive");
-  if (opt.random_orders < 0) fail(kOp, "--random-orders: ", opt.random_orders, " is negative");
-  if (opt.latency_batch <= 0) fail(kOp, "--latency-batch: ", opt.latency_batch, " is not positive");
-  if (opt.latency_repeats <= 0) fail(kOp, "--latency-repeats: ", opt.latency_repeats, " is not positive");
-  if (opt.keep_given && opt.keep <= 0) fail(kOp, "--keep: ", opt.keep, " is not a positive number of heads");
   mha::set_num_threads(opt.threads);  // mha's count, which the products use too (see mha train)
   const AttentionKernel kernel = kernel_of(opt.kernel);
   // Every output checked before any work: a failing command leaves no file.
@@ -182,6 +179,10 @@ void run_prune(PruneOptions& opt) {
   if (heads <= model->num_layers())
     fail(kOp, "the model has ", heads, " head(s) in ", model->num_layers(),
          " layer(s): nothing to prune (every layer keeps one head); train with more, e.g. mha train --heads 8");
+  // --keep is checked now, not after the experiment it would have waited for.
+  const int64_t keep = opt.keep_given ? opt.keep : (heads + 1) / 2;
+  if (!opt.pruned_out.empty() && (keep < model->num_layers() || keep > heads))
+    fail(kOp, "--keep: ", keep, " heads is not in [", model->num_layers(), ", ", heads, "]");
   if (opt.importance_seed == cfg.held_out_seed)
     fail(kOp, "--importance-seed: ", opt.importance_seed, " is the held-out set's seed; the importance set must differ");
 
@@ -311,9 +312,6 @@ void run_prune(PruneOptions& opt) {
   }
   if (!opt.pruned_out.empty()) {
     // The model pruned by the best measure's order down to --keep heads.
-    const int64_t keep = opt.keep > 0 ? opt.keep : (heads + 1) / 2;
-    if (keep < model->num_layers() || keep > heads)
-      fail(kOp, "--keep: ", keep, " heads is not in [", model->num_layers(), ", ", heads, "]");
     const PruneCurve& c = *std::find_if(measured.begin(), measured.end(),
                                         [&](const PruneCurve& m) { return m.name == best_name; });
     std::vector<std::pair<int64_t, int64_t>> removed;
@@ -339,31 +337,41 @@ void add_prune_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("prune", "Measure head importance and prune heads (accuracy and latency)");
   cmd->add_option("--checkpoint", opt->checkpoint, "Trained model (from mha train); none: train one first")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--heads", t.model.num_heads, "Without --checkpoint: heads per layer")->capture_default_str();
-  cmd->add_option("--layers", t.model.num_layers, "Without --checkpoint: layers")->capture_default_str();
-  cmd->add_option("--hiddens", t.model.num_hiddens, "Without --checkpoint: model width D")->capture_default_str();
-  cmd->add_option("--steps", t.steps, "Without --checkpoint: training steps")->capture_default_str();
+  cmd->add_option("--heads", t.model.num_heads, "Without --checkpoint: heads per layer")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--layers", t.model.num_layers, "Without --checkpoint: layers")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--hiddens", t.model.num_hiddens, "Without --checkpoint: model width D")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--steps", t.steps, "Without --checkpoint: training steps")
+      ->transform(integer_in(1, kMax64))->capture_default_str();
   cmd->add_option("--seed", t.seed, "Without --checkpoint: training seed")
       ->check(unsigned_integer())->capture_default_str();
   cmd->add_option("--train-out", opt->train_out, "Without --checkpoint: also save the trained checkpoint here");
   cmd->add_option("--importance-size", opt->importance_size, "Sequences the importance measures average over")
-      ->capture_default_str();
+      
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
   cmd->add_option("--importance-seed", opt->importance_seed, "Seed of the importance set (not the held-out seed)")
       ->check(unsigned_integer())
       ->capture_default_str();
-  cmd->add_option("--random-orders", opt->random_orders, "Random pruning orders (baseline)")->capture_default_str();
+  cmd->add_option("--random-orders", opt->random_orders, "Random pruning orders (baseline)")
+      ->transform(integer_in(0, kMaxInt))->capture_default_str();
   cmd->add_option("--random-seed", opt->random_seed, "Seed of the first random order")
       ->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--latency-batch", opt->latency_batch, "Sequences in the latency probe's batch")->capture_default_str();
+  cmd->add_option("--latency-batch", opt->latency_batch, "Sequences in the latency probe's batch")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
   cmd->add_option("--latency-repeats", opt->latency_repeats, "Timed forwards per step (median; round-robin over steps)")
-      ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "Threads mha computes with")->capture_default_str();
+      
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Threads mha computes with")->transform(thread_count())->capture_default_str();
   cmd->add_option("--kernel", opt->kernel, "Attention kernel")
       ->check(CLI::IsMember({"reference", "blas", "fused"}))->capture_default_str();
   cmd->add_option("--plot", opt->plot, "PNG of the curves ('' for none)")->capture_default_str();
   cmd->add_option("--csv", opt->csv, "CSV of the curves ('' for none)")->capture_default_str();
-  cmd->add_option("--pruned-out", opt->pruned_out, "Also write the model pruned by the best measure (checkpoint)");
-  cmd->add_option("--keep", opt->keep, "Heads --pruned-out keeps (default: half)");
+  CLI::Option* pruned_out =
+      cmd->add_option("--pruned-out", opt->pruned_out, "Also write the model pruned by the best measure (checkpoint)");
+  cmd->add_option("--keep", opt->keep, "Heads --pruned-out keeps (default: half)")
+      ->transform(integer_in(1, kMaxInt))->needs(pruned_out);
   cmd->callback([opt, cmd] {
     opt->keep_given = cmd->count("--keep") > 0;
     if (!opt->checkpoint.empty())

@@ -5,6 +5,7 @@
 // pruned module H is the kept heads, listed in the metadata's heads_kept.
 // --parallel heads|sequence|grid runs it over MPI ranks (run_parallel.h).
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -76,17 +77,20 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--out", opt->out, "safetensors file to write output and attention_weights to")
       ->required();
   cmd->add_option("--heads", opt->heads,
-                  "Number of heads (as built; may be left out if the weights file records it)");
-  const std::map<std::string, Parallel> modes{
-      {"heads", Parallel::Heads}, {"sequence", Parallel::Sequence}, {"grid", Parallel::Grid}};
-  cmd->add_option("--parallel", opt->parallel,
+                  "Number of heads (as built; may be left out if the weights file records it)")
+      ->transform(integer_in(1, std::numeric_limits<int32_t>::max()));
+  // By name only: a CheckedTransformer would show its internal numbers in
+  // --help and take them as values.
+  cmd->add_option_function<std::string>("--parallel", [opt](const std::string& name) {
+        opt->parallel = name == "heads" ? Parallel::Heads : name == "sequence" ? Parallel::Sequence : Parallel::Grid;
+      },
                   "Run over the ranks of `mpirun -np N`: heads (split by heads), sequence (ring attention "
                   "over blocks of positions) or grid (head groups x sequence blocks); rank 0 writes --out")
-      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case));
+      ->transform(CLI::IsMember({"heads", "sequence", "grid"}, CLI::ignore_case));
   cmd->add_option("--head-groups", opt->head_groups,
                   "With --parallel grid: head groups G (G divides the ranks; default: the largest G with "
                   "G*G <= ranks and G <= heads)")
-      ->check(CLI::PositiveNumber);
+      ->transform(integer_in(1, std::numeric_limits<int32_t>::max()));
   cmd->add_option("--precision", opt->precision,
                   "float32 (default) or bfloat16 (bf16): bfloat16 projections and q, k, v, float32 sums and "
                   "attention (mha/precision.h)");

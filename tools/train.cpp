@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,8 @@ namespace mha::tools {
 namespace {
 
 const char* kOp = "train";
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
 
 struct TrainOptions {
   TrainConfig config;
@@ -121,7 +124,6 @@ bool finite_parameters(const AttentionModel& model) {
 
 void run_train(TrainOptions& opt) {
   TrainConfig& cfg = opt.config;
-  if (opt.threads <= 0) fail(kOp, "--threads: ", opt.threads, " is not positive");
   // One owner of parallelism: mha's own thread count (mha::set_num_threads),
   // which the attention kernels and the projections' and gradients' products
   // (mha's packed GEMM, cpu/parallel_gemm) run on; OpenBLAS computes none of
@@ -247,12 +249,17 @@ void add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "train", "Train attention on the offset-pair task: target[t] = (token[t-near], token[t-far])");
   cmd->add_option("--seed", c.seed, "Seed of the initialisation, batches and dropout")
-      ->check(unsigned_integer())->capture_default_str();
-  cmd->add_option("--steps", c.steps, "Training steps (total, when resuming)")->capture_default_str();
-  cmd->add_option("--batch", c.batch_size, "Sequences per batch")->capture_default_str();
-  cmd->add_option("--layers", c.model.num_layers, "Attention layers (residual when more than one)")->capture_default_str();
-  cmd->add_option("--heads", c.model.num_heads, "Heads per layer")->capture_default_str();
-  cmd->add_option("--hiddens", c.model.num_hiddens, "Model width D (a multiple of --heads)")->capture_default_str();
+      ->transform(unsigned_integer())->capture_default_str();
+  cmd->add_option("--steps", c.steps, "Training steps (total, when resuming)")
+      ->transform(integer_in(0, kMax64))->capture_default_str();
+  cmd->add_option("--batch", c.batch_size, "Sequences per batch")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--layers", c.model.num_layers, "Attention layers (residual when more than one)")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--heads", c.model.num_heads, "Heads per layer")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--hiddens", c.model.num_hiddens, "Model width D (a multiple of --heads)")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
   cmd->add_option("--dropout", c.model.dropout, "Dropout on the attention weights")->capture_default_str();
   cmd->add_flag("--bias", c.model.bias, "Biases in the attention projections");
   cmd->add_option("--positions", opt->positions, "Position encoding")
@@ -263,14 +270,22 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", c.optimizer.weight_decay, "Weight decay")->capture_default_str();
   cmd->add_option("--clip", c.clip_norm, "Clip the global gradient norm to this (0: off)")->capture_default_str();
-  cmd->add_option("--vocab", c.task.vocab, "Task symbols (classes: vocab^2)")->capture_default_str();
-  cmd->add_option("--near", c.task.near, "Task's short offset")->capture_default_str();
-  cmd->add_option("--far", c.task.far, "Task's long offset")->capture_default_str();
-  cmd->add_option("--min-len", c.task.min_len, "Shortest sequence")->capture_default_str();
-  cmd->add_option("--max-len", c.task.max_len, "Longest sequence")->capture_default_str();
-  cmd->add_option("--eval-every", c.eval_every, "Held-out accuracy every N steps")->capture_default_str();
-  cmd->add_option("--eval-size", c.eval_size, "Held-out sequences")->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "Threads mha computes with (results are reproducible per thread count)")->capture_default_str();
+  cmd->add_option("--vocab", c.task.vocab, "Task symbols (classes: vocab^2)")
+      ->transform(integer_in(2, 256))->capture_default_str();
+  cmd->add_option("--near", c.task.near, "Task's short offset")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--far", c.task.far, "Task's long offset")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--min-len", c.task.min_len, "Shortest sequence")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--max-len", c.task.max_len, "Longest sequence")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--eval-every", c.eval_every, "Held-out accuracy every N steps")
+      ->transform(integer_in(1, kMax64))->capture_default_str();
+  cmd->add_option("--eval-size", c.eval_size, "Held-out sequences")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Threads mha computes with (results are reproducible per thread count)")
+      ->transform(thread_count())->capture_default_str();
   cmd->add_option("--target", opt->target, "Held-out accuracy whose first step and time are reported")->capture_default_str();
   cmd->add_flag("--stop-at-target", opt->stop_at_target, "Stop once the held-out accuracy reaches --target");
   cmd->add_option("--out", opt->out, "Checkpoint to write (safetensors)")->capture_default_str();
@@ -279,6 +294,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", opt->resume, "Continue from this checkpoint (its config wins)")->check(CLI::ExistingFile);
   cmd->callback([opt, cmd] {
     opt->steps_given = cmd->count("--steps") > 0;
+    // SGD alone has a momentum: with Adam or AdamW it would be ignored.
+    if (cmd->count("--momentum") > 0 && opt->optimizer != "sgd" && opt->resume.empty())
+      throw CLI::ValidationError("--momentum", "applies to --optimizer sgd only, not " + opt->optimizer);
     for (const char* name : kConfigOptions)
       if (cmd->count(name) > 0) opt->config_options_given.push_back(name);
     run_train(*opt);

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <memory>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ constexpr size_t kMaxPanels = 64;  // beyond that no panel is readable: ask for 
 // Enough sequences for steady offset means; the weights of 4096 sequences of
 // 256 positions and 8 heads are already 8 GB, so larger is surely a typo.
 constexpr int64_t kMaxSampleBatch = 4096;
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 
 struct VizOptions {
   std::string weights, inputs, out, title, layout_json;
@@ -137,8 +139,6 @@ AttentionSample sample_from_files(const VizOptions& opt) {
 }
 
 AttentionSample sample_from_checkpoint(const VizOptions& opt) {
-  if (opt.sample_batch < 1 || opt.sample_batch > kMaxSampleBatch)
-    fail(kOp, "--sample-batch: ", opt.sample_batch, ", wanted 1 .. ", kMaxSampleBatch);
   const Checkpoint ck = read_checkpoint(opt.checkpoint);
   std::unique_ptr<AttentionModel> model = load_model(ck);
   const int64_t L = model->num_layers();
@@ -271,7 +271,6 @@ void check_panels(const VizOptions& opt, int64_t num_heads) {
 
 void run_viz(const VizOptions& opt) {
   if (opt.rows.empty()) fail(kOp, "--rows: no row given; wanted at least one batch row");
-  if (opt.max_cells < 1) fail(kOp, "--max-cells: ", opt.max_cells, ", wanted >= 1");
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
   check_outputs(kOp, {{"--out", opt.out}, {"--layout-json", opt.layout_json}}, {".png", ".json"},
                 {{"--weights", opt.weights}, {"--inputs", opt.inputs}, {"--checkpoint", opt.checkpoint}});
@@ -288,7 +287,6 @@ void run_viz(const VizOptions& opt) {
       // A file that records its heads (mha::save_attention) needs no --heads.
       if (!given(o) && !(std::string(o) == "--heads" && records_heads(opt.weights)))
         fail(kOp, o, ": required unless --checkpoint is given");
-    if (given("--heads") && opt.heads <= 0) fail(kOp, "--heads: ", opt.heads, " is not a positive number of heads");
     if (given("--heads")) check_panels(opt, opt.heads);
   }
 
@@ -330,25 +328,31 @@ void add_viz_command(CLI::App& app) {
   cmd->add_option("--inputs", opt->inputs, "safetensors file with queries, keys, values[, valid_lens]")
       ->check(CLI::ExistingFile);
   cmd->add_option("--heads", opt->heads,
-                  "Number of heads of the module (as built; may be left out if the weights file records it)");
+                  "Number of heads of the module (as built; may be left out if the weights file records it)")
+      ->transform(integer_in(1, kMaxInt));
   cmd->add_option("--checkpoint", opt->checkpoint,
                   "A checkpoint of `mha train`, instead of --weights/--inputs/--heads: draws its model's "
                   "attention on sequences sampled from its task")
       ->check(CLI::ExistingFile);
+  CLI::Option* checkpoint = cmd->get_option("--checkpoint");
   cmd->add_option("--sample-seed", opt->sample_seed, "With --checkpoint: seed of the sampled sequences")
-      ->check(unsigned_integer())
+      ->needs(checkpoint)
+      ->transform(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--sample-batch", opt->sample_batch,
                   "With --checkpoint: sequences sampled (the offsets in the titles are over all of their scored queries)")
-      ->capture_default_str();
-  cmd->add_option("--layer", opt->layer, "With --checkpoint: the layer whose heads are drawn")->capture_default_str();
+      ->transform(integer_in(1, kMaxSampleBatch))->needs(checkpoint)->capture_default_str();
+  cmd->add_option("--layer", opt->layer, "With --checkpoint: the layer whose heads are drawn")
+      ->transform(integer_in(0, kMaxInt))->needs(checkpoint)->capture_default_str();
   cmd->add_option("--out", opt->out, "PNG file to write")->required();
   cmd->add_option("--rows", opt->rows, "Batch rows (or sampled sequences; default with --checkpoint: the longest) to draw, e.g. 0,2")
-      ->delimiter(',')->capture_default_str();
+      ->delimiter(',')->transform(integer_in(0, kMaxInt, /*allow_empty=*/true))->capture_default_str();
   cmd->add_option("--show-heads", opt->show_heads,
-                  "Heads to draw, e.g. 0,3, numbered as built (default: all the module has)")->delimiter(',');
+                  "Heads to draw, e.g. 0,3, numbered as built (default: all the module has)")
+      ->delimiter(',')->transform(integer_in(0, kMaxInt));
   cmd->add_option("--max-cells", opt->max_cells,
-                  "Most cells per panel axis; longer axes are averaged over blocks")->capture_default_str();
+                  "Most cells per panel axis; longer axes are averaged over blocks")
+      ->transform(integer_in(1, kMaxInt))->capture_default_str();
   cmd->add_option("--title", opt->title, "Title above the panels (default: names the inputs file or checkpoint)");
   cmd->add_option("--layout-json", opt->layout_json,
                   "Also write where each panel and cell is drawn (JSON), to annotate or check the picture");

@@ -51,6 +51,17 @@ std::string temporary_name(const std::string& path) {
   return folder_of(path) + name;
 }
 
+// The permissions the written file gets: those of the file it replaces, so
+// that a 0600 checkpoint stays private; for a new file the usual 0666 minus
+// the umask.
+mode_t mode_for(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 07777;
+  const mode_t mask = umask(0);
+  umask(mask);
+  return 0666 & ~mask;
+}
+
 [[noreturn]] void fail_errno(const char* what, const std::string& path, int err) {
   fail(kWrite, what, " '", path, "': ", std::strerror(err));
 }
@@ -72,6 +83,8 @@ bool write_via_unnamed_file(const std::string& path, const uint8_t* bytes, size_
     close(fd);
     fail_errno("cannot write", path, err);
   }
+  // Failing to set the mode is not worth an error: the file keeps 0666 minus the umask.
+  (void)fchmod(fd, mode_for(path));
   if (fsync(fd) != 0) {
     const int err = errno;
     close(fd);
@@ -117,10 +130,8 @@ void write_via_named_file(const std::string& path, const uint8_t* bytes, size_t 
     fail_errno(what, path, err);
   };
   if (!write_all(fd, bytes, size)) abandon("cannot write");
-  // mkstemp makes the file 0600; give it the usual 0644 minus the umask.
-  const mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
+  // mkstemp makes the file 0600; give it the replaced file's mode, or the usual 0666 minus the umask.
+  (void)fchmod(fd, mode_for(path));
   if (fsync(fd) != 0) abandon("cannot flush");
   if (close(fd) != 0) {
     const int err = errno;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "core/memory.h"
@@ -54,6 +55,28 @@ float bf16_to_float(uint16_t b) {
   return v;
 }
 
+// What a file that failed to parse as safetensors is instead, by its first
+// bytes (ONNX, a protobuf without a magic number, by its name); "" when
+// unknown. Asked only after the length field or the header failed: a valid
+// safetensors file may start with any of these bytes (a pickle's 0x80 0x02
+// is also a header length of 640).
+std::string other_file_kind(const uint8_t* data, size_t size, const std::string& origin) {
+  auto starts = [&](const char* magic, size_t n) { return size >= n && std::memcmp(data, magic, n) == 0; };
+  if (starts("PK\x03\x04", 4)) return "a zip archive, as torch.save writes (.pt, .pth)";
+  if (size >= 2 && data[0] == 0x80 && data[1] >= 2 && data[1] <= 5)
+    return "a Python pickle, as older torch.save writes (.pt, .pth, .bin)";
+  if (starts("\x93NUMPY", 6)) return "a numpy .npy array";
+  if (starts("PK\x05\x06", 4)) return "an empty zip archive";
+  if (starts("\x89HDF\r\n\x1a\n", 8)) return "an HDF5 file (.h5)";
+  if (starts("GGUF", 4)) return "a GGUF model";
+  if (starts("\x1f\x8b", 2)) return "a gzip archive";
+  if (starts("\x89PNG", 4)) return "a PNG picture";
+  std::string ext = origin.size() >= 5 ? origin.substr(origin.size() - 5) : "";
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (ext == ".onnx") return "an ONNX model (by its name)";
+  return "";
+}
+
 }  // namespace
 
 const char* dtype_name(DType t) {
@@ -71,16 +94,30 @@ size_t dtype_size(DType t) {
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin) {
   const std::string op = "safetensors";
   auto bad = [&](const auto&... parts) -> void { fail(op, "'", origin, "': ", parts...); };
-  if (size < 8) bad("file of ", size, " bytes is too short for the 8-byte header length");
+  // A file of another kind (a torch.save archive, a .npy array) is named as
+  // such rather than by the header length its first bytes would make.
+  auto other_kind = [&] {
+    const std::string kind = other_file_kind(data, size, origin);
+    if (!kind.empty())
+      bad("not a safetensors file: it looks like ", kind, "; read it with its own library and save the tensors "
+          "with mha.save_safetensors (or safetensors' save_file)");
+  };
+  if (size < 8) other_kind(), bad("file of ", size, " bytes is too short for the 8-byte header length");
   const uint64_t header_len = read_u64_le(data);
-  if (header_len > kMaxHeaderBytes)
-    bad("header length ", header_len, " exceeds the format's limit of ", kMaxHeaderBytes);
+  if (header_len > kMaxHeaderBytes) {
+    other_kind();
+    bad("not a safetensors file (or a damaged one): its first 8 bytes give a header length of ", header_len,
+        ", above the format's limit of ", kMaxHeaderBytes);
+  }
+  if (header_len > size - 8) other_kind();
   if (header_len > size - 8)
     bad("header length ", header_len, " runs past the end of the file (", size - 8,
         " bytes follow the length field)");
+  if (header_len < 2) other_kind();
   if (header_len < 2) bad("header of ", header_len, " bytes cannot hold a JSON object");
   const char* header = reinterpret_cast<const char*>(data + 8);
   json doc = json::parse(header, header + header_len, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) other_kind();
   if (doc.is_discarded()) bad("header is not valid JSON");
   if (!doc.is_object()) bad("header is JSON but not an object");
 

@@ -429,31 +429,20 @@ def viz_checkpoint(t, *args, checkpoint=None):
 
 
 CLI = {
-    "model.num_layers": lambda t: train_args(t, "--layers", "0"),
-    "task.vocab": lambda t: train_args(t, "--vocab", "1"),
-    "task.near": lambda t: train_args(t, "--near", "0"),
     "task.far": lambda t: train_args(t, "--near", "3", "--far", "3"),
     "task.min_len": lambda t: train_args(t, "--far", "10", "--min-len", "10"),
     "task.max_len": lambda t: train_args(t, "--min-len", "12", "--max-len", "11"),
-    "trainer.steps": lambda t: train_args(t, "--steps", "-1"),
-    "trainer.batch": lambda t: train_args(t, "--batch", "0"),
-    "trainer.eval_every": lambda t: train_args(t, "--eval-every", "0"),
-    "trainer.eval_size": lambda t: train_args(t, "--eval-size", "0"),
     "trainer.clip": lambda t: train_args(t, "--clip", "-1"),
-    "train.threads": lambda t: train_args(t, "--threads", "0"),
     "train.target": lambda t: train_args(t, "--target", "1.5"),
     "train.resume_config": lambda t: train_args(t, "--resume", str(base_checkpoint()), "--seed", "3"),
     "viz.show_heads": lambda t: viz_files(t, "--show-heads", "7"),
     "viz.rows_inputs": lambda t: viz_files(t, "--rows", "0,2"),
-    "viz.sample_batch": lambda t: viz_checkpoint(t, "--sample-batch", "0"),
     "viz.layer": lambda t: viz_checkpoint(t, "--layer", "1"),
     "viz.rows_sampled": lambda t: viz_checkpoint(t, "--rows", "40"),
     "viz.panels": lambda t: viz_files(t, "--rows", ",".join(["0", "1"] * 7)),
     "viz.no_rows": lambda t: viz_files(t, "--rows", ""),
-    "viz.max_cells": lambda t: viz_files(t, "--max-cells", "0"),
     "viz.both": lambda t: viz_checkpoint(t, "--heads", "5"),
     "viz.required": lambda t: [a for a in viz_files(t) if not a.endswith("i.safetensors") and a != "--inputs"],
-    "viz.heads": lambda t: [a if a != "5" else "0" for a in viz_files(t)],
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
     CLI[_id] = lambda t, k=_key, v=_value: viz_checkpoint(t, checkpoint=checkpoint_with(t, k, v))
@@ -632,3 +621,45 @@ CLI.update({
                                       "--out", str(base_checkpoint())],
     "cli.extension": lambda t: ["train", "--out", str(t / "o.png"), "--curves", "", "--plot", ""],
 })
+
+
+# ---- the command line's one rule (tests/python/test_cli_rules.py) ----------
+# Rows marked `CLI usage` (exit status 2) are triggered from CLI_USAGE by
+# test_cli_rules.py; the options whose ranges moved to the command line
+# (--layers 0, --batch 0, --threads 0, ...) reach their library rows from
+# C++ and Python only.
+
+def torch_mha_weights(t, **extra):
+    """nn.MultiheadAttention's state dict (E 10) with `extra` tensors, and inputs for `mha run`."""
+    w, i = t / "w.safetensors", t / "i.safetensors"
+    mha.save_safetensors(str(w), {"in_proj_weight": ones(30, 10), "out_proj.weight": ones(10, 10), **extra})
+    mha.save_safetensors(str(i), {"queries": ones(2, 3, 10), "keys": ones(2, 4, 10), "values": ones(2, 4, 10)})
+    return ["run", "--weights", str(w), "--inputs", str(i), "--heads", "2", "--out", str(t / "o.safetensors")]
+
+
+def zip_file(t):
+    path = t / "model.pt"
+    path.write_bytes(b"PK\x03\x04\x14\x00\x00\x00" + bytes(56))
+    return str(path)
+
+
+PY.update({
+    "st.other_kind": lambda t: mha.load_safetensors(zip_file(t)),
+})
+CLI.update({
+    "st.other_kind": lambda t: ["run", "--weights", zip_file(t), "--inputs", zip_file(t), "--out",
+                                str(t / "o.safetensors")],
+    "run.torch_layout": lambda t: torch_mha_weights(t, bias_k=ones(1, 1, 10), bias_v=ones(1, 1, 10)),
+})
+CLI_USAGE = {
+    "cli.int_range": lambda t: ["train", "--steps", "99999999999999999999"],
+    "cli.threads": lambda t: ["train", "--threads", "100000"],
+    "cli.seed": lambda t: ["demo", "--seed", str(2**64)],
+    "cli.size": lambda t: ["--memory-limit", "GB", "demo"],
+    "cli.needs": lambda t: ["viz", "--layer", "1", "--out", str(t / "o.png")],
+    "cli.excludes": lambda t: ["demo", "--no-heatmap", "--heatmap", str(t / "o.png")],
+    "cli.momentum": lambda t: ["train", "--optimizer", "adam", "--momentum", "0.5"],
+    "cli.choice": lambda t: ["run", "--parallel", "grid2"],
+    "cli.command": lambda t: ["bogus"],
+    "cli.parser": lambda t: ["run"],
+}

@@ -344,7 +344,6 @@ CLI = {
     "write.create": lambda t: with_out(files(t), str(t / "no" / "such" / "x.safetensors")),
     "run.no_wq": lambda t: files(t, weights={"W_k.weight": ones(8, 4)}),
     "run.wq_rank": lambda t: files(t, weights={"W_q.weight": ones(8)}),
-    "run.heads": lambda t: with_heads(files(t), 0),
     "run.missing_input": lambda t: files(t, inputs={"queries": X, "keys": Y}),
     "run.lens_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F32", [2, 4, 100], f32((2, 4, 100))),
                                                             ("keys", "F32", [2, 6, 100], f32((2, 6, 100))),

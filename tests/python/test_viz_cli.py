@@ -115,12 +115,12 @@ def test_run_still_matches_the_seed_after_sharing_its_loader(tmp_path, mha_tool)
 
 @pytest.mark.parametrize("args, message", [
     (["--rows", "5"], "--rows: row 5 is outside the inputs' batch of 3 rows"),
-    (["--rows", "-1"], "row -1 is outside"),
+    (["--rows", "-1"], "--rows: '-1' is not an integer in [0, 2^31 - 1]"),
     (["--rows", "0,x"], "rows"),
     (["--show-heads", "4"], "--show-heads: head 4 is outside the module's 4 heads"),
-    (["--heads", "0"], "--heads: 0 is not a positive number of heads"),
+    (["--heads", "0"], "--heads: '0' is not an integer in [1, 2^31 - 1]"),
     (["--heads", "3"], "num_heads"),
-    (["--max-cells", "0"], "--max-cells: 0"),
+    (["--max-cells", "0"], "--max-cells: '0' is not an integer in [1, 2^31 - 1]"),
     (["--rows", "0,1,2,0,1,2,0,1,2,0,1,2,0,1,2,0,1"], "panels; at most 64"),
     (["--bogus"], "bogus"),
 ])

@@ -278,6 +278,7 @@ std::map<std::string, std::function<void()>> core_triggers() {
       // safetensors reading
       {"st.short", [] { parse({1, 2, 3}); }},
       {"st.header_limit", [] { parse(raw_header(uint64_t{1} << 40, "{}")); }},
+      {"st.other_kind", [] { parse({'P', 'K', 3, 4, 20, 0, 0, 0, 0, 0}); }},
       {"st.header_past_end", [] { parse(raw_header(64, "{}")); }},
       {"st.header_tiny", [] { parse(raw_header(1, "{")); }},
       {"st.json", [] { parse(raw_header(9, "{not json")); }},
@@ -338,6 +339,10 @@ std::map<std::string, std::function<void()>> core_triggers() {
       // `mha run`'s files (tools/run_inputs.h), which the CLI rows also reach
       {"run.no_wq", [] { tools::run_module_from({}, 2, "w.safetensors"); }},
       {"run.wq_rank", [] { tools::run_module_from({{"W_q.weight", ones({8})}}, 2, "w.safetensors"); }},
+      {"run.torch_layout", [] {
+         tools::run_module_from({{"in_proj_weight", ones({12, 4})}, {"out_proj.weight", ones({4, 4})},
+                                 {"bias_k", ones({1, 1, 4})}}, 2, "w.safetensors");
+       }},
       {"run.heads", [] { tools::run_module_from(state(8, 4, false), 0, "w.safetensors"); }},
       {"run.heads_metadata", [] { tools::run_module_from(state(8, 4, false), 0, "w.safetensors", "run", {{"num_heads", "x"}}); }},
       {"run.heads_disagree", [] { tools::run_module_from(state(8, 4, false), 4, "w.safetensors", "run", {{"num_heads", "2"}}); }},

@@ -113,3 +113,32 @@ TEST(Safetensors, RefusesMalformedFiles) {
   EXPECT_TRUE(throws_with([&] { parse(make_file(R"({"__metadata__":{"a":1}})", 0)); }, "not a string"));
   EXPECT_TRUE(throws_with([&] { read_safetensors("/nonexistent/file.safetensors"); }, "cannot open '/nonexistent/file.safetensors'"));
 }
+
+// Files of other kinds are named by their first bytes (ONNX by its name),
+// never by the header length those bytes would make; a valid file whose
+// length field happens to start like one of them still loads.
+TEST(Safetensors, NamesOtherFileKinds) {
+  auto bytes = [](std::string s) {
+    s.resize(64, '\0');
+    return std::vector<uint8_t>(s.begin(), s.end());
+  };
+  EXPECT_TRUE(throws_with([&] { parse(bytes(std::string("PK\x03\x04\x14\x00\x00\x00", 8))); },
+                          "'t.safetensors': not a safetensors file: it looks like a zip archive, as torch.save "
+                          "writes (.pt, .pth)"));
+  EXPECT_TRUE(throws_with([&] { parse(bytes("\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8")); },
+                          "it looks like a Python pickle"));
+  EXPECT_TRUE(throws_with([&] { parse(bytes(std::string("\x93NUMPY\x01\x00v\x00", 10))); },
+                          "it looks like a numpy .npy array"));
+  EXPECT_TRUE(throws_with([&] { parse(bytes("\x89HDF\r\n\x1a\n")); }, "it looks like an HDF5 file"));
+  EXPECT_TRUE(throws_with([&] { parse(bytes("GGUF\x03")); }, "it looks like a GGUF model"));
+  const auto onnx = bytes("\x08\x07\x12\x07pytorch\x1a\x03" "2.1");
+  EXPECT_TRUE(throws_with([&] { parse_safetensors(onnx.data(), onnx.size(), "model.ONNX"); },
+                          "it looks like an ONNX model (by its name)"));
+  EXPECT_TRUE(throws_with([&] { parse(onnx); }, "not a safetensors file (or a damaged one): its first 8 bytes give "
+                                                "a header length of "));
+  EXPECT_TRUE(throws_with([&] { parse({'P', 'K', 3}); }, "too short"));  // too short to be anything
+  // A header length of 640 is 0x80 0x02 ...: a pickle's first bytes, yet a valid file.
+  std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  header.resize(640, ' ');
+  EXPECT_NO_THROW(parse(make_file(header, 8)));
+}
