@@ -114,3 +114,15 @@ def test_a_failed_write_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"\[write\] '.*/dir' is a folder, not a file"):
         mha.save_safetensors(str(tmp_path / "dir"), {"a": np.zeros(2, np.float32)})
     assert sorted(os.listdir(tmp_path)) == ["dir"] and not os.listdir(tmp_path / "dir")
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_a_replaced_file_keeps_its_permissions(tmp_path, mode):
+    """write_file_atomic renames a temporary file over the old one: it takes the old one's mode."""
+    import stat
+    path = tmp_path / "w.safetensors"
+    mha.save_safetensors(str(path), {"a": np.ones(2, np.float32)})
+    path.chmod(mode)
+    mha.save_safetensors(str(path), {"b": np.ones(3, np.float32)})
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert list(mha.load_safetensors(str(path))) == ["b"]

@@ -91,7 +91,7 @@ TEST(Safetensors, RefusesMalformedFiles) {
   truncated.resize(truncated.size() - 3);
   EXPECT_TRUE(throws_with([&] { parse(truncated); }, "entry 'x' ends at byte 8 past the data buffer's 5 bytes"));
   EXPECT_TRUE(throws_with([&] { parse(make_file(good, 8, 1000)); }, "header length 1000 runs past the end"));
-  EXPECT_TRUE(throws_with([&] { parse(make_file(good, 8, ~0ull - 1)); }, "exceeds the format's limit"));
+  EXPECT_TRUE(throws_with([&] { parse(make_file(good, 8, ~0ull - 1)); }, "above the format's limit"));
   EXPECT_TRUE(throws_with([&] { parse(make_file("{\"x\": [1,", 0)); }, "not valid JSON"));
   EXPECT_TRUE(throws_with([&] { parse(make_file("[1, 2]", 0)); }, "not an object"));
   EXPECT_TRUE(throws_with([&] { parse(make_file(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)); },
@@ -125,7 +125,7 @@ TEST(Safetensors, NamesOtherFileKinds) {
   EXPECT_TRUE(throws_with([&] { parse(bytes(std::string("PK\x03\x04\x14\x00\x00\x00", 8))); },
                           "'t.safetensors': not a safetensors file: it looks like a zip archive, as torch.save "
                           "writes (.pt, .pth)"));
-  EXPECT_TRUE(throws_with([&] { parse(bytes("\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8")); },
+  EXPECT_TRUE(throws_with([&] { parse(bytes(std::string("\x80\x02}q\x00(X", 7))); },
                           "it looks like a Python pickle"));
   EXPECT_TRUE(throws_with([&] { parse(bytes(std::string("\x93NUMPY\x01\x00v\x00", 10))); },
                           "it looks like a numpy .npy array"));
