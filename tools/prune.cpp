@@ -374,6 +374,9 @@ void add_prune_command(CLI::App& app) {
       ->transform(integer_in(1, kMaxInt))->needs(pruned_out);
   cmd->callback([opt, cmd] {
     opt->keep_given = cmd->count("--keep") > 0;
+    // The seed of no random order would be ignored.
+    if (cmd->count("--random-seed") > 0 && opt->random_orders == 0)
+      throw CLI::ValidationError("--random-seed", "applies only with --random-orders above 0, not 0");
     if (!opt->checkpoint.empty())
       for (const char* name : {"--heads", "--layers", "--hiddens", "--steps", "--seed", "--train-out"})
         if (cmd->count(name) > 0)

@@ -660,6 +660,7 @@ CLI_USAGE = {
     "cli.excludes": lambda t: ["demo", "--no-heatmap", "--heatmap", str(t / "o.png")],
     "cli.momentum": lambda t: ["train", "--optimizer", "adam", "--momentum", "0.5"],
     "cli.choice": lambda t: ["run", "--parallel", "grid2"],
+    "cli.random_seed": lambda t: ["prune", "--random-orders", "0", "--random-seed", "3"],
     "cli.command": lambda t: ["bogus"],
     "cli.parser": lambda t: ["run"],
 }
