@@ -5,22 +5,26 @@ import pathlib
 import re
 import warnings
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
-def test_readme_python_blocks_run(monkeypatch, tmp_path):
-    text = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("page", ["README.md", "docs/usage.md"])
+def test_readme_python_blocks_run(monkeypatch, tmp_path, page):
+    """The README and docs/usage.md, the page it sends readers to next."""
+    text = (ROOT / page).read_text()
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-    assert len(blocks) >= 3
+    assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "readme"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i, block in enumerate(blocks):
             try:
-                exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
+                exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)
             except Exception as e:  # name the block in the failure
-                raise AssertionError(f"README.md python block {i + 1} failed: {e!r}") from e
+                raise AssertionError(f"{page} python block {i + 1} failed: {e!r}") from e
 
 
 def test_readme_points_to_sections_that_exist_where_it_says():
