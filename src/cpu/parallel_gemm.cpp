@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "cpu/blas.h"
+#include "cpu/gemm/few_rows.h"
 #include "cpu/gemm_schedule.h"
 #include "cpu/packed_weight.h"
 #include "mha/threads.h"
@@ -35,6 +36,17 @@ void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
   rows_.emplace_back();
   packed_.push_back(nullptr);
+}
+
+bool dot_products_serve(int64_t M, Precision precision) {
+  return M <= kDotProductMaxRows && precision == Precision::Float32;
+}
+
+void GemmBatch::add_dot_products(int64_t M, const float* A, int64_t lda, const float* W, int64_t N, int64_t K,
+                                 const float* bias, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  assert(dot_products_serve(M, precision_));
+  dots_.push_back({M, N, K, A, W, bias, lda, C, ldc});
 }
 
 void GemmBatch::add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias,
@@ -79,8 +91,17 @@ bool GemmBatch::shares_b(size_t x, size_t y) const {
 void GemmBatch::run() const { run_on(num_threads()); }
 
 void GemmBatch::run_on(int threads) const {
+  run_dots(threads);
   if (precision_ == Precision::BFloat16) run_bfloat16(threads);
   else run_float32(threads);
+}
+
+void GemmBatch::run_dots(int threads) const {
+  for (const DotProduct& p : dots_) {
+    const double work = static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
+    dot_product_rows(p.A, p.M, p.lda, p.K, p.W, p.N, p.bias, p.C, p.ldc,
+                     work < kDotProductMinParallelWork ? 1 : threads);
+  }
 }
 
 namespace {

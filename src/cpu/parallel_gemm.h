@@ -68,6 +68,11 @@ class GemmBatch {
   // `w` must outlive run().
   void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,
                   int64_t ldc);
+  // Adds C:[M,N] = A W^T + bias with W:[N,K] read in place, as dot products
+  // (cpu/gemm/few_rows.h: faster at one row; other bits than the packed
+  // product). Only where dot_products_serve(M, the batch's precision).
+  void add_dot_products(int64_t M, const float* A, int64_t lda, const float* W, int64_t N, int64_t K,
+                        const float* bias, float* C, int64_t ldc);
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
@@ -90,7 +95,21 @@ class GemmBatch {
   std::vector<std::vector<const float*>> rows_;
   // Per product: its packed weight (add_packed), else null.
   std::vector<const PackedWeight*> packed_;
+  // Products of few rows run as dot products (add_dot_products).
+  struct DotProduct {
+    int64_t M, N, K;
+    const float *A, *W, *bias;
+    int64_t lda;
+    float* C;
+    int64_t ldc;
+  };
+  std::vector<DotProduct> dots_;
+  void run_dots(int threads) const;
 };
+
+// Whether a product of M rows in `precision` may run as dot products
+// (GemmBatch::add_dot_products): float32, at most kDotProductMaxRows rows.
+bool dot_products_serve(int64_t M, Precision precision);
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm
 // (blas.h) is the general one, run the same way (on the calling thread alone

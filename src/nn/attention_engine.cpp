@@ -29,26 +29,27 @@ kernels::MaskOptions AttentionMasks::options() const {
   return m;
 }
 
-namespace {
-
-bool all_ones(const float* gates, int64_t H) {
+bool gates_are_ones(const float* gates, int64_t H) {
   if (!gates) return true;
   for (int64_t h = 0; h < H; ++h)
     if (gates[h] != 1.0f) return false;
   return true;
 }
 
-// concat:[rows, H*d] *= gate of each column's head, in place.
-void apply_gates(Tensor& concat, const float* gates, int64_t H, int64_t d) {
+void apply_head_gates(Tensor& concat, const float* gates, int64_t H, int64_t d) {
+  if (gates_are_ones(gates, H)) return;
   const int64_t width = H * d, rows = concat.numel() / width;
   float* x = concat.data();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < H; ++h) {
       const float g = gates[h];
+      if (g == 1.0f) continue;
       float* col = x + r * width + h * d;
       for (int64_t c = 0; c < d; ++c) col[c] *= g;
     }
 }
+
+namespace {
 
 // gated[., h*d + c] = g_h * out[., h*d + c], so
 //   dL/dg_h = sum over rows and c of d_gated * out,  dL/dout = g_h * d_gated.
@@ -211,9 +212,9 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   c.have_all = form_weights;
 
   // Head gates, then W_o.
-  if (!all_ones(layers.head_gates, H)) {
+  if (!gates_are_ones(layers.head_gates, H)) {
     if (call.keep_for_backward) c.ungated = concat;
-    apply_gates(concat, layers.head_gates, H, d);
+    apply_head_gates(concat, layers.head_gates, H, d);
   }
   EngineOutput out;
   out.output = take_buffer(call.out_shape, reuse);  // fully written by W_o's product

@@ -153,6 +153,13 @@ struct EngineOutput {
   std::shared_ptr<AttentionContext> context;
 };
 
+// concat:[rows, H*d] *= each head's gate (gates:[H] or null: all 1), in
+// place; a no-op when every gate is 1. Both the forward and cached calls
+// (nn/cached_attention.h) gate this way.
+void apply_head_gates(Tensor& concat, const float* gates, int64_t H, int64_t d);
+// Whether gates (null: none) are all 1.
+bool gates_are_ones(const float* gates, int64_t H);
+
 // The forward (file comment). The layers must be initialised with the inputs'
 // widths; every shape must already be checked. Buffers are taken from
 // `reuse` where one fits (nn/projections.h take_buffer). Throws mha::Error

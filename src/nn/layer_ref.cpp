@@ -52,7 +52,14 @@ std::shared_ptr<const cpu::PackedWeight> LayerRef::packed_weight(Precision preci
   return cpu::pack_weight(weight_, out_, in_, precision);
 }
 
-void LayerRef::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision) const {
+void LayerRef::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision,
+                            bool few_rows_as_dots) const {
+  if (few_rows_as_dots && cpu::dot_products_serve(rows, precision)) {
+    cpu::GemmBatch batch(precision);
+    batch.add_dot_products(rows, x, in_, weight_, out_, in_, bias_, y, ldy);
+    batch.run();
+    return;
+  }
   if (layer_) return layer_->forward_rows(x, rows, y, ldy, precision);
   const std::shared_ptr<const cpu::PackedWeight> w = packed_weight(precision);
   cpu::GemmBatch batch(precision);

@@ -73,7 +73,9 @@ class LayerRef {
   // The weight packed for `precision` (see the file comment).
   std::shared_ptr<const cpu::PackedWeight> packed_weight(Precision precision) const;
   // x:[rows, in] (row stride in) -> y:[rows, out] (row stride ldy): x W^T + b.
-  void forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision) const;
+  // few_rows_as_dots: a decode step's product (ProjectionShape's field).
+  void forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision,
+                    bool few_rows_as_dots = false) const;
 
  private:
   const float* weight_ = nullptr;

@@ -59,11 +59,17 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
   // Each layer's weight packed once per version (LazyLinear::packed_weight),
   // so no call copies a weight; its outputs go to their column block of the
   // shared buffer.
-  std::vector<const cpu::PackedWeight*> packed;
-  for (const Output& o : g.outs) {
-    keep.push_back(o.layer->packed_weight(s.precision));
-    packed.push_back(keep.back().get());
-  }
+  // (A decode step's products of one row read the weights in place instead,
+  // so they pack nothing.)
+  std::vector<const cpu::PackedWeight*> packed(g.outs.size(), nullptr);
+  auto packed_of = [&](int64_t o) -> const cpu::PackedWeight& {
+    const cpu::PackedWeight*& w = packed[static_cast<size_t>(o)];
+    if (!w) {
+      keep.push_back(g.outs[static_cast<size_t>(o)].layer->packed_weight(s.precision));
+      w = keep.back().get();
+    }
+    return *w;
+  };
   // Input rows [x_row, x_row + rows) through outputs [o0, o1), written at
   // buffer rows [c_row, ...) in their column blocks.
   auto product = [&](int64_t x_row, int64_t c_row, int64_t rows, int64_t o0, int64_t o1) {
@@ -71,8 +77,11 @@ void project_group(const Group& g, const ProjectionShape& s, Projected& result, 
     const float* X = x.data() + x_row * in;
     for (int64_t o = o0; o < o1; ++o) {
       const LayerRef& layer = *g.outs[static_cast<size_t>(o)].layer;
-      batch.add_packed(rows, X, in, *packed[static_cast<size_t>(o)], layer.bias(),
-                       buf.data() + c_row * ldc + col[static_cast<size_t>(o)], ldc);
+      float* C = buf.data() + c_row * ldc + col[static_cast<size_t>(o)];
+      if (s.few_rows_as_dots && cpu::dot_products_serve(rows, s.precision))
+        batch.add_dot_products(rows, X, in, layer.weight(), layer.out_features(), in, layer.bias(), C, ldc);
+      else
+        batch.add_packed(rows, X, in, packed_of(o), layer.bias(), C, ldc);
     }
   };
 

@@ -61,6 +61,10 @@ struct ProjectionShape {
   int64_t Q = 0, K = 0, Kt = 0;  // query positions, given key positions, key rows per batch row
   int64_t H = 0, Hkv = 0, d = 0;
   Precision precision = Precision::Float32;  // of the products (mha/precision.h)
+  // A decode step: products of very few rows run as dot products against
+  // the weights in place (cpu/gemm/few_rows.h), faster there; off, every
+  // row gets the packed product's bits whatever the rows around it.
+  bool few_rows_as_dots = false;
 };
 
 // The layers must be initialised with the inputs' widths. Buffers are taken

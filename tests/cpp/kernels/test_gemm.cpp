@@ -10,6 +10,7 @@
 
 #include "cpu/blas.h"
 #include "cpu/gemm/gemm.h"
+#include "cpu/gemm/few_rows.h"
 #include "cpu/parallel_gemm.h"
 #include "gemm_operands.h"
 #include "mha/random.h"
@@ -289,6 +290,32 @@ TEST_P(GemmIsaTest, FewRowProductsBitwiseTheSameAtOneAndTwoThreads) {
       ASSERT_TRUE(within_float_bound(d, out)) << "M " << M << ", threads " << threads;
     }
     EXPECT_EQ(results[0], results[1]) << "M " << M;
+  }
+  set_num_threads(saved);
+}
+
+TEST_P(GemmIsaTest, DotProductRowsWithinTheFloatBoundAndTheSameAtOneAndTwoThreads) {
+  // A decode step's one-row product (GemmBatch::add_dot_products,
+  // cpu/gemm/few_rows.h): N not a multiple of 4 (the last outputs' loop),
+  // a bias, and work above the team threshold (N 1027).
+  ASSERT_TRUE(cpu::dot_products_serve(1, Precision::Float32));
+  EXPECT_FALSE(cpu::dot_products_serve(cpu::kDotProductMaxRows + 1, Precision::Float32));
+  EXPECT_FALSE(cpu::dot_products_serve(1, Precision::BFloat16));
+  Generator gen(29);
+  const int saved = num_threads();
+  for (int64_t N : {int64_t{1}, int64_t{7}, int64_t{1027}}) {
+    Operands o(gen, false, true, 1, N, 301, 0, 1.0f, 0.0f, true);
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<float> out(o.C.size(), -7.0f);
+      cpu::GemmBatch batch;
+      batch.add_dot_products(1, o.A.data(), o.lda, o.B.data(), o.N, o.K, o.b.data(), out.data(), o.ldc);
+      batch.run();
+      ASSERT_TRUE(within_float_bound(o, out)) << "N " << N << ", threads " << threads;
+      results.push_back(out);
+    }
+    EXPECT_EQ(results[0], results[1]) << "N " << N;
   }
   set_num_threads(saved);
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/packed_weight.h"
 #include "mha/mha.h"
 #include "test_util.h"
 
@@ -100,6 +101,27 @@ double textbook_vs_cached(KVCacheDtype dtype, int steps) {
   }
   for (int64_t b = 0; b < B; ++b) EXPECT_EQ(cache.length(b), prompt_lens[static_cast<size_t>(b)] + steps);
   return worst;
+}
+
+TEST(KVCache, AOneRowStepReadsTheWeightsInPlaceAndPacksNothing) {
+  // A float32 step of one row goes through the engine's projections as dot
+  // products (cpu/gemm/few_rows.h): no layer packs its weight for it, and
+  // the step equals the chapter's call over the cached positions.
+  const int64_t D = 24;
+  MultiHeadAttention m(D, 3, 0.0f, /*bias=*/true, /*seed=*/5);
+  m.eval();
+  Generator gen(13);
+  m.initialize(D, D, D);
+  KVCache cache = m.kv_cache(1, 4, KVCacheDtype::Float32);
+  const Tensor x0 = random_tensor({1, 1, D}, gen), x1 = random_tensor({1, 1, D}, gen);
+  const int64_t before = cpu::packed_weight_count();
+  m.forward(x0, x0, x0, cache);
+  const Tensor got = m.forward(x1, x1, x1, cache);
+  EXPECT_EQ(cpu::packed_weight_count(), before) << "a one-row step packed a weight";
+  Tensor both({1, 2, D});
+  std::copy(x0.data(), x0.data() + D, both.data());
+  std::copy(x1.data(), x1.data() + D, both.data() + D);
+  EXPECT_LE(rel_err(got, m.forward(x1, both, both)), 1e-5);
 }
 
 TEST(KVCache, CachedDecodingIsTheChaptersLoopFloat32) {
