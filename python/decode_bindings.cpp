@@ -65,7 +65,7 @@ py::array_t<float> decode_attention(const py::object& q_obj, const py::object& k
   p.v = v.data();
   p.dtype = bf16 ? kernels::CacheDtype::BF16 : kernels::CacheDtype::F32;
   p.lengths = lengths.data();
-  p.causal = causal;
+  p.masks.causal = causal ? Causal::BottomRight : Causal::None;
   p.scale_divisor = std::sqrt(static_cast<float>(d));
   py::array_t<float> out({B, p.Hq, p.Qn, p.dv});
   p.out = out.mutable_data();

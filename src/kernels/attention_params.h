@@ -48,10 +48,18 @@ enum class MaskFill {
 // The masks beyond valid_lens, for key j of query i in batch row b, head h.
 // One struct so that the forward and backward parameter structs carry the
 // same thing. The defaults are the d2l chapter's behaviour (no mask, -1e6, uniform).
+//
+// Every kernel reads it (reference, BLAS, fused, AMX, decode, and the ring's
+// blocks through the fused one), and asks it, not its own copy of the rule,
+// for the causal limit (causal_last_key) and a row's key masks (keep_row,
+// bias_row).
 struct MaskOptions {
   // Boolean masks read 1 = takes part; additive masks add to the scaled score.
-  const uint8_t* key_keep = nullptr;   // [B,K] contiguous
-  const float* key_bias = nullptr;     // [B,K] contiguous
+  const uint8_t* key_keep = nullptr;   // [B,K], rows key_stride_b apart
+  const float* key_bias = nullptr;     // [B,K], rows key_stride_b apart
+  // Elements between the batch rows of key_keep / key_bias; 0: K (contiguous).
+  // A cached call's rows have different K, so its masks cover the longest.
+  int64_t key_stride_b = 0;
   // Per (query, key) pair: element b*pair_stride_b + h*pair_stride_h + i*K + j
   // (stride 0 broadcasts: a (Q,K) mask has both 0, a (B*h,Q,K) one has
   // pair_stride_h = Q*K, pair_stride_b = H*Q*K). Shared by keep and bias.
@@ -75,6 +83,14 @@ struct MaskOptions {
     }
     return K - 1;
   }
+  // Row b's key_keep / key_bias over its K keys, or null.
+  const uint8_t* keep_row(int64_t b, int64_t K) const {
+    return key_keep ? key_keep + b * (key_stride_b ? key_stride_b : K) : nullptr;
+  }
+  const float* bias_row(int64_t b, int64_t K) const {
+    return key_bias ? key_bias + b * (key_stride_b ? key_stride_b : K) : nullptr;
+  }
+  bool has_key_mask() const { return key_keep != nullptr || key_bias != nullptr; }
   // Offset of (b, h, i, key 0) in pair_keep / pair_bias.
   int64_t pair_offset(int64_t b, int64_t h, int64_t i, int64_t K) const {
     return b * pair_stride_b + h * pair_stride_h + i * K;

@@ -12,15 +12,15 @@
 // decoded) already written as the last Qn of them. So the key axis of row b
 // is K = lengths[b] long; slots from lengths[b] to capacity are unwritten
 // storage, not keys, and are never read. That is the d2l chapter's attention
-// of the Qn queries over those K keys, with, when `causal` is set, the
+// of the Qn queries over those K keys, with, when `masks.causal` is set, the
 // chapter's valid lengths per query (shape (B, Q)): query i keeps keys
 // j < K - Qn + i + 1 (itself and everything before it) and the others get
 // the chapter's -1e6 score, so a query whose valid length is <= 0 gets
 // uniform weights over the row's K keys, as masked_softmax gives. Without
-// `causal` every query sees all K keys.
+// causality every query sees all K keys.
 //   lengths[b] = 0: row b has no keys at all (an idle slot of a ragged
 // batch); the chapter's softmax over an empty axis is undefined, and its
-// output is 0 here (nothing is read). With `causal`, a row with keys must
+// output is 0 here (nothing is read). When causal, a row with keys must
 // hold the new block: lengths[b] >= Qn (checked).
 //
 // Masks beyond causality (both optional, both combine with it):
@@ -29,10 +29,10 @@
 //   the -1e6 fill (kernels/attention_params.h, LengthKind; a fractional
 //   length keeps the keys below it, as masked_softmax's arange < length);
 // - nn.MultiheadAttention's key_padding_mask over each row's K keys
-//   (key_keep: 1 = takes part; key_bias: added to the scaled score), read at
-//   key_stride_b per batch row. With fill NegInf a masked key drops out
+//   (masks.key_keep: 1 = takes part; masks.key_bias: added to the scaled
+//   score), rows masks.key_stride_b apart. With fill NegInf a masked key drops out
 //   (weight exactly 0) and a query whose every key is masked, or scores
-//   -inf, gets `fully_masked`: zeros, or uniform weights 1/K over the row's K
+//   -inf, gets `masks.fully_masked`: zeros, or uniform weights 1/K over the row's K
 //   keys (the drop-in's policy, mha/masks.h).
 //
 // Grouped heads: query head h reads cache head h / (Hq / Hkv).
@@ -40,6 +40,7 @@
 // rounded to nearest even by to_bf16); the math is float32 either way.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -57,6 +58,13 @@ enum class CacheDtype { F32, BF16 };
 using cpu::from_bf16;
 using cpu::to_bf16;
 
+// The default masks of a cached call: causal within the new block.
+inline MaskOptions causal_masks() {
+  MaskOptions m;
+  m.causal = Causal::BottomRight;
+  return m;
+}
+
 struct DecodeParams {
   const float* q = nullptr;  // [B,Hq,Qn,d]
   int64_t q_stride_b = 0, q_stride_h = 0, q_stride_i = 0;
@@ -71,33 +79,33 @@ struct DecodeParams {
   int64_t out_stride_b = 0, out_stride_h = 0, out_stride_i = 0;
   const int64_t* lengths = nullptr;  // [B], each in [0, capacity]
   int64_t B = 0, Hq = 0, Hkv = 0, Qn = 0, capacity = 0, d = 0, dv = 0;
-  bool causal = true;          // causal within the new block of Qn queries
   float scale_divisor = 1.0f;  // sqrt(d): scores are (q . k) / scale_divisor
   // The chapter's valid lengths: [B] (PerBatch) or [B, Qn] (PerQuery), each
   // a number >= 0 (+inf: no limit); null with LengthKind::None.
   LengthKind length_kind = LengthKind::None;
   const float* lens = nullptr;
-  // key_padding_mask: [B, key_stride_b] (key_stride_b >= every length), key
-  // j of row b at b * key_stride_b + j; either, both or neither.
-  const uint8_t* key_keep = nullptr;
-  const float* key_bias = nullptr;
-  int64_t key_stride_b = 0;
-  MaskFill fill = MaskFill::Seed;                        // what masked scores become
-  FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;  // rows with every score -inf
+  // The masks beyond the lengths: the one mask type of every kernel
+  // (kernels/attention_params.h). A cached call reads: causal None or
+  // BottomRight (the new block is the last Qn of each row's K keys, so
+  // BottomRight is "causal within the new block"; the default); key_keep /
+  // key_bias, nn.MultiheadAttention's key_padding_mask, [B, key_stride_b]
+  // (key_stride_b >= every length), key j of row b at b * key_stride_b + j;
+  // fill and fully_masked. Pair masks are not taken (checked).
+  MaskOptions masks = causal_masks();
 
   int64_t group() const { return Hq / Hkv; }  // query heads per cache head
   // Query i's valid length in row b of K keys: keys j < valid_len(b, K, i)
   // take part (before key_keep / key_bias), the causal limit and the
   // chapter's length together.
   int64_t valid_len(int64_t b, int64_t K, int64_t i) const {
-    int64_t n = causal ? K - Qn + i + 1 : K;
+    int64_t n = std::min(K, masks.causal_last_key(i, Qn, K) + 1);
     if (length_kind == LengthKind::None) return n;
     const float len = lens[length_kind == LengthKind::PerBatch ? b : b * Qn + i];
     // #{j : float(j) < len}; exact for the capacities a cache can have (< 2^24 keys).
     if (len < static_cast<float>(n)) n = len <= 0.0f ? 0 : static_cast<int64_t>(std::ceil(len));
     return n;
   }
-  bool has_key_mask() const { return key_keep != nullptr || key_bias != nullptr; }
+  bool causal() const { return masks.causal != Causal::None; }
 
   // Contiguous views of contiguous buffers (strides of a row-major layout).
   void set_contiguous_strides() {

@@ -18,7 +18,7 @@ namespace mha::kernels {
 inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i, int64_t j,
                        int64_t Q, int64_t K) {
   return static_cast<float>(j) < len && j <= m.causal_last_key(i, Q, K) &&
-         (!m.key_keep || m.key_keep[b * K + j]) &&
+         (!m.key_keep || m.keep_row(b, K)[j]) &&
          (!m.pair_keep || m.pair_keep[m.pair_offset(b, h, i, K) + j]);
 }
 
@@ -29,8 +29,8 @@ inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, in
 inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divisor, int64_t b,
                                int64_t h, int64_t i, int64_t Q, int64_t K, float* row) {
   const int64_t last = m.causal_last_key(i, Q, K);  // keys after it are masked
-  const uint8_t* key_keep = m.key_keep ? m.key_keep + b * K : nullptr;
-  const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;
+  const uint8_t* key_keep = m.keep_row(b, K);
+  const float* key_bias = m.bias_row(b, K);
   const uint8_t* pair_keep = m.pair_keep ? m.pair_keep + m.pair_offset(b, h, i, K) : nullptr;
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
   const float fill = m.fill_value();
@@ -71,7 +71,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
 // masked key holds the d2l chapter's finite fill.
 inline bool fully_masked_row(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i,
                              int64_t Q, int64_t K) {
-  const float* key_bias = m.key_bias ? m.key_bias + b * K : nullptr;
+  const float* key_bias = m.bias_row(b, K);
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
   int64_t kept = 0;
   for (int64_t j = 0; j < K; ++j) {

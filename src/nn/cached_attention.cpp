@@ -35,18 +35,17 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   kernels::DecodeParams p;
   CacheAccess::point(cache, p);
   p.Hq = H, p.Qn = n;
-  p.causal = true;
   p.scale_divisor = std::sqrt(static_cast<float>(d));
   if (!call.valid_lens.is_none()) {
     p.length_kind = call.valid_lens.kind() == ValidLens::Kind::PerBatch ? kernels::LengthKind::PerBatch
                                                                        : kernels::LengthKind::PerQuery;
     p.lens = call.valid_lens.data();
   }
-  p.key_keep = kpm.keep_data();
-  p.key_bias = kpm.bias_data();
-  p.key_stride_b = S;
-  p.fill = call.fill;
-  p.fully_masked = call.fully_masked;
+  p.masks.key_keep = kpm.keep_data();
+  p.masks.key_bias = kpm.bias_data();
+  p.masks.key_stride_b = S;
+  p.masks.fill = call.fill;
+  p.masks.fully_masked = call.fully_masked;
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
   p.lengths = lengths.data();

@@ -66,7 +66,7 @@ constexpr double kMinParallelWork = 2e5;
 void fully_masked_row(const DecodeParams& p, int64_t b, int64_t g, float* out) {
   const int64_t K = p.lengths[b], dv = p.dv;
   std::fill(out, out + dv, 0.0f);
-  if (p.fully_masked == FullyMaskedRows::Zeros) return;
+  if (p.masks.fully_masked == FullyMaskedRows::Zeros) return;
   for (int64_t j = 0; j < K; ++j) {
     const int64_t at = b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
     for (int64_t x = 0; x < dv; ++x)

@@ -35,14 +35,17 @@ void check_decode_params(const DecodeParams& p, const char* op) {
       if (!(p.lens[x] >= 0.0f))
         fail(op, "lens[", x, "]: ", p.lens[x], "; wanted a number >= 0 (the chapter's valid length)");
   }
+  if (p.masks.pair_keep || p.masks.pair_bias)
+    fail(op, "masks: a pair mask (per query and key); wanted key masks only (key_keep, key_bias): a cached call "
+         "takes nn.MultiheadAttention's key_padding_mask, not attn_mask");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
-    if (p.has_key_mask() && p.key_stride_b < n)
-      fail(op, "key_stride_b: ", p.key_stride_b, " for row ", b, " of ", n,
+    if (p.masks.has_key_mask() && p.masks.key_stride_b < n)
+      fail(op, "key_stride_b: ", p.masks.key_stride_b, " for row ", b, " of ", n,
            " keys; wanted at least every row's length (one mask entry per key)");
     if (n < 0 || n > p.capacity)
       fail(op, "lengths[", b, "]: ", n, "; wanted 0 <= length <= the cache capacity ", p.capacity);
-    if (p.causal && n > 0 && n < p.Qn)
+    if (p.masks.causal == Causal::BottomRight && n > 0 && n < p.Qn)
       fail(op, "lengths[", b, "]: ", n, " keys cannot hold the ", p.Qn,
            " new ones of a causal step; wanted 0 or at least Qn = ", p.Qn);
   }

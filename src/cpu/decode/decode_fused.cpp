@@ -68,11 +68,10 @@ void decode_attention_fused(const DecodeParams& p) {
     f.scale_divisor = p.scale_divisor;
     f.length_kind = p.length_kind;
     if (p.lens) f.lens = p.lens + (p.length_kind == LengthKind::PerBatch ? b : b * p.Qn);
-    f.masks.causal = p.causal ? Causal::BottomRight : Causal::None;
-    f.masks.key_keep = p.key_keep ? p.key_keep + b * p.key_stride_b : nullptr;
-    f.masks.key_bias = p.key_bias ? p.key_bias + b * p.key_stride_b : nullptr;
-    f.masks.fill = p.fill;
-    f.masks.fully_masked = p.fully_masked;
+    f.masks = p.masks;  // the row's slice of the key masks
+    f.masks.key_keep = p.masks.keep_row(b, K);
+    f.masks.key_bias = p.masks.bias_row(b, K);
+    f.masks.key_stride_b = 0;
     const float* q = p.q + b * p.q_stride_b;
     float* out = p.out + b * p.out_stride_b;
     if (!bf16) {  // the cache in place: every head of the row in one call

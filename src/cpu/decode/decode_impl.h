@@ -215,9 +215,9 @@ struct DecodeKernel {
       l[r] = 0.0f;
     }
     std::fill(acc, acc + R * dv, 0.0f);
-    const float fill2 = p.fill == MaskFill::Seed ? kMaskFill2 : -INFINITY;
-    const uint8_t* keep = p.key_keep ? p.key_keep + t.b * p.key_stride_b : nullptr;
-    const float* bias = p.key_bias ? p.key_bias + t.b * p.key_stride_b : nullptr;
+    const float fill2 = p.masks.fill == MaskFill::Seed ? kMaskFill2 : -INFINITY;
+    const uint8_t* keep = p.masks.keep_row(t.b, K);
+    const float* bias = p.masks.bias_row(t.b, K);
     for (int64_t t0 = j0; t0 < j1; t0 += T) {
       const int64_t n = std::min(T, j1 - t0);
       // Rows of the next tile that the first row block asks for along the

@@ -141,7 +141,7 @@ std::vector<int32_t> key_limits(LengthKind kind, const float* lens, const MaskOp
   for (int64_t b = 0; b < B; ++b) {
     int64_t last = K - 1;  // the last kept key of row b
     if (m.key_keep) {
-      const uint8_t* keep = m.key_keep + b * K;
+      const uint8_t* keep = m.keep_row(b, K);
       last = -1;
       for (int64_t j = 0; j < K; ++j)
         if (keep[j]) last = j;

@@ -146,8 +146,8 @@ struct Kernel {
                         int64_t j0, int64_t nk, const int32_t* n_valid, float* st, float* kept,
                         float* kt) {
     const MaskOptions& m = *mj.m;
-    const uint8_t* kk = m.key_keep ? m.key_keep + b * K + j0 : nullptr;
-    const float* kb = m.key_bias ? m.key_bias + b * K + j0 : nullptr;
+    const uint8_t* kk = m.key_keep ? m.keep_row(b, K) + j0 : nullptr;
+    const float* kb = m.key_bias ? m.bias_row(b, K) + j0 : nullptr;
     if (kt)
       for (int64_t x = 0; x < nk * MQ; ++x) kt[x] = 0.0f;
     for (int64_t i = 0; i < mq; ++i) {

@@ -37,10 +37,10 @@ void attention_backward_masked_reference(const AttentionForward& p, const Tensor
           for (int64_t c = 0; c < d; ++c)
             dot += static_cast<double>(p.q.ptr(b, h, i)[c]) * p.k.ptr(b, hk, j)[c];
           double s = dot / scale;
-          if (m.key_bias) s += m.key_bias[b * K + j];
+          if (m.key_bias) s += m.bias_row(b, K)[j];
           if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
           bool k_ok = static_cast<float>(j) < len;
-          if (m.key_keep && !m.key_keep[b * K + j]) k_ok = false;
+          if (m.key_keep && !m.keep_row(b, K)[j]) k_ok = false;
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) k_ok = false;
           if (j > m.causal_last_key(i, Q, K)) k_ok = false;
           if (!k_ok) s = m.fill_value();

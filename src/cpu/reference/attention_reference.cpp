@@ -28,10 +28,10 @@ void attention_forward_reference(const AttentionForward& p) {
           double dot = 0.0;
           for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
           float s = static_cast<float>(dot) / p.scale_divisor;
-          if (m.key_bias) s += m.key_bias[b * K + j];
+          if (m.key_bias) s += m.bias_row(b, K)[j];
           if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
           bool keep = static_cast<float>(j) < len;
-          if (m.key_keep && !m.key_keep[b * K + j]) keep = false;
+          if (m.key_keep && !m.keep_row(b, K)[j]) keep = false;
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
           if (j > m.causal_last_key(i, Q, K)) keep = false;
           if (!keep) s = m.fill_value();

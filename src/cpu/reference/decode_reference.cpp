@@ -38,20 +38,20 @@ void decode_attention_reference(const DecodeParams& p) {
           continue;
         }
         const int64_t valid = p.valid_len(b, K, i);
-        const double fill = p.fill == MaskFill::Seed ? static_cast<double>(kMaskFill) : -INFINITY;
+        const double fill = p.masks.fill == MaskFill::Seed ? static_cast<double>(kMaskFill) : -INFINITY;
         double row_max = -INFINITY;
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < p.d; ++c)
             dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + j * p.k_stride_j + c);
-          const bool kept = j < valid && (!p.key_keep || p.key_keep[b * p.key_stride_b + j]);
-          w[j] = kept ? dot / p.scale_divisor + (p.key_bias ? p.key_bias[b * p.key_stride_b + j] : 0.0) : fill;
+          const bool kept = j < valid && (!p.masks.key_keep || p.masks.keep_row(b, K)[j]);
+          w[j] = kept ? dot / p.scale_divisor + (p.masks.key_bias ? p.masks.bias_row(b, K)[j] : 0.0) : fill;
           row_max = std::max(row_max, w[j]);
         }
         if (row_max == -INFINITY) {  // every score -inf: the fully-masked policy
           for (int64_t c = 0; c < p.dv; ++c) {
             double acc = 0.0;
-            if (p.fully_masked == FullyMaskedRows::Uniform)
+            if (p.masks.fully_masked == FullyMaskedRows::Uniform)
               for (int64_t j = 0; j < K; ++j)
                 acc += cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + j * p.v_stride_j + c);
             out[c] = static_cast<float>(acc / static_cast<double>(K));

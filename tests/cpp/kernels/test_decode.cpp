@@ -81,7 +81,7 @@ struct Problem {
     o.assign(static_cast<size_t>(B * c.Hq * c.Qn * c.dv), -7.0f);
     p.out = o.data();
     p.lengths = c.lengths.data();
-    p.causal = c.causal;
+    p.masks.causal = c.causal ? Causal::BottomRight : Causal::None;
     p.scale_divisor = std::sqrt(static_cast<float>(c.d));
     return p;
   }
@@ -276,11 +276,11 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
         DecodeParams p = pb.params(o, dtype);
         p.length_kind = mv.kind;
         p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-        p.key_keep = mv.keep ? keep.data() : nullptr;
-        p.key_bias = mv.bias ? bias.data() : nullptr;
-        p.key_stride_b = S;
-        p.fill = mv.fill;
-        p.fully_masked = mv.policy;
+        p.masks.key_keep = mv.keep ? keep.data() : nullptr;
+        p.masks.key_bias = mv.bias ? bias.data() : nullptr;
+        p.masks.key_stride_b = S;
+        p.masks.fill = mv.fill;
+        p.masks.fully_masked = mv.policy;
         return p;
       };
       const std::string what = c.name() + " " + mv.name;
@@ -370,11 +370,11 @@ TEST(Decode, FusedPrefillIsTheDecodeKernel) {
           DecodeParams p = pb.params(o, dtype);
           p.length_kind = mv.kind;
           p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-          p.key_keep = mv.keep ? keep.data() : nullptr;
-          p.key_bias = mv.bias ? bias.data() : nullptr;
-          p.key_stride_b = S;
-          p.fill = mv.fill;
-          p.fully_masked = mv.policy;
+          p.masks.key_keep = mv.keep ? keep.data() : nullptr;
+          p.masks.key_bias = mv.bias ? bias.data() : nullptr;
+          p.masks.key_stride_b = S;
+          p.masks.fill = mv.fill;
+          p.masks.fully_masked = mv.policy;
           return p;
         };
         std::vector<float> dec, fus, via;
@@ -455,7 +455,7 @@ TEST(Decode, BadInputsSayWhatIsWrong) {
   EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch, p.lens = lens.data(); }); },
                                 "lens[1]: nan; wanted a number >= 0"));
   std::vector<uint8_t> keep(16, 1);
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.key_keep = keep.data(), p.key_stride_b = 8; }); },
+  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.masks.key_keep = keep.data(), p.masks.key_stride_b = 8; }); },
                                 "key_stride_b: 8 for row 1 of 9 keys"));
 }
 
