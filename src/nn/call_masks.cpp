@@ -34,15 +34,6 @@ void check_mask_sum(const char* op, const Mask& kpm, const Mask& am, int64_t K) 
            " whose sum overflows to +inf; wanted masks whose sums are finite or -inf");
 }
 
-bool causally_masked(Causal c, int64_t i, int64_t j, int64_t Q, int64_t K) {
-  switch (c) {
-    case Causal::None: return false;
-    case Causal::TopLeft: return j > i;
-    case Causal::BottomRight: return j > i + K - Q;
-  }
-  return false;
-}
-
 }  // namespace
 
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
@@ -80,10 +71,11 @@ AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const M
   // The kernel's causal limit would count the appended keys, so the causal
   // pattern over the K given keys joins the pair mask instead.
   if (am.is_none()) m.pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
+  kernels::MaskOptions rule;  // the causal limit over the K given keys, as every kernel computes it
+  rule.causal = causal;
   for (int64_t s = 0; s < slices; ++s)
     for (int64_t i = 0; i < g.Q; ++i)
-      for (int64_t j = 0; j < g.K; ++j) {
-        if (!causally_masked(causal, i, j, g.Q, g.K)) continue;
+      for (int64_t j = std::max<int64_t>(0, rule.causal_last_key(i, g.Q, g.K) + 1); j < g.K; ++j) {
         const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
         if (!m.pair_bias.empty()) m.pair_bias[at] = -INFINITY;  // drops out under the -inf fill
         else m.pair_keep[at] = 0;
