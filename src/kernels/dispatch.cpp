@@ -1,28 +1,23 @@
 #include "kernels/dispatch.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "cpu/attention_kernels.h"
 #include "cpu/fused/attention_fused.h"
 #include "cpu/fused/limits.h"
 #include "kernels/validate.h"
+#include "mha/error.h"
 
 namespace mha::kernels {
 
 namespace {
 
-// Debug builds: a module that filled a struct wrong stops here, naming the
-// field, rather than reading out of bounds in a kernel.
+// Every build: a module that filled a struct wrong gets an mha::Error naming
+// the field here, rather than a kernel reading out of bounds. The checks are
+// a few comparisons per call (kernels/validate.h).
 template <class Params>
-void check_in_debug([[maybe_unused]] const char* entry, [[maybe_unused]] const Params& p) {
-#ifndef NDEBUG
-  if (const std::string why = validate(p); !why.empty()) {
-    std::fprintf(stderr, "kernels::%s: inconsistent parameters: %s\n", entry, why.c_str());
-    std::abort();
-  }
-#endif
+void check_params(const char* entry, const Params& p) {
+  if (const std::string why = validate(p); !why.empty()) fail(entry, "inconsistent kernel parameters: ", why);
 }
 
 }  // namespace
@@ -33,7 +28,7 @@ bool runs_fused(AttentionKernel kernel, int64_t keys) {
 }
 
 SoftmaxStats attention_forward(AttentionKernel kernel, const AttentionForward& p) {
-  check_in_debug("attention_forward", p);
+  check_params("kernels::attention_forward", p);
   if (runs_fused(kernel, p.K())) {
     attention_forward_fused(p);
     return p.stats;
@@ -47,7 +42,7 @@ SoftmaxStats attention_forward(AttentionKernel kernel, const AttentionForward& p
 }
 
 void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
-  check_in_debug("attention_backward", p);
+  check_params("kernels::attention_backward", p);
   if (!p.fwd.stats.empty()) {
     attention_backward_fused(p);
     return;
@@ -57,7 +52,7 @@ void attention_backward(AttentionKernel kernel, const AttentionBackward& p) {
 }
 
 void attention_weights(const AttentionWeightsParams& p) {
-  check_in_debug("attention_weights", p);
+  check_params("kernels::attention_weights", p);
   attention_weights_fused(p);
 }
 

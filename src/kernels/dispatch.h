@@ -5,8 +5,9 @@
 // functions below with the kernel its user chose. Each decides in one place
 // which code runs: the fused kernel takes key axes up to its limit (longer
 // ones run the BLAS kernel), saves softmax statistics when asked, and its
-// backward runs iff the statistics are given. In debug builds each checks
-// its struct first (kernels/validate.h) and aborts naming the problem.
+// backward runs iff the statistics are given. Each checks its struct first,
+// in every build (kernels/validate.h), and throws mha::Error naming the
+// problem.
 #pragma once
 
 #include <cstdint>

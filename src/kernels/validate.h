@@ -3,8 +3,10 @@
 // Modules check their users' inputs (and throw mha::Error); the kernels then
 // trust the struct the module filled. These checks catch a module that
 // filled it wrong: kernels::attention_forward / attention_backward /
-// attention_weights (kernels/dispatch.h) run them in debug builds and abort
-// on the first problem. They are compiled in every build, so tests call them.
+// attention_weights (kernels/dispatch.h) run them on every call, in every
+// build, and throw mha::Error on the first problem, so no kernel sees an
+// inconsistent struct. (The decode kernel's check_decode_params is the
+// same for DecodeParams.)
 //
 // Checked: every view's innermost stride is 1 and its rank is 4; q, k, v,
 // out, grad_out and the gradients agree on B, h, hkv, Q, K, d and dv; Hkv

@@ -1,6 +1,6 @@
 // kernels::validate: each parameter struct a module can fill wrong is
-// reported, and a consistent one is not. Debug builds also check that the
-// dispatcher stops on a bad struct.
+// reported, and a consistent one is not; the dispatcher refuses a bad
+// struct in every build.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/validate.h"
+#include "mha/error.h"
 #include "mha/tensor.h"
 
 namespace mha::kernels {
@@ -123,18 +124,33 @@ TEST(KernelValidate, EachInconsistencyIsNamed) {
   }
 }
 
-#ifndef NDEBUG
-// In a debug build the dispatcher checks every struct before any kernel
-// reads it.
-TEST(KernelValidateDeathTest, DebugDispatchStopsOnABadStruct) {
+// In every build the dispatcher checks every struct before any kernel reads
+// it, and throws naming the entry and the field.
+TEST(KernelValidate, DispatchRefusesABadStructInEveryBuild) {
+  auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
   Consistent c;
   c.f.v.shape[2] = 4;
-  EXPECT_DEATH((void)attention_forward(AttentionKernel::Fused, c.f), "inconsistent parameters: v: shape");
+  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Blas, AttentionKernel::Fused})
+    EXPECT_EQ(message([&] { (void)attention_forward(kernel, c.f); }).rfind(
+                  "[kernels::attention_forward] inconsistent kernel parameters: v: shape", 0),
+              0u);
   Consistent d;
   d.b.grad_v.shape[3] = 6;
-  EXPECT_DEATH(attention_backward(AttentionKernel::Blas, d.b), "inconsistent parameters: grad_v");
+  EXPECT_NE(message([&] { attention_backward(AttentionKernel::Blas, d.b); })
+                .find("[kernels::attention_backward] inconsistent kernel parameters: grad_v"),
+            std::string::npos);
+  Consistent w;
+  w.w.heads = {4};
+  EXPECT_NE(message([&] { attention_weights(w.w); }).find("inconsistent kernel parameters: heads: 4"),
+            std::string::npos);
 }
-#endif
 
 }  // namespace
 }  // namespace mha::kernels
