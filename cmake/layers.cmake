@@ -56,6 +56,7 @@ set(MHA_LAYER_HEADERS_nn
   linear.h
   multihead.h
   parameter.h
+  rotary.h
   torch_mha.h
 )
 set(MHA_LAYER_HEADERS_train

@@ -341,6 +341,14 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def_property_readonly("training", &TMHA::training)
       .def_property("kernel", &TMHA::kernel, &TMHA::set_kernel, "The attention implementation (mha.Kernel)")
       .def_property(
+          "rotary",
+          [](const TMHA& s) -> std::optional<mha::Rotary> {
+            return s.rotary().enabled() ? std::optional<mha::Rotary>(s.rotary()) : std::nullopt;
+          },
+          [](TMHA& s, const std::optional<mha::Rotary>& r) { s.set_rotary(r ? *r : mha::Rotary{}); },
+          "Rotary position embeddings on q and k (mha.Rotary), or None (default); the appended bias_k\n"
+          "and zero key rows are not rotated.")
+      .def_property(
           "precision", [](const TMHA& s) { return std::string(mha::to_string(s.precision())); },
           [](TMHA& s, const std::string& p) {
             s.set_precision(mha::parse_precision("TorchMultiheadAttention.precision", p));

@@ -440,6 +440,7 @@ inline bool fits(const std::string& type, const py::handle& v) {
 inline bool fits_kind(const std::string& type, const py::handle& v) {
   auto inner = [&](const char* prefix) { return split_top(type.substr(std::strlen(prefix), type.size() - std::strlen(prefix) - 1)); };
   if (type.empty() || type == "object" || type.rfind("numpy.", 0) == 0) return true;
+  if (type.rfind("Optional[", 0) == 0) return v.is_none() || fits(inner("Optional[").at(0), v);
   if (type == "int" || type == "float") {
     if (v.is_none() || is_string(v) || PyComplex_Check(v.ptr()) || !PyNumber_Check(v.ptr())) return false;
     if (type == "int" && PyFloat_Check(v.ptr())) return false;
@@ -498,6 +499,7 @@ inline std::string wanted_of(const std::string& type) {
   if (type == "List[Tuple[int, int]]") return "a list of (int, int) pairs";
   if (type == "List[str]") return "a list of strings";
   if (type == "Dict[str, str]") return "a dict of strings by string";
+  if (type.rfind("Optional[", 0) == 0) return wanted_of(type.substr(9, type.size() - 10)) + " or None";
   std::string t = type;
   if (t.rfind("mha._core.", 0) == 0) t = "mha." + t.substr(10);
   return t;

@@ -4,6 +4,7 @@
 // ValueError; an argument of the wrong kind, mha.ArgumentTypeError (a
 // TypeError and a ValueError).
 #include <pybind11/numpy.h>
+#include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -184,6 +185,34 @@ PYBIND11_MODULE(_core, m) {
                              },
                              "(N, Q, K) weights of the last call, before dropout");
 
+  py::class_<mha::Rotary>(m, "Rotary", R"doc(Rotary position embeddings on the projected queries and keys.
+
+mha.Rotary(dims, base=10000.0, interleaved=False): the first `dims` entries
+of each head (even, at most the head width) form pairs that turn by
+position * base**(-2m/dims); interleaved=False pairs (x[m], x[m + dims/2])
+as Hugging Face's rotate_half (LLaMA, GPT-NeoX, Mistral), True pairs
+(x[2m], x[2m+1]) as GPT-J and Meta's LLaMA. Set it on a module with
+module.rotary = mha.Rotary(...) (None: off); cached calls number positions
+from each row's cached length. The backward rotates the gradients back.
+)doc")
+      .def(py::init([](int64_t dims, mha::python::Real base, bool interleaved) {
+             mha::Rotary r;
+             r.dims = dims;
+             r.base = base;
+             r.layout = interleaved ? mha::Rotary::Layout::Interleaved : mha::Rotary::Layout::Half;
+             mha::check_rotary("Rotary", r);
+             return r;
+           }),
+           py::arg("dims"), py::arg("base") = 10000.0f, py::arg("interleaved").noconvert() = false)
+      .def_property_readonly("dims", [](const mha::Rotary& r) { return r.dims; })
+      .def_property_readonly("base", [](const mha::Rotary& r) { return r.base; })
+      .def_property_readonly("interleaved", [](const mha::Rotary& r) { return r.layout == mha::Rotary::Layout::Interleaved; })
+      .def(py::self == py::self)
+      .def("__repr__", [](const mha::Rotary& r) {
+        return py::str("mha.Rotary(dims={}, base={:g}, interleaved={})")
+            .format(r.dims, r.base, r.layout == mha::Rotary::Layout::Interleaved ? "True" : "False");
+      });
+
   py::class_<mha::MultiHeadAttention>(m, "MultiHeadAttention", R"doc(
 Multi-head attention as Dive into Deep Learning (d2l, chapter 11.5) defines it.
 
@@ -202,14 +231,15 @@ fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
 )doc")
       .def(py::init([](int64_t num_hiddens, int64_t num_heads, mha::python::Real dropout, bool bias, uint64_t seed,
-                       const std::string& precision) {
+                       const std::string& precision, const std::optional<mha::Rotary>& rotary) {
              const mha::Precision p = mha::parse_precision("MultiHeadAttention", precision);
              auto m = std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
              m->set_precision(p);
+             if (rotary) m->set_rotary(*rotary);
              return m;
            }),
            py::arg("num_hiddens"), py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias").noconvert() = false,
-           py::arg("seed") = 0, py::arg("precision") = "float32")
+           py::arg("seed") = 0, py::arg("precision") = "float32", py::arg("rotary") = py::none())
       .def(
           "__call__",
           [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
@@ -291,6 +321,14 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           "'float32' (default) or 'bfloat16' ('bf16'). bfloat16: the projections' products (and their\n"
           "backward) round both inputs to bfloat16 and sum in float32, and q, k, v are rounded to\n"
           "bfloat16; attention itself, parameters, gradients and optimiser steps stay float32.")
+      .def_property(
+          "rotary",
+          [](const mha::MultiHeadAttention& s) -> std::optional<mha::Rotary> {
+            const mha::Rotary r = s.rotary();
+            return r.enabled() ? std::optional<mha::Rotary>(r) : std::nullopt;
+          },
+          [](mha::MultiHeadAttention& s, const std::optional<mha::Rotary>& r) { s.set_rotary(r ? *r : mha::Rotary{}); },
+          "Rotary position embeddings on q and k (mha.Rotary), or None (default).")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
       .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)
@@ -300,6 +338,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
                             .format(s.num_hiddens(), s.original_num_heads(), s.dropout(), s.has_bias() ? "True" : "False")
                             .cast<std::string>();
         if (s.precision() != mha::Precision::Float32) r += std::string(", precision='") + mha::to_string(s.precision()) + "'";
+        if (s.rotary().enabled()) r += ", rotary=" + py::repr(py::cast(s.rotary())).cast<std::string>();
         r += ")";
         if (s.num_heads() < s.original_num_heads())
           r += py::str(" with heads {} kept").format(py::cast(s.kept_heads())).cast<std::string>();

@@ -15,6 +15,7 @@
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/loss.h"
 #include "mha/model.h"
 #include "mha/memory.h"

@@ -61,6 +61,7 @@
 #include "mha/masks.h"
 #include "mha/parameter.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
@@ -219,6 +220,13 @@ class MultiHeadAttention {
   void set_precision(Precision p) { precision_.set(p); }
   // The number format in use (set_precision).
   Precision precision() const { return precision_.get(); }
+  // Rotary position embeddings on the projected q and k (mha/rotary.h);
+  // off by default (dims = 0). Checked against head_dim(). Calls that have
+  // already started keep theirs; cached calls (kv_cache) number positions
+  // from each row's cached length. Not in state_dict() (no parameters).
+  void set_rotary(const Rotary& r);
+  // The rotary embedding in use (dims = 0: off).
+  Rotary rotary() const;
   // Restart the generator behind initialisation and dropout from `s`.
   void seed(uint64_t s);
 
@@ -306,6 +314,7 @@ class MultiHeadAttention {
   detail::Relaxed<bool> training_{true};
   detail::Relaxed<AttentionKernel> kernel_{AttentionKernel::Fused};
   detail::Relaxed<Precision> precision_{Precision::Float32};
+  detail::Latest<const Rotary> rotary_;  // null: off
   detail::KeyStream dropout_keys_;  // one key per training-mode call
   Generator gen_;                   // the lazy initialisation's; only writers touch it
   detail::Published<Params> params_;

@@ -56,6 +56,7 @@
 #include "mha/multihead.h"
 #include "mha/parameter.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 
@@ -232,6 +233,12 @@ class TorchMultiheadAttention {
   void set_precision(Precision p) { precision_ = p; }
   // The number format in use (set_precision).
   Precision precision() const { return precision_; }
+  // Rotary position embeddings on the projected q and k (mha/rotary.h);
+  // off by default. Checked against the head width; the appended bias_k
+  // and zero key rows are not rotated.
+  void set_rotary(const Rotary& r);
+  // The rotary embedding in use (dims = 0: off).
+  Rotary rotary() const { return rotary_; }
   // What a row whose every key is masked gets, from the next call on.
   void set_fully_masked_rows(FullyMaskedRows p) { fully_masked_ = p; }
   // What a row whose every key is masked gets.
@@ -303,6 +310,7 @@ class TorchMultiheadAttention {
   bool training_ = true;
   AttentionKernel kernel_ = AttentionKernel::Fused;
   Precision precision_ = Precision::Float32;
+  Rotary rotary_;
   Generator gen_;                   // the parameters' initialisation
   detail::KeyStream dropout_keys_;  // one key per training-mode call
   LazyLinear q_proj_, k_proj_, v_proj_, out_proj_;

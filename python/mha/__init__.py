@@ -24,6 +24,7 @@ from ._core import (  # noqa: F401
     get_num_threads,
     max_num_threads,
     MultiHeadAttention,
+    Rotary,
     load_safetensors,
     masked_softmax,
     memory_limit,

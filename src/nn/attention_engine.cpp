@@ -11,6 +11,7 @@
 #include "mha/error.h"
 #include "mha/threads.h"
 #include "nn/linear_backward.h"
+#include "nn/rotary.h"
 #include "nn/row_plan.h"
 
 namespace mha::nn {
@@ -168,6 +169,7 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   c.scale_divisor = std::sqrt(static_cast<float>(d));
   c.kernel = call.kernel;
   c.precision = call.precision;
+  c.rotary = call.rotary;
   c.lens = std::move(call.lens);
   c.masks = std::move(call.masks);
   c.dropout = call.dropout;
@@ -187,6 +189,10 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
     flag_nonfinite_values(plan, c.proj.v, Hkv * d);
     if (!c.masks.neg_inf_fill)
       complete_values_near_fill(c.proj, plan.needs, values, K, layers.v, c.scale_divisor, call.precision);
+  }
+  if (call.rotary.enabled()) {  // positions 0.. of the queries and of the K given keys
+    apply_rotary(c.proj.q, Q, call.rotary, nullptr, /*inverse=*/false);
+    apply_rotary(c.proj.k, K, call.rotary, nullptr, /*inverse=*/false);
   }
   if (call.precision == Precision::BFloat16) round_to_bf16(c.proj);
   c.read_all_keys = std::move(plan.read_all_keys);
@@ -317,6 +323,10 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // shared: all_weights() never writes those weights.)
   p.fwd.weights = c.stats.empty() && c.have_all.load(std::memory_order_acquire) ? c.weights.data() : nullptr;
   kernels::attention_backward(c.kernel, p);
+  if (c.rotary.enabled()) {  // the gradients of the unrotated projections
+    apply_rotary(p.grad_q, c.Q, c.rotary, nullptr, /*inverse=*/true);
+    apply_rotary(p.grad_k, c.K, c.rotary, nullptr, /*inverse=*/true);
+  }
 
   // bias_k / bias_v: row K of every batch row's keys / values.
   if (layers.bias_k && grads.bias_k) appended_row_backward(dk, c, c.K, Ekv, *grads.bias_k);

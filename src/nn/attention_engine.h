@@ -36,6 +36,7 @@
 #include "mha/linear.h"
 #include "mha/masks.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
 #include "nn/layer_ref.h"
@@ -93,6 +94,9 @@ struct EngineCall {
   // W_o, forward and backward) in bfloat16, and q, k, v rounded to bfloat16
   // once projected; the attention kernel then runs as in float32 on them.
   Precision precision = Precision::Float32;
+  // Rotary position embeddings on q and the K given keys (mha/rotary.h);
+  // off by default. Appended key rows (bias_k, zero_row) are not rotated.
+  Rotary rotary;
   kernels::Dropout dropout;  // p and key; inactive outside training
   bool need_weights = false;      // return every (B, H, Q, Kt) weight (before dropout)
   bool keep_for_backward = false;  // the context keeps what attention_backward() needs
@@ -107,6 +111,7 @@ struct AttentionContext {
   RowLayout layout;
   int64_t Q = 0, K = 0, Kt = 0, H = 0, Hkv = 0, d = 0;
   float scale_divisor = 1.0f;
+  Rotary rotary;  // the call's (q and k were rotated; the backward rotates their gradients back)
   AttentionKernel kernel = AttentionKernel::Fused;
   Precision precision = Precision::Float32;
   ValidLens lens;

@@ -10,6 +10,7 @@
 #include "mha/error.h"
 #include "mha/threads.h"
 #include "nn/projections.h"
+#include "nn/rotary.h"
 
 namespace mha::nn {
 
@@ -68,6 +69,11 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   ProjectionShape shape{layout, n, n, n, H, Hkv, d, precision};
   shape.few_rows_as_dots = true;
   Projected proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v, shape, RowNeeds{});
+  if (call.rotary.enabled()) {  // row b's new positions follow its cached ones
+    const std::vector<int64_t> first = cache.lengths();
+    apply_rotary(proj.q, n, call.rotary, first.data(), /*inverse=*/false);
+    apply_rotary(proj.k, n, call.rotary, first.data(), /*inverse=*/false);
+  }
   if (precision == Precision::BFloat16) round_to_bf16(proj);
   Tensor concat({B * n, E});
   const TensorView out = layout.heads(concat.data(), n, H, d, E);

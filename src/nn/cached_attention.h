@@ -48,6 +48,9 @@ struct CachedCall {
   // are bfloat16 products and the new q, k, v are rounded to bfloat16
   // before they are cached and attended, as in an uncached call.
   Precision precision = Precision::Float32;
+  // Rotary position embeddings (mha/rotary.h): the new positions of row b
+  // are numbered from its cached length, and the cache keeps rotated keys.
+  Rotary rotary;
 };
 
 // The call (file comment). Shapes and widths must already be checked against

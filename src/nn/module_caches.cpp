@@ -67,6 +67,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.out_shape = {B, n, num_hiddens_};
   call.valid_lens = valid_lens;  // checked against (B, n) with the cache
   call.precision = precision_.get();
+  call.rotary = rotary();
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
 }
 
@@ -123,6 +124,7 @@ Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, 
   call.fill = kernels::MaskFill::NegInf;
   call.fully_masked = fully_masked_;
   call.precision = precision_;
+  call.rotary = rotary_;
   return nn::cached_attention_forward(query, key, value, layers, call, cache);
 }
 

@@ -29,6 +29,7 @@ void check_width(const char* op, const LayerRef& layer, const char* layer_name, 
 void apply_settings(EngineCall& c, const CallSettings& s) {
   c.kernel = s.kernel;
   c.precision = s.precision;
+  c.rotary = s.rotary;
   c.keep_for_backward = s.keep_for_backward;
   c.keep_for_weights = s.keep_for_weights;
   c.dropout = s.dropout;

@@ -21,6 +21,7 @@
 #include "mha/attention.h"
 #include "mha/masks.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/tensor.h"
 #include "mha/torch_mha.h"
 #include "mha/valid_lens.h"
@@ -32,6 +33,7 @@ namespace mha::nn {
 struct CallSettings {
   AttentionKernel kernel = AttentionKernel::Fused;
   Precision precision = Precision::Float32;
+  Rotary rotary;  // mha/rotary.h; off by default
   bool keep_for_backward = false;  // training mode: the context can run the backward
   bool keep_for_weights = false;   // the context can give any weights later
   kernels::Dropout dropout;        // p and key; inactive when p = 0

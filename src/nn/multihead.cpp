@@ -57,6 +57,16 @@ MultiHeadAttention::MultiHeadAttention(int64_t num_hiddens, int64_t num_heads, f
   params_.live().heads.init(num_heads, num_hiddens / num_heads);  // no call can run yet
 }
 
+void MultiHeadAttention::set_rotary(const Rotary& r) {
+  check_rotary("MultiHeadAttention.set_rotary", r, head_dim());
+  rotary_.store(r.enabled() ? std::make_shared<const Rotary>(r) : nullptr);
+}
+
+Rotary MultiHeadAttention::rotary() const {
+  const std::shared_ptr<const Rotary> r = rotary_.load();
+  return r ? *r : Rotary{};
+}
+
 void MultiHeadAttention::seed(uint64_t s) {
   params_.exclusive([&] { gen_.seed(s); });
   dropout_keys_.seed(s);
@@ -102,6 +112,7 @@ std::pair<Tensor, std::shared_ptr<nn::AttentionContext>> MultiHeadAttention::run
   nn::CallSettings settings;
   settings.kernel = kernel_.get();
   settings.precision = precision_.get();
+  settings.rotary = rotary();
   settings.keep_for_backward = training_.get();
   settings.keep_for_weights = true;  // attention_weights() of the last call
   const float dropout = dropout_.get();

@@ -52,6 +52,7 @@ TorchMhaResult TorchMultiheadAttention::forward(const Tensor& query, const Tenso
   nn::CallSettings settings;
   settings.kernel = kernel_;
   settings.precision = precision_;
+  settings.rotary = rotary_;
   settings.keep_for_backward = training_;  // a training-mode forward keeps what backward() needs
   settings.keep_for_weights = call.keep_context;
   if (training_ && dropout_ > 0.0f) {

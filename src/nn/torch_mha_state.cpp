@@ -67,6 +67,11 @@ TorchMultiheadAttention::TorchMultiheadAttention(int64_t embed_dim, int64_t num_
   heads_.init(num_heads, embed_dim / num_heads);
 }
 
+void TorchMultiheadAttention::set_rotary(const Rotary& r) {
+  check_rotary("TorchMultiheadAttention.set_rotary", r, head_dim());
+  rotary_ = r;
+}
+
 void TorchMultiheadAttention::set_dropout(float p) {
   if (!(p >= 0.0f && p <= 1.0f))
     fail("TorchMultiheadAttention.set_dropout", "p: ", p, " is not a probability in [0, 1]");

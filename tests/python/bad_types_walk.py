@@ -149,6 +149,8 @@ GOOD = {
     "MultiHeadAttention._set_dropout": dict(p=0.1),
     "MultiHeadAttention.head_gates =": dict(gates=ones(2)),
     "MultiHeadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
+    "MultiHeadAttention.rotary =": dict(rotary=lambda: mha.Rotary(2)),
+    "Rotary": dict(dims=2, base=10000.0, interleaved=False),
     "AttentionModel": dict(vocab_size=5, num_classes=3, max_len=8, num_hiddens=4, num_heads=2, num_layers=1,
                            dropout=0.0, bias=False, positions=mha.Positions.LEARNED, seed=0),
     "AttentionModel.__call__": dict(tokens=np.zeros((2, 3), np.int64), valid_lens=np.array([1, 2])),
@@ -196,6 +198,7 @@ GOOD = {
     "TorchMultiheadAttention._reseed": dict(seed=1),
     "TorchMultiheadAttention._set_dropout": dict(p=0.1),
     "TorchMultiheadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
+    "TorchMultiheadAttention.rotary =": dict(rotary=lambda: mha.Rotary(2)),
     "TorchMultiheadAttention.fully_masked_rows =": dict(fully_masked_rows=mha.FullyMaskedRows.UNIFORM),
     "head_offsets": dict(weights=WEIGHTS, valid_lens=np.array([3, 2]), first_query=0),
     "held_out_set": dict(task=TASK, size=4, seed=1),
@@ -493,7 +496,7 @@ def poisoned_args(label, kind, obj):
     for name, typ, has_default, none_default in params:
         if name in skip:
             continue
-        if typ is not None and (typ in ("str", "os.PathLike") or typ.startswith(("mha._core.", "Dict[str, str]",
+        if typ is not None and (typ in ("str", "os.PathLike") or typ.startswith(("mha._core.", "Optional[mha._core.", "Dict[str, str]",
                                                                                "List[str]"))):
             continue  # names, paths, enums, modules: not numbers
         out.append((name, typ, none_default))

@@ -382,6 +382,9 @@ PY = {
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
+    "rotary.dims": lambda t: mha.MultiHeadAttention(16, 2, rotary=mha.Rotary(10)),
+    "rotary.even": lambda t: mha.Rotary(-1),
+    "rotary.base": lambda t: mha.Rotary(8, base=1.0),
     "py.precision": lambda t: _torch_module_with_precision("fp16"),
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
     "kv_cache.key_padding_mask": lambda t: _cached_call_with_short_mask(),

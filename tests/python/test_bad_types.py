@@ -149,7 +149,7 @@ def int_walk(tmp_path_factory):
 # Integers valid where they are given: 64-bit unsigned seeds and byte counts,
 # and widths of lazy modules and tasks that allocate nothing until used.
 VALID_HUGE = {("seed", "2**31"), ("seed", "2**63"), ("bytes", "2**31"), ("bytes", "2**63"),
-              ("num_hiddens", "2**31"), ("max_len", "2**31")}
+              ("num_hiddens", "2**31"), ("max_len", "2**31"), ("dims", "2**31")}
 
 
 def test_every_integer_out_of_range_is_refused_naming_the_argument(int_walk):

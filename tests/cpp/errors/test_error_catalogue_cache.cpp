@@ -29,6 +29,9 @@ Triggers cache_triggers() {
   return {
       {"kv_cache.batch_size", [] { MultiHeadAttention(16, 2).kv_cache(0, 4); }},
       {"precision.name", [] { parse_precision("MultiHeadAttention", "fp16"); }},
+      {"rotary.dims", [] { MultiHeadAttention(16, 2).set_rotary({10}); }},
+      {"rotary.even", [] { check_rotary("Rotary", {-1}); }},
+      {"rotary.base", [] { check_rotary("Rotary", {8, 1.0f}); }},
       {"kv_cache.max_len", [] { MultiHeadAttention(16, 2).kv_cache(2, -1); }},
       {"kv_cache.memory_limit",
        [] {

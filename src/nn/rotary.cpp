@@ -1,0 +1,94 @@
+// Rotary position embeddings (src/nn/rotary.h, mha/rotary.h).
+#include "nn/rotary.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
+#include "mha/error.h"
+#include "mha/threads.h"
+
+namespace mha {
+
+void check_rotary(const char* op, const Rotary& r, int64_t head_dim) {
+  if (r.dims == 0) return;
+  if (head_dim < 0 && (r.dims < 0 || r.dims % 2 != 0))
+    fail(op, "dims: ", r.dims, "; wanted an even number >= 0 (the rotated entries of each head)");
+  if (head_dim >= 0 && (r.dims < 0 || r.dims % 2 != 0 || r.dims > head_dim))
+    fail(op, "rotary dims: ", r.dims, "; wanted an even number in [0, head_dim = ", head_dim,
+         "] (the rotated entries of each head)");
+  if (!(r.base > 1.0f) || !std::isfinite(r.base))
+    fail(op, "rotary base: ", r.base, "; wanted a finite number > 1 (10000 in RoFormer and LLaMA 2)");
+}
+
+namespace nn {
+
+void rotary_frequencies(const Rotary& r, float* theta) {
+  // Hugging Face: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), in float32.
+  for (int64_t m = 0; m < r.dims / 2; ++m) {
+    const float exponent = static_cast<float>(2 * m) / static_cast<float>(r.dims);
+    theta[m] = 1.0f / std::pow(r.base, exponent);
+  }
+}
+
+namespace {
+
+// The pair (lo, hi) of index m in a row: Half (m, m + dims/2), Interleaved (2m, 2m + 1).
+inline void pair_of(const Rotary& r, int64_t m, int64_t& lo, int64_t& hi) {
+  if (r.layout == Rotary::Layout::Half) lo = m, hi = m + r.dims / 2;
+  else lo = 2 * m, hi = 2 * m + 1;
+}
+
+inline void rotate(float* row, const Rotary& r, const float* cos_a, const float* sin_a, bool inverse) {
+  for (int64_t m = 0; m < r.dims / 2; ++m) {
+    int64_t lo, hi;
+    pair_of(r, m, lo, hi);
+    const float c = cos_a[m], s = inverse ? -sin_a[m] : sin_a[m];
+    const float x1 = row[lo], x2 = row[hi];
+    row[lo] = x1 * c - x2 * s;
+    row[hi] = x2 * c + x1 * s;
+  }
+}
+
+}  // namespace
+
+void rotate_row_reference(float* row, int64_t position, const Rotary& r, bool inverse) {
+  std::vector<float> theta(static_cast<size_t>(r.dims / 2)), c(theta.size()), s(theta.size());
+  rotary_frequencies(r, theta.data());
+  for (size_t m = 0; m < theta.size(); ++m) {
+    const float angle = static_cast<float>(position) * theta[m];
+    c[m] = std::cos(angle);
+    s[m] = std::sin(angle);
+  }
+  rotate(row, r, c.data(), s.data(), inverse);
+}
+
+void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse) {
+  if (!r.enabled()) return;
+  const int64_t B = x.shape[0], heads = x.shape[1], half = r.dims / 2;
+  std::vector<float> theta(static_cast<size_t>(half));
+  rotary_frequencies(r, theta.data());
+  // One batch row per task: its positions' cosines and sines once, then
+  // every head's rows (each element written by one thread: any thread count
+  // gives the same bits).
+  const double work = static_cast<double>(B) * heads * rows * r.dims * 3;
+  core::parallel_for(B, work > 2e5 ? num_threads() : 1, [&](int64_t b) {
+    std::vector<float> cs(static_cast<size_t>(2 * half * rows));
+    float* cos_a = cs.data();
+    float* sin_a = cs.data() + half * rows;
+    const int64_t p0 = first ? first[b] : 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t m = 0; m < half; ++m) {
+        const float angle = static_cast<float>(p0 + i) * theta[static_cast<size_t>(m)];
+        cos_a[i * half + m] = std::cos(angle);
+        sin_a[i * half + m] = std::sin(angle);
+      }
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        rotate(x.data + b * x.stride[0] + h * x.stride[1] + i * x.stride[2], r, cos_a + i * half, sin_a + i * half,
+               inverse);
+  });
+}
+
+}  // namespace nn
+}  // namespace mha
