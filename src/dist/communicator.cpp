@@ -162,6 +162,12 @@ std::string Communicator::broadcast(const std::string& text, int root) const {
   return out;
 }
 
+void Communicator::progress() const {
+  int flag = 0;
+  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, shared_->comm, &flag, MPI_STATUS_IGNORE),
+            "dist.Communicator.progress", "MPI_Iprobe");
+}
+
 void Communicator::barrier() const {
   check_mpi(MPI_Barrier(shared_->comm), "dist.Communicator.barrier", "MPI_Barrier");
 }

@@ -12,40 +12,71 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "cpu/blas.h"
+#include "cpu/packed_weight.h"
+#include "cpu/parallel_gemm.h"
 #include "dist/agree.h"
+#include "kernels/dispatch.h"
+#include "kernels/softmax_merge.h"
 #include "mha/error.h"
+#include "nn/layer_ref.h"
+#include "nn/linear_backward.h"
 
 namespace mha::dist {
 
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kFill = -1e6f;  // the d2l chapter's masked_softmax fill
 // Message tags: a block's keys and values at ring step s, its gradients.
 constexpr int kTagKV = 1000, kTagGrad = 2000000;
 
-// y:[rows, out] = x:[rows, in] W^T (W:[out, in]) + b.
-void project(const float* x, int64_t rows, int64_t in, const Tensor& W, const Tensor& b, float* y) {
-  const int64_t out = W.size(0);
+// y:[rows, out] = x:[rows, in] W^T + b, W packed once (cpu/packed_weight.h),
+// the bias added in the product's epilogue.
+void project(const float* x, int64_t rows, const cpu::PackedWeight& W, const Tensor& b, float* y) {
   if (rows == 0) return;
-  cpu::sgemm(false, true, rows, out, in, 1.0f, x, in, W.data(), in, 0.0f, y, out);
-  if (!b.empty())
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) y[r * out + o] += b.data()[o];
+  cpu::GemmBatch batch;
+  batch.add_packed(rows, x, W.K, W, b.empty() ? nullptr : b.data(), y, W.N);
+  batch.run();
 }
 
-// The gradients of y = x W^T + b from dy:[rows, out]: dW += dy^T x, db +=
-// column sums of dy, dx = dy W (dx null: not wanted).
-void project_backward(const float* dy, const float* x, int64_t rows, int64_t in, const Tensor& W, Tensor& dW,
-                      Tensor* db, float* dx) {
-  const int64_t out = W.size(0);
+// The gradients of y = x W^T + b from dy:[rows, out] (nn/linear_backward.h):
+// dW += dy^T x, db += column sums of dy, dx = dy W (dx null: not wanted).
+void project_backward(const float* dy, const float* x, int64_t rows, const Tensor& W, Tensor& dW, Tensor* db,
+                      float* dx) {
   if (rows == 0) return;
-  cpu::sgemm(true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dW.data(), in);
-  if (db)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) db->data()[o] += dy[r * out + o];
-  if (dx) cpu::sgemm(false, false, rows, in, out, 1.0f, dy, out, W.data(), in, 0.0f, dx, in);
+  const nn::LayerRef layer(W.data(), nullptr, W.size(0), W.size(1));
+  nn::linear_backward(layer, x, dy, rows, dx, dW, db);
+}
+
+// v narrowed to batch row b and heads [h0, h0 + nh).
+TensorView narrow(TensorView v, int64_t b, int64_t h0, int64_t nh) {
+  v.data += b * v.stride[0] + h0 * v.stride[1];
+  v.shape[0] = 1;
+  v.shape[1] = nh;
+  return v;
+}
+
+// The block's kernel calls: one per (batch row, head), with MPI's progress
+// between them, so that the next block's transfer (a rendezvous, which
+// moves only inside MPI calls) overlaps this block's compute.
+template <class Each>
+void per_row_and_head(const Communicator& c, int64_t B, int64_t H, const Each& each) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      each(b, h);
+      c.progress();
+    }
+}
+
+// A view of rows [B * L, H*d] (row stride H*d) as (B, H, L, d).
+TensorView heads_view(const float* data, int64_t B, int64_t H, int64_t L, int64_t d) {
+  TensorView v;
+  v.data = const_cast<float*>(data);
+  v.rank = 4;
+  v.shape[0] = B, v.stride[0] = L * H * d;
+  v.shape[1] = H, v.stride[1] = d;
+  v.shape[2] = L, v.stride[2] = H * d;
+  v.shape[3] = d, v.stride[3] = 1;
+  return v;
 }
 
 // Query rows per tile: a tile's scores are [tile, K_o] floats, so this
@@ -94,6 +125,9 @@ struct RingAttention::State {
   bool keep_weights = false;
   bool training = true;  // forward keeps what backward needs (its inputs)
   StateDict params, grads;
+  // W_q, W_k, W_v, W_o packed once for the products (the ring's weights
+  // never change).
+  std::shared_ptr<const cpu::PackedWeight> packed_q, packed_k, packed_v, packed_o;
   RingStats stats;
 
   // --- The last forward: what the backward needs ---
@@ -104,7 +138,15 @@ struct RingAttention::State {
   std::vector<float> qp;                   // the queries' projections, [rows, H*d] (keys' and
                                            // values' are projected again by the backward)
   std::vector<float> heads;                // normalised attention output, [B*Qr, H*d]
-  std::vector<float> row_max, row_sum;     // [B,H,Qr]; sum 0: no live key
+  // The softmax statistics over every key (kernels/softmax_merge.h), what
+  // the fused backward reads block by block: [B,H,Qr] each; a row with no
+  // live key has row_max2 -inf and row_sum 1 (kernels/softmax_stats.h).
+  std::vector<float> row_max2, row_sum;
+  // Buffers kept from call to call: fresh pages cost a fault each (an 8 MiB
+  // block took 23 ms to allocate per call on a 2-core VM, ~15% of a
+  // forward), reused ones nothing. What a call writes before reading.
+  std::vector<float> block, next, out, block_stats, lens_buf, dheads, d_live, dq, dq_block, grad_in, sending,
+      local, mine;
   Tensor weights;                          // [B,H,Qr,K] when kept
   ValidLens lens;
   Causal causal = Causal::None;
@@ -133,33 +175,42 @@ struct RingAttention::State {
       if (key_masked(b, i, 0) || !key_masked(b, i, k_begin)) return false;
     return true;
   }
-  float fill() const { return causal == Causal::None ? kFill : -kInf; }
+  // Whether every query tile of every batch row can skip the block.
+  bool block_skippable(int64_t k_begin) const {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i0 = 0; i0 < Qr; i0 += kTile)
+        if (!skippable(b, i0, std::min(kTile, Qr - i0), k_begin)) return false;
+    return true;
+  }
 
-  // Scores of this rank's queries [i0, i0 + n) against key block `kblock`
-  // (Ko keys from global position k_begin), head h of batch row b, scaled and
-  // masked: S:[n, Ko]; masked:[n, Ko] says which were masked.
-  void scores(int64_t b, int64_t h, int64_t i0, int64_t n, const float* kblock, int64_t Ko, int64_t k_begin,
-              std::vector<float>& S, std::vector<uint8_t>& masked) const {
-    const int64_t Hd = num_heads * head_dim;
-    S.assign(static_cast<size_t>(n * Ko), 0.0f);
-    masked.assign(static_cast<size_t>(n * Ko), 0);
-    if (n == 0 || Ko == 0) return;
-    cpu::sgemm(false, true, n, Ko, head_dim, 1.0f, qp.data() + (b * Qr + i0) * Hd + h * head_dim, Hd,
-               kblock + (b * Ko) * Hd + h * head_dim, Hd, 0.0f, S.data(), Ko);
-    const float divisor = std::sqrt(static_cast<float>(head_dim));
-    for (int64_t i = 0; i < n; ++i) {
-      const float length = lens.at(b, i0 + i);
-      const int64_t last = last_key(i0 + i);
-      for (int64_t j = 0; j < Ko; ++j) {
-        float& s = S[static_cast<size_t>(i * Ko + j)];
-        s = s / divisor;  // as the chapter: scores / sqrt(d)
-        const int64_t kj = k_begin + j;
-        if (static_cast<float>(kj) >= length || kj > last) {
-          masked[static_cast<size_t>(i * Ko + j)] = 1;
-          s = fill();
+  // The fused kernel's view of this rank's queries against a key block:
+  // kb, vb:[B, Ko, H*d] from global key k_begin. Lengths and the causal
+  // limit over global positions become per-query lengths over the block's
+  // keys (L - k_begin is exact in float for L >= k_begin, and any L below
+  // masks the whole block either way); `lens_buf` holds them.
+  kernels::AttentionForward block_params(const float* kb, const float* vb, int64_t Ko, int64_t k_begin,
+                                         std::vector<float>& lens_buf) const {
+    kernels::AttentionForward p;
+    p.q = heads_view(qp.data(), B, num_heads, Qr, head_dim);
+    p.k = heads_view(kb, B, num_heads, Ko, head_dim);
+    p.v = heads_view(vb, B, num_heads, Ko, head_dim);
+    p.scale_divisor = std::sqrt(static_cast<float>(head_dim));
+    if (!lens.is_none() || causal != Causal::None) {
+      lens_buf.resize(static_cast<size_t>(B * Qr));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Qr; ++i) {
+          float n = lens.is_none() ? kInf : lens.at(b, i) - static_cast<float>(k_begin);
+          if (causal != Causal::None) n = std::min(n, static_cast<float>(last_key(i) - k_begin + 1));
+          lens_buf[static_cast<size_t>(b * Qr + i)] = n;
         }
-      }
+      p.length_kind = kernels::LengthKind::PerQuery;
+      p.lens = lens_buf.data();
     }
+    // Without causal masking the chapter's masked_softmax (-1e6); with it,
+    // the drop-in's -inf and fully-masked policy (mha/dist/ring_attention.h).
+    p.masks.fill = causal == Causal::None ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
+    p.masks.fully_masked = causal == Causal::None ? FullyMaskedRows::Uniform : fully_masked;
+    return p;
   }
 };
 
@@ -191,6 +242,15 @@ RingAttention::RingAttention(Communicator comm, int64_t num_hiddens, int64_t num
                                                        : slice_heads(m.state_dict(), first_head, head_count,
                                                                      s.head_dim, output_bias);
     for (const auto& [name, t] : s.params) s.grads[name] = Tensor(t.shape());
+    auto pack = [&](const char* name) {
+      const Tensor& W = s.p(name);
+      return std::shared_ptr<const cpu::PackedWeight>(cpu::pack_weight(W.data(), W.size(0), W.size(1),
+                                                                       Precision::Float32));
+    };
+    s.packed_q = pack("W_q.weight");
+    s.packed_k = pack("W_k.weight");
+    s.packed_v = pack("W_v.weight");
+    s.packed_o = pack("W_o.weight");
     return 0;
   });
 }
@@ -245,6 +305,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         fail(op, "queries: batch size ", batches[static_cast<size_t>(o)], " on rank ", o, ", ", queries.size(0),
              " on rank ", r, "; every rank holds blocks of the same batch rows");
     if (K == 0) fail(op, "keys: no rank holds a key; a softmax over zero keys is undefined");
+    if (!kernels::runs_fused(AttentionKernel::Fused, Kmax))
+      fail(op, "keys: a block of ", Kmax, " keys on one rank; wanted at most 2^24 per rank (the fused kernel's "
+           "key axis): spread the sequence over more ranks");
     // What this rank allocates, before it does: a sequence whose share per
     // rank fits the limit runs, however long the whole.
     core::MemoryPlan plan(op);
@@ -254,8 +317,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     plan.add("key/value blocks (the one computed on, the one arriving)", {2, 2, B, Kmax, Hd});
     plan.add("attention output before W_o", {B, Qr, Hd});
     plan.add("softmax statistics and value sums", {2 * B * H * Qr + B * Hd});
-    plan.add("scores of one tile", {std::min(Qr, kTile), Kmax});
-    plan.add("masks of one tile", {std::min(Qr, kTile), Kmax}, 1);
+    plan.add("a block's attention output and statistics", {B * Qr * Hd + 2 * B * H * Qr});
+    plan.add("per-query lengths over a block", {B * Qr});
+    if (s.keep_weights) plan.add("a block's weights and every block's statistics", {B * H * Qr * (Kmax + 2 * P)});
     plan.add("output", {B, Qr, s.num_hiddens});
     if (s.keep_weights) plan.add("attention weights", {B, H, Qr, K});
     plan.check();
@@ -284,113 +348,124 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   s.xv = s.training ? values : Tensor();
 
   // This rank's projections; the key/value block that starts round the ring.
-  s.qp.assign(static_cast<size_t>(B * Qr * Hd), 0.0f);
-  project(queries.data(), B * Qr, queries.size(2), s.p("W_q.weight"), s.bias_of("W_q"), s.qp.data());
-  std::vector<float> block(static_cast<size_t>(2 * B * Kr * Hd));
-  project(keys.data(), B * Kr, keys.size(2), s.p("W_k.weight"), s.bias_of("W_k"), block.data());
-  project(values.data(), B * Kr, values.size(2), s.p("W_v.weight"), s.bias_of("W_v"), block.data() + B * Kr * Hd);
-  // Raw (scaled, masked) scores while the ring runs, weights at the end.
+  s.qp.resize(static_cast<size_t>(B * Qr * Hd));
+  project(queries.data(), B * Qr, *s.packed_q, s.bias_of("W_q"), s.qp.data());
+  std::vector<float>& block = s.block;
+  block.resize(static_cast<size_t>(2 * B * Kr * Hd));
+  project(keys.data(), B * Kr, *s.packed_k, s.bias_of("W_k"), block.data());
+  project(values.data(), B * Kr, *s.packed_v, s.bias_of("W_v"), block.data() + B * Kr * Hd);
   if (s.keep_weights) s.weights = Tensor({B, H, Qr, K});
 
-  // Online softmax state per (b, h, i), the unnormalised outputs in the
-  // heads' concatenation layout, and the sum of every value row (the
-  // uniform weights of a fully masked row).
-  s.row_max.assign(static_cast<size_t>(B * H * Qr), -kInf);
-  s.row_sum.assign(static_cast<size_t>(B * H * Qr), 0.0f);
+  // Each block runs the fused kernel (its statistics kept), and the blocks
+  // merge into one softmax over every key (kernels/softmax_merge.h), in the
+  // ring's fixed order. value_sum: the sum of every value row, the output of
+  // a row with no live key anywhere under uniform weights.
+  const int64_t rows = B * H * Qr;
+  s.row_max2.assign(static_cast<size_t>(rows), -kInf);
+  s.row_sum.assign(static_cast<size_t>(rows), 0.0f);
   std::vector<float>& acc = s.heads;
   acc.assign(static_cast<size_t>(B * Qr * Hd), 0.0f);
   std::vector<float> value_sum(static_cast<size_t>(B * Hd), 0.0f);
-  std::vector<float> S, next;
-  std::vector<uint8_t> masked;
+  std::vector<float>&next = s.next, &out = s.out, &stats = s.block_stats, &lens_buf = s.lens_buf;
+  out.resize(static_cast<size_t>(B * Qr * Hd));
+  stats.resize(static_cast<size_t>(2 * rows));
+  std::vector<float> block_w;  // [B,H,Qr,Ko] when weights are kept
+  // Per block, per row: its own (m_b, s_b), to scale its weights at the end.
+  std::vector<std::vector<float>> block_stats(s.keep_weights ? static_cast<size_t>(P) : 0);
   const int prev = (r + P - 1) % P, nxt = (r + 1) % P;
   for (int step = 0; step < P; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     const int o = (r - step + P) % P;  // whose block this is
     const int64_t Ko = s.k_sizes[static_cast<size_t>(o)], k_begin = s.k_begins[static_cast<size_t>(o)];
-    Request in, out;
+    Request in, out_req;
     if (step + 1 < P) {  // the next block arrives while this one is computed on
       const int64_t Kn = s.k_sizes[static_cast<size_t>((r - step - 1 + P) % P)];
       next.resize(static_cast<size_t>(2 * B * Kn * Hd));
       in = c.irecv(next.data(), static_cast<int64_t>(next.size()), prev, kTagKV + step);
-      out = c.isend(block.data(), static_cast<int64_t>(block.size()), nxt, kTagKV + step);
+      out_req = c.isend(block.data(), static_cast<int64_t>(block.size()), nxt, kTagKV + step);
     }
     const auto compute_start = std::chrono::steady_clock::now();
     const float* kb = block.data();
     const float* vb = block.data() + B * Ko * Hd;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < Ko; ++j)
         for (int64_t x = 0; x < Hd; ++x) value_sum[static_cast<size_t>(b * Hd + x)] += vb[(b * Ko + j) * Hd + x];
-      for (int64_t i0 = 0; i0 < Qr && Ko > 0; i0 += kTile) {
-        const int64_t n = std::min(kTile, Qr - i0);
+    bool compute = false;
+    for (int64_t b = 0; b < B && Ko > 0; ++b)
+      for (int64_t i0 = 0; i0 < Qr; i0 += kTile) {
         ++s.stats.tiles;
-        if (s.skippable(b, i0, n, k_begin)) {  // adds exactly nothing
-          ++s.stats.tiles_skipped;
-          if (s.keep_weights)
-            for (int64_t h = 0; h < H; ++h)
-              for (int64_t i = i0; i < i0 + n; ++i) {
-                float* w = s.weights.data() + ((b * H + h) * Qr + i) * K + k_begin;
-                std::fill(w, w + Ko, s.fill());
-              }
-          continue;
-        }
-        for (int64_t h = 0; h < H; ++h) {
-          s.scores(b, h, i0, n, kb, Ko, k_begin, S, masked);
-          for (int64_t i = 0; i < n; ++i) {
-            float* srow = S.data() + i * Ko;
-            if (s.keep_weights)
-              std::copy(srow, srow + Ko, s.weights.data() + ((b * H + h) * Qr + i0 + i) * K + k_begin);
-            const size_t st = static_cast<size_t>((b * H + h) * Qr + i0 + i);
-            const float m_old = s.row_max[st];
-            const float m_new = std::max(m_old, *std::max_element(srow, srow + Ko));
-            float* arow = acc.data() + (b * Qr + i0 + i) * Hd + h * d;
-            if (m_new == -kInf) {  // no live key yet: nothing to add
-              std::fill(srow, srow + Ko, 0.0f);
-              continue;
-            }
-            const float rescale = std::exp(m_old - m_new);  // 0 when m_old = -inf
-            float sum = 0.0f;
-            for (int64_t j = 0; j < Ko; ++j) sum += (srow[j] = std::exp(srow[j] - m_new));
-            s.row_sum[st] = s.row_sum[st] * rescale + sum;
-            s.row_max[st] = m_new;
-            for (int64_t x = 0; x < d; ++x) arow[x] *= rescale;
+        if (s.skippable(b, i0, std::min(kTile, Qr - i0), k_begin)) ++s.stats.tiles_skipped;  // adds exactly nothing
+        else compute = true;
+      }
+    if (compute) {
+      const kernels::AttentionForward all = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      const TensorView out_all = heads_view(out.data(), B, H, Qr, d);
+      if (s.keep_weights) block_w.assign(static_cast<size_t>(rows * Ko), 0.0f);
+      per_row_and_head(c, B, H, [&](int64_t b, int64_t h) {
+        kernels::AttentionForward p = all;
+        p.q = narrow(all.q, b, h, 1), p.k = narrow(all.k, b, h, 1), p.v = narrow(all.v, b, h, 1);
+        p.out = narrow(out_all, b, h, 1);
+        if (p.lens) p.lens += b * Qr;
+        const int64_t row = (b * H + h) * Qr;
+        p.stats = {stats.data() + row, stats.data() + rows + row};
+        if (s.keep_weights) p.weights = block_w.data() + row * Ko;
+        (void)kernels::attention_forward(AttentionKernel::Fused, p);  // the fused kernel: Ko <= its limit (checked)
+      });
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < Qr; ++i) {
+            const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
+            const int64_t at = (b * Qr + i) * Hd + h * d;
+            kernels::merge_block({acc.data() + at, s.row_max2[st], s.row_sum[st]}, out.data() + at, stats[st],
+                                 stats[static_cast<size_t>(rows) + st], d);
           }
-          // acc[b, i0:i0+n, h] += P V[b, :, h]
-          cpu::sgemm(false, false, n, d, Ko, 1.0f, S.data(), Ko, vb + (b * Ko) * Hd + h * d, Hd, 1.0f,
-                     acc.data() + (b * Qr + i0) * Hd + h * d, Hd);
-        }
+      if (s.keep_weights) {
+        block_stats[static_cast<size_t>(o)] = stats;
+        for (int64_t x = 0; x < rows; ++x)
+          std::copy(block_w.data() + x * Ko, block_w.data() + (x + 1) * Ko, s.weights.data() + x * K + k_begin);
       }
     }
     s.stats.compute_seconds += seconds_since(compute_start);
     if (step + 1 < P) {
       in.wait();
-      out.wait();
+      out_req.wait();
       block.swap(next);
     }
     s.stats.step_seconds += seconds_since(step_start);
   }
-  // Normalise; a row with no live key (only with causal masking) gets the policy.
-  const float uniform = fully_masked == FullyMaskedRows::Zeros ? 0.0f : 1.0f / static_cast<float>(K);
+  // Normalise; a row with no live key anywhere gets uniform weights over
+  // every key (the chapter's -1e6 fill, or the policy) or zeros.
+  const bool zeros = causal != Causal::None && fully_masked == FullyMaskedRows::Zeros;
+  const float uniform = zeros ? 0.0f : 1.0f / static_cast<float>(K);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Qr; ++i) {
         const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
         float* arow = acc.data() + (b * Qr + i) * Hd + h * d;
-        const bool live = s.row_sum[st] > 0.0f;
-        if (live) {
-          for (int64_t x = 0; x < d; ++x) arow[x] /= s.row_sum[st];
-        } else {
+        const bool live = kernels::finish_row({arow, s.row_max2[st], s.row_sum[st]}, d);
+        if (!live) {
+          s.row_sum[st] = 1.0f;  // the statistics of a fully masked row
           for (int64_t x = 0; x < d; ++x)
-            arow[x] = fully_masked == FullyMaskedRows::Zeros
-                          ? 0.0f
-                          : value_sum[static_cast<size_t>(b * Hd + h * d + x)] / static_cast<float>(K);
+            arow[x] = zeros ? 0.0f : value_sum[static_cast<size_t>(b * Hd + h * d + x)] / static_cast<float>(K);
         }
         if (s.keep_weights) {
           float* w = s.weights.data() + st * static_cast<size_t>(K);
-          for (int64_t j = 0; j < K; ++j) w[j] = live ? std::exp(w[j] - s.row_max[st]) / s.row_sum[st] : uniform;
+          if (!live) {
+            std::fill(w, w + K, uniform);
+            continue;
+          }
+          for (int o = 0; o < P; ++o) {  // block o's weights were normalised over its own keys
+            const std::vector<float>& bs = block_stats[static_cast<size_t>(o)];
+            const int64_t Ko = s.k_sizes[static_cast<size_t>(o)], k0 = s.k_begins[static_cast<size_t>(o)];
+            const float m_b = bs.empty() ? -kInf : bs[st];
+            const float scale = m_b == -kInf ? 0.0f : bs[static_cast<size_t>(rows) + st] *
+                                                          std::exp2(m_b - s.row_max2[st]) / s.row_sum[st];
+            for (int64_t j = 0; j < Ko; ++j) w[k0 + j] *= scale;
+          }
         }
       }
   Tensor result({B, Qr, s.num_hiddens});
-  project(acc.data(), B * Qr, Hd, s.p("W_o.weight"), s.bias_of("W_o"), result.data());
+  project(acc.data(), B * Qr, *s.packed_o, s.bias_of("W_o"), result.data());
   s.have_call = s.training;
   return result;
 }
@@ -418,26 +493,41 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   };
 
   // Output projection, then the gradient of the heads' concatenation.
-  std::vector<float> dheads(static_cast<size_t>(B * Qr * Hd));
-  project_backward(grad_output.data(), s.heads.data(), B * Qr, Hd, s.p("W_o.weight"), g.at("W_o.weight"),
+  std::vector<float>& dheads = s.dheads;
+  dheads.resize(static_cast<size_t>(B * Qr * Hd));
+  project_backward(grad_output.data(), s.heads.data(), B * Qr, s.p("W_o.weight"), g.at("W_o.weight"),
                    bias_grad("W_o"), dheads.data());
-  // D = rowsum(dO * O) per (b, h, i): the softmax backward's correction.
-  std::vector<float> D(static_cast<size_t>(B * H * Qr), 0.0f);
+  // Rows with no live key anywhere have constant scores: no gradient to q
+  // or k, and dV gets the policy's weight times their dO on every key. The
+  // kernel gets their dO as zeros (it would weigh over one block's keys), and
+  // fm_sum[b, h*d + x] sums them for the values.
+  const bool zeros = s.causal != Causal::None && s.fully_masked == FullyMaskedRows::Zeros;
+  const float policy_weight = zeros ? 0.0f : 1.0f / static_cast<float>(s.K);
+  std::vector<float>& d_live = s.d_live;
+  d_live = dheads;
+  std::vector<float> fm_sum(static_cast<size_t>(B * Hd), 0.0f);
+  bool any_fm = false;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Qr; ++i) {
-        float sum = 0.0f;
+        if (s.row_max2[static_cast<size_t>((b * H + h) * Qr + i)] != -kInf) continue;
+        any_fm = true;
+        float* row = d_live.data() + (b * Qr + i) * Hd + h * d;
         for (int64_t x = 0; x < d; ++x) {
-          const size_t e = static_cast<size_t>((b * Qr + i) * Hd + h * d + x);
-          sum += dheads[e] * s.heads[e];
+          fm_sum[static_cast<size_t>(b * Hd + h * d + x)] += row[x];
+          row[x] = 0.0f;
         }
-        D[static_cast<size_t>((b * H + h) * Qr + i)] = sum;
       }
 
   // Blocks travel as in the forward; their gradients dK, dV follow, each
-  // rank adding its part, and reach their owner after the last step.
-  std::vector<float> dq(static_cast<size_t>(B * Qr * Hd), 0.0f);
-  std::vector<float> block(static_cast<size_t>(2 * B * Kr * Hd)), next, grad_in, sending, mine;
+  // rank adding its part, and reach their owner after the last step. Each
+  // block runs the fused backward from the statistics over every key and
+  // the whole output.
+  std::vector<float>&dq = s.dq, &dq_block = s.dq_block, &lens_buf = s.lens_buf;
+  dq.assign(static_cast<size_t>(B * Qr * Hd), 0.0f);
+  dq_block.resize(dq.size());
+  std::vector<float>&block = s.block, &next = s.next, &grad_in = s.grad_in, &sending = s.sending, &mine = s.mine;
+  block.resize(static_cast<size_t>(2 * B * Kr * Hd));
   // The previous step's gradients on their way to rank r + 1. Waited for
   // only after this step's receives are posted: waiting at the end of a step
   // would have every rank wait for its successor to start the next step,
@@ -446,11 +536,8 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   Request g_out;
   // This rank's keys and values projected again (not kept by the forward:
   // two fewer [B, K_r, H*d] buffers per rank between the calls).
-  project(s.xk.data(), B * Kr, s.xk.size(2), s.p("W_k.weight"), s.bias_of("W_k"), block.data());
-  project(s.xv.data(), B * Kr, s.xv.size(2), s.p("W_v.weight"), s.bias_of("W_v"), block.data() + B * Kr * Hd);
-  std::vector<float> S, dP;
-  std::vector<uint8_t> masked;
-  const float divisor = std::sqrt(static_cast<float>(d));
+  project(s.xk.data(), B * Kr, *s.packed_k, s.bias_of("W_k"), block.data());
+  project(s.xv.data(), B * Kr, *s.packed_v, s.bias_of("W_v"), block.data() + B * Kr * Hd);
   const int prev = (r + P - 1) % P, nxt = (r + 1) % P;
   for (int step = 0; step < P; ++step) {
     const int o = (r - step + P) % P;
@@ -466,49 +553,41 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
     grad_in.assign(static_cast<size_t>(2 * B * Ko * Hd), 0.0f);
     if (step > 0) g_in = c.irecv(grad_in.data(), static_cast<int64_t>(grad_in.size()), prev, kTagGrad + step);
     g_out.wait();  // `sending` is free again
-    std::vector<float> local(static_cast<size_t>(2 * B * Ko * Hd), 0.0f);  // dK | dV of this rank's queries
+    std::vector<float>& local = s.local;  // dK | dV of this rank's queries
+    local.assign(static_cast<size_t>(2 * B * Ko * Hd), 0.0f);
     const float* kb = block.data();
     const float* vb = block.data() + B * Ko * Hd;
     float* dk = local.data();
     float* dv = local.data() + B * Ko * Hd;
     const int64_t k_begin = s.k_begins[static_cast<size_t>(o)];
-    for (int64_t b = 0; b < B && Ko > 0; ++b)
-      for (int64_t i0 = 0; i0 < Qr; i0 += kTile) {
-        const int64_t n = std::min(kTile, Qr - i0);
-        if (s.skippable(b, i0, n, k_begin)) continue;  // weights 0 there: adds nothing
-        for (int64_t h = 0; h < H; ++h) {
-          s.scores(b, h, i0, n, kb, Ko, k_begin, S, masked);
-          // P = softmax weights recomputed from the row statistics.
-          for (int64_t i = 0; i < n; ++i) {
-            const size_t st = static_cast<size_t>((b * H + h) * Qr + i0 + i);
-            float* prow = S.data() + i * Ko;
-            for (int64_t j = 0; j < Ko; ++j) {
-              if (s.row_sum[st] > 0.0f)
-                prow[j] = std::exp(prow[j] - s.row_max[st]) / s.row_sum[st];
-              else  // a fully masked row: the policy's constant weights
-                prow[j] = s.fully_masked == FullyMaskedRows::Zeros ? 0.0f : 1.0f / static_cast<float>(s.K);
-            }
-          }
-          const float* dO = dheads.data() + (b * Qr + i0) * Hd + h * d;
-          // dV[b, :, h] += P^T dO
-          cpu::sgemm(true, false, Ko, d, n, 1.0f, S.data(), Ko, dO, Hd, 1.0f, dv + (b * Ko) * Hd + h * d, Hd);
-          // dP = dO V^T; dS = P (dP - D), 0 where the score was masked (a constant)
-          dP.assign(static_cast<size_t>(n * Ko), 0.0f);
-          cpu::sgemm(false, true, n, Ko, d, 1.0f, dO, Hd, vb + (b * Ko) * Hd + h * d, Hd, 0.0f, dP.data(), Ko);
-          for (int64_t i = 0; i < n; ++i) {
-            const size_t st = static_cast<size_t>((b * H + h) * Qr + i0 + i);
-            for (int64_t j = 0; j < Ko; ++j) {
-              const size_t e = static_cast<size_t>(i * Ko + j);
-              dP[e] = (masked[e] || s.row_sum[st] <= 0.0f) ? 0.0f : S[e] * (dP[e] - D[st]) / divisor;
-            }
-          }
-          // dq[b, i0:i0+n, h] += dS K;  dK[b, :, h] += dS^T q
-          cpu::sgemm(false, false, n, d, Ko, 1.0f, dP.data(), Ko, kb + (b * Ko) * Hd + h * d, Hd, 1.0f,
-                     dq.data() + (b * Qr + i0) * Hd + h * d, Hd);
-          cpu::sgemm(true, false, Ko, d, n, 1.0f, dP.data(), Ko, s.qp.data() + (b * Qr + i0) * Hd + h * d, Hd, 1.0f,
-                     dk + (b * Ko) * Hd + h * d, Hd);
-        }
-      }
+    if (Ko > 0 && !s.block_skippable(k_begin)) {  // skipped: weights 0 there, adds nothing
+      kernels::AttentionBackward all;
+      all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      all.fwd.out = heads_view(s.heads.data(), B, H, Qr, d);
+      all.stats_span_more_keys = true;
+      all.grad_out = heads_view(d_live.data(), B, H, Qr, d);
+      all.grad_q = heads_view(dq_block.data(), B, H, Qr, d);
+      all.grad_k = heads_view(dk, B, H, Ko, d);
+      all.grad_v = heads_view(dv, B, H, Ko, d);
+      std::fill(dq_block.begin(), dq_block.end(), 0.0f);  // the kernel skips rows with no key in the block
+      per_row_and_head(c, B, H, [&](int64_t b, int64_t h) {
+        kernels::AttentionBackward p = all;
+        p.fwd.q = narrow(all.fwd.q, b, h, 1), p.fwd.k = narrow(all.fwd.k, b, h, 1);
+        p.fwd.v = narrow(all.fwd.v, b, h, 1), p.fwd.out = narrow(all.fwd.out, b, h, 1);
+        if (p.fwd.lens) p.fwd.lens += b * Qr;
+        const int64_t row = (b * H + h) * Qr;
+        p.fwd.stats = {s.row_max2.data() + row, s.row_sum.data() + row};
+        p.grad_out = narrow(all.grad_out, b, h, 1), p.grad_q = narrow(all.grad_q, b, h, 1);
+        p.grad_k = narrow(all.grad_k, b, h, 1), p.grad_v = narrow(all.grad_v, b, h, 1);
+        kernels::attention_backward(AttentionKernel::Fused, p);
+      });
+      for (size_t e = 0; e < dq.size(); ++e) dq[e] += dq_block[e];
+    }
+    if (any_fm && policy_weight != 0.0f)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < Ko; ++j)
+          for (int64_t x = 0; x < Hd; ++x)
+            dv[(b * Ko + j) * Hd + x] += policy_weight * fm_sum[static_cast<size_t>(b * Hd + x)];
     if (step > 0) g_in.wait();
     for (size_t e = 0; e < local.size(); ++e) local[e] += grad_in[e];
     // Pass the block's gradients on; after the last step they go home (to
@@ -530,11 +609,11 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
 
   // The projections' backward on this rank's rows.
   MultiHeadAttention::InputGrads grads{Tensor(s.xq.shape()), Tensor(s.xk.shape()), Tensor(s.xv.shape())};
-  project_backward(dq.data(), s.xq.data(), B * Qr, s.xq.size(2), s.p("W_q.weight"), g.at("W_q.weight"),
+  project_backward(dq.data(), s.xq.data(), B * Qr, s.p("W_q.weight"), g.at("W_q.weight"),
                    bias_grad("W_q"), grads.queries.data());
-  project_backward(mine.data(), s.xk.data(), B * Kr, s.xk.size(2), s.p("W_k.weight"), g.at("W_k.weight"),
+  project_backward(mine.data(), s.xk.data(), B * Kr, s.p("W_k.weight"), g.at("W_k.weight"),
                    bias_grad("W_k"), grads.keys.data());
-  project_backward(mine.data() + B * Kr * Hd, s.xv.data(), B * Kr, s.xv.size(2), s.p("W_v.weight"),
+  project_backward(mine.data() + B * Kr * Hd, s.xv.data(), B * Kr, s.p("W_v.weight"),
                    g.at("W_v.weight"), bias_grad("W_v"), grads.values.data());
   // The weights' gradients: every rank's rows, summed in one all-reduce.
   std::vector<float> flat;

@@ -60,6 +60,12 @@ struct AttentionBackward {
   // Outputs, overwritten.
   TensorView grad_q, grad_k, grad_v;  // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv]
 
+  // fwd.stats (and fwd.out) are those of a softmax over more keys than this
+  // call's: one key block of several, merged by kernels/softmax_merge.h (the
+  // ring over ranks). The gradients are then this block's share of the
+  // whole softmax's; a row's single live key here need not carry weight 1.
+  bool stats_span_more_keys = false;
+
   // The forward's shapes (methods, not copies).
   int64_t B() const { return fwd.B(); }
   int64_t H() const { return fwd.H(); }

@@ -174,9 +174,38 @@ int main(int argc, char** argv) {
     heads.forward(X, X, X);
     heads.backward(grad);
   });
+  const double t_ring_b_full = median_ms(c, reps, [&] {
+    ring.forward(Xr, Xr, Xr);
+    ring.backward(gradr);
+  });
   const double t_ring_b = median_ms(c, reps, [&] {
     ring.forward(Xr, Xr, Xr, {}, Causal::TopLeft);
     ring.backward(gradr);
+  });
+  // The fused kernel alone on one block of the same size (Q_r queries, K_r
+  // keys, no mask): a ring of one rank (its own communicator) computes just
+  // that block; beside it, the ring's own compute per block (no mask).
+  const dist::Communicator alone = c.split(c.rank(), 0);
+  dist::RingAttention one_block(alone, D, H, m.state_dict());
+  one_block.eval();
+  double block_s = 1e30;
+  for (int i = 0; i < reps + 1; ++i) {
+    one_block.forward(Xr, Xr, Xr);
+    block_s = std::min(block_s, one_block.stats().compute_seconds);
+  }
+  const std::vector<int64_t> ring_block_us = c.all_gather(static_cast<int64_t>(1e6 * full.compute_seconds / c.size()));
+  const std::vector<int64_t> fused_block_us = c.all_gather(static_cast<int64_t>(1e6 * block_s));
+  double worst_block = 0;
+  for (int r = 0; r < c.size(); ++r)
+    worst_block = std::max(worst_block, static_cast<double>(ring_block_us[static_cast<size_t>(r)]) /
+                                            static_cast<double>(fused_block_us[static_cast<size_t>(r)]));
+  ring.train();
+  const double t_one_b = median_ms(c, reps, [&] {
+    if (c.rank() != 0) return;
+    m.train();
+    m.forward(X, X, X);
+    m.backward(grad);
+    m.eval();
   });
   // Per rank: step time / compute time (no mask, every tile computed); the largest.
   const std::vector<int64_t> ratio = c.all_gather(static_cast<int64_t>(1000.0 * full.step_seconds / full.compute_seconds));
@@ -192,10 +221,15 @@ int main(int argc, char** argv) {
                 "  ring   forward (no mask)        %9.2f   (steps / compute, the largest rank: %.3f)\n"
                 "  grid   forward (causal, G %d)    %9.2f\n"
                 "  heads  forward + backward       %9.2f\n"
-                "  ring   forward + backward       %9.2f\n",
+                "  ring   forward + backward (causal)  %9.2f\n"
+                "  ring   forward + backward (no mask) %9.2f\n"
+                "  single process forward + backward   %9.2f\n"
+                "  ring/single: forward (causal) %.2f, (no mask) %.2f; forward + backward (no mask) %.2f\n"
+                "  ring block compute / the fused kernel on one such block (no mask, the largest rank): %.2f\n",
                 c.size(), static_cast<long long>(B), static_cast<long long>(L), static_cast<long long>(D),
                 static_cast<long long>(H), reps, t_one, t_heads, t_ring, static_cast<long long>(skipped_all),
                 static_cast<long long>(tiles_all), t_ring_full,
-                *std::max_element(ratio.begin(), ratio.end()) / 1000.0, G, t_grid, t_heads_b, t_ring_b);
+                *std::max_element(ratio.begin(), ratio.end()) / 1000.0, G, t_grid, t_heads_b, t_ring_b, t_ring_b_full,
+                t_one_b, t_ring / t_one, t_ring_full / t_one, t_ring_b_full / t_one_b, worst_block);
   return 0;
 }

@@ -117,6 +117,10 @@ TEST(RingAttention, BackwardEqualsTheModule) {
   check({2, 6, 6, ValidLens::per_batch({0, 5}), Causal::TopLeft, FullyMaskedRows::Uniform, true}, 8, 2, true, 72);
   check({2, 4, 7, ValidLens(), Causal::BottomRight, FullyMaskedRows::Zeros, true}, 12, 3, true, 73);
   check({1, 3, 3, ValidLens::per_batch({2}), Causal::None, FullyMaskedRows::Uniform, true}, 6, 1, true, 74);
+  // Blocks of one key (3 keys over 2 ranks): a block's single live key
+  // carries only its share of the weight over every key.
+  check({1, 3, 3, ValidLens(), Causal::None, FullyMaskedRows::Uniform, true}, 6, 1, true, 75);
+  check({2, 5, 3, ValidLens::per_batch({3, 2.5f}), Causal::None, FullyMaskedRows::Uniform, true}, 8, 2, true, 76);
 }
 
 TEST(RingAttention, BackwardWithBlocksTooLargeToSendEagerly) {

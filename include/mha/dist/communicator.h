@@ -83,6 +83,11 @@ class Communicator {
   std::string broadcast(const std::string& text, int root) const;
   // Returns when every rank has called it. Collective.
   void barrier() const;
+  // Lets MPI move this rank's messages in flight along (a probe that
+  // receives nothing). A large message travels by rendezvous, which
+  // advances only inside MPI calls: a rank computing between isend/irecv
+  // and wait calls this now and then so the transfer overlaps the compute.
+  void progress() const;
 
   // Sends data[0..count) to rank `dest` under `tag` (>= 0); blocks until
   // the buffer may be reused.

@@ -29,17 +29,22 @@
 // owner at the end; weight gradients are summed over the ranks by one
 // all-reduce, so grads() is the same, whole, on every rank.
 //
-// Each rank computes its queries in tiles of up to 256 rows against one key
-// block at a time; a tile whose queries are all masked from every key of the
-// block (by the causal mask or the valid lengths) is skipped, and the block
-// still travels on (stats() counts the tiles). Skipping is exact: such a
-// tile adds exactly zero (with the chapter's -1e6 fill, e^(-1e6 - m) is 0 in
-// float next to any live score m > -999896). A tile holding a row with no
-// live key at all is never skipped: that row's weights span every key.
+// Each block runs the fused kernel with its softmax statistics (one call per
+// batch row and head, with MPI progress between them so that the next
+// block's transfer overlaps), and the blocks merge into the softmax over
+// every key (src/kernels/softmax_merge.h); the backward runs each block's
+// fused backward from the merged statistics. A block that every query tile
+// (256 rows) of every batch row is masked from (by the causal mask or the
+// valid lengths) is skipped, and still travels on (stats() counts the
+// tiles). Skipping is exact: such a tile adds exactly zero (with the
+// chapter's -1e6 fill, e^(-1e6 - m) is 0 in float next to any live score m
+// > -999896). A tile holding a row with no live key at all is never
+// skipped: that row's weights span every key. A rank's key block holds at
+// most 2^24 keys (the fused kernel's key axis).
 //
 // Before it allocates, a forward adds up what it needs on this rank
-// (projections, the two blocks in flight, one tile's scores, the output,
-// the weights if kept) and checks it against mha::memory_limit(): a
+// (projections, the two blocks in flight, a block's output and statistics,
+// the output, the weights if kept) and checks it against mha::memory_limit(): a
 // sequence too long for one process's limit runs when each rank's share
 // fits (stats().planned_bytes).
 //

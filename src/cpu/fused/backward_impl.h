@@ -208,7 +208,7 @@ struct BackwardKernel {
     // is 1 whatever its score, so the exact gradient is 0 (dP - D would
     // leave float32 rounding).
     const Reg inv_scale = V::set1(1.0f / p.fwd.scale_divisor), one_and_half = V::set1(1.5f);
-    const bool single = kv_min <= 1;
+    const bool single = kv_min <= 1 && !p.stats_span_more_keys;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
       for (int v = 0; v < U; ++v) {
