@@ -42,10 +42,8 @@ void run(const RunOptions& opt) {
   if (opt.head_groups != 0 && opt.parallel != Parallel::Grid)
     fail(kOp, "--head-groups: ", opt.head_groups, " given without --parallel grid, the only split that takes it");
   const Precision precision = parse_precision(kOp, opt.precision);
-  if (opt.parallel != Parallel::None && precision != Precision::Float32)
-    fail(kOp, "--precision: ", opt.precision, " with --parallel; the ranks compute in float32 only");
   if (opt.parallel != Parallel::None) {
-    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups});
+    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups, precision});
     return;
   }
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"

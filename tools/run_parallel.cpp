@@ -97,6 +97,7 @@ void run_parallel(const ParallelRun& run) {
   if (run.mode == Parallel::Heads) {
     dist::HeadParallelAttention heads(c, D, H, state);
     heads.eval();
+    heads.set_precision(run.precision);
     output = heads.forward(in.queries, in.keys, in.values, in.valid_lens);
     if (heads.shard()) weights = heads.shard()->attention_weights();
     for (int r = 0; r < P; ++r) {
@@ -107,6 +108,7 @@ void run_parallel(const ParallelRun& run) {
   } else if (run.mode == Parallel::Sequence) {
     dist::RingAttention ring(c, D, H, state);
     ring.eval();
+    ring.set_precision(run.precision);
     ring.keep_attention_weights(true);
     const auto [q0, qn] = dist::RingAttention::block_of(Q, P, rank);
     const auto [k0, kn] = dist::RingAttention::block_of(K, P, rank);
@@ -122,6 +124,7 @@ void run_parallel(const ParallelRun& run) {
     const int G = run.head_groups > 0 ? run.head_groups : default_head_groups(P, H);
     dist::GridAttention grid(c, G, D, H, state);
     grid.eval();
+    grid.set_precision(run.precision);
     grid.keep_attention_weights(true);
     const auto [q0, qn] = grid.query_block(Q);
     const auto [k0, kn] = grid.key_block(K);

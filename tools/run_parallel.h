@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "mha/precision.h"
+
 namespace mha::tools {
 
 // How `mha run` splits its work over the ranks.
@@ -27,6 +29,7 @@ struct ParallelRun {
   int64_t heads = 0;        // --heads (0: the weights file's record)
   Parallel mode = Parallel::None;
   int head_groups = 0;      // --head-groups for Grid (0: chosen from the ranks)
+  Precision precision = Precision::Float32;  // --precision, on every rank
 };
 
 // Runs the evaluation over MPI's ranks (P = 1 without mpirun) and writes the

@@ -135,6 +135,7 @@ StateDict GridAttention::gather_grads() const {
 void GridAttention::zero_grad() { s_->ring->zero_grad(); }
 
 void GridAttention::train(bool on) { s_->ring->train(on); }
+void GridAttention::set_precision(Precision p) { s_->ring->set_precision(p); }
 void GridAttention::keep_attention_weights(bool on) { s_->ring->keep_attention_weights(on); }
 const Tensor& GridAttention::attention_weights() const { return s_->ring->attention_weights(); }
 const RingAttention& GridAttention::ring() const { return *s_->ring; }

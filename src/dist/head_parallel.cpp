@@ -173,6 +173,10 @@ void HeadParallelAttention::zero_grad() {
   if (s_->shard) s_->shard->zero_grad();
 }
 
+void HeadParallelAttention::set_precision(Precision p) {
+  if (s_->shard) s_->shard->set_precision(p);
+}
+
 void HeadParallelAttention::train(bool on) {
   if (s_->shard) s_->shard->train(on);
 }

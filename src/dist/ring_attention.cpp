@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/memory.h"
+#include "cpu/bf16.h"
 #include "cpu/packed_weight.h"
 #include "cpu/parallel_gemm.h"
 #include "dist/agree.h"
@@ -31,20 +33,25 @@ constexpr int kTagKV = 1000, kTagGrad = 2000000;
 
 // y:[rows, out] = x:[rows, in] W^T + b, W packed once (cpu/packed_weight.h),
 // the bias added in the product's epilogue.
-void project(const float* x, int64_t rows, const cpu::PackedWeight& W, const Tensor& b, float* y) {
+// In bfloat16 (mha/precision.h) the product rounds x and W to bfloat16 and
+// sums in float32, and `round_output` rounds y too (the projected q, k, v).
+void project(const float* x, int64_t rows, const cpu::PackedWeight& W, const Tensor& b, float* y,
+             bool round_output = true) {
   if (rows == 0) return;
-  cpu::GemmBatch batch;
+  cpu::GemmBatch batch(W.precision);
   batch.add_packed(rows, x, W.K, W, b.empty() ? nullptr : b.data(), y, W.N);
   batch.run();
+  if (W.precision == Precision::BFloat16 && round_output)
+    for (int64_t e = 0; e < rows * W.N; ++e) y[e] = cpu::round_to_bf16(y[e]);
 }
 
 // The gradients of y = x W^T + b from dy:[rows, out] (nn/linear_backward.h):
 // dW += dy^T x, db += column sums of dy, dx = dy W (dx null: not wanted).
 void project_backward(const float* dy, const float* x, int64_t rows, const Tensor& W, Tensor& dW, Tensor* db,
-                      float* dx) {
+                      float* dx, Precision precision) {
   if (rows == 0) return;
   const nn::LayerRef layer(W.data(), nullptr, W.size(0), W.size(1));
-  nn::linear_backward(layer, x, dy, rows, dx, dW, db);
+  nn::linear_backward(layer, x, dy, rows, dx, dW, db, precision);
 }
 
 // v narrowed to batch row b and heads [h0, h0 + nh).
@@ -125,9 +132,19 @@ struct RingAttention::State {
   bool keep_weights = false;
   bool training = true;  // forward keeps what backward needs (its inputs)
   StateDict params, grads;
-  // W_q, W_k, W_v, W_o packed once for the products (the ring's weights
-  // never change).
-  std::shared_ptr<const cpu::PackedWeight> packed_q, packed_k, packed_v, packed_o;
+  // The products' number format (mha/precision.h), and W_q, W_k, W_v, W_o
+  // packed once per format for them (the ring's weights never change).
+  Precision precision = Precision::Float32;
+  Precision call_precision = Precision::Float32;  // the last forward's, which its backward keeps
+  std::map<std::pair<std::string, Precision>, std::shared_ptr<const cpu::PackedWeight>> packs;
+  const cpu::PackedWeight& packed(const std::string& layer) {
+    std::shared_ptr<const cpu::PackedWeight>& w = packs[{layer, call_precision}];
+    if (!w || !w->current()) {
+      const Tensor& W = p(layer + ".weight");
+      w = cpu::pack_weight(W.data(), W.size(0), W.size(1), call_precision);
+    }
+    return *w;
+  }
   RingStats stats;
 
   // --- The last forward: what the backward needs ---
@@ -195,6 +212,7 @@ struct RingAttention::State {
     p.k = heads_view(kb, B, num_heads, Ko, head_dim);
     p.v = heads_view(vb, B, num_heads, Ko, head_dim);
     p.scale_divisor = std::sqrt(static_cast<float>(head_dim));
+    p.precision = call_precision;  // q, k, v hold bfloat16 values in that mode
     if (!lens.is_none() || causal != Causal::None) {
       lens_buf.resize(static_cast<size_t>(B * Qr));
       for (int64_t b = 0; b < B; ++b)
@@ -242,15 +260,6 @@ RingAttention::RingAttention(Communicator comm, int64_t num_hiddens, int64_t num
                                                        : slice_heads(m.state_dict(), first_head, head_count,
                                                                      s.head_dim, output_bias);
     for (const auto& [name, t] : s.params) s.grads[name] = Tensor(t.shape());
-    auto pack = [&](const char* name) {
-      const Tensor& W = s.p(name);
-      return std::shared_ptr<const cpu::PackedWeight>(cpu::pack_weight(W.data(), W.size(0), W.size(1),
-                                                                       Precision::Float32));
-    };
-    s.packed_q = pack("W_q.weight");
-    s.packed_k = pack("W_k.weight");
-    s.packed_v = pack("W_v.weight");
-    s.packed_o = pack("W_o.weight");
     return 0;
   });
 }
@@ -340,6 +349,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     k0 += s.k_sizes[static_cast<size_t>(o)];
   }
   s.lens = valid_lens;
+  s.call_precision = s.precision;
   s.causal = causal;
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
@@ -349,11 +359,11 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
 
   // This rank's projections; the key/value block that starts round the ring.
   s.qp.resize(static_cast<size_t>(B * Qr * Hd));
-  project(queries.data(), B * Qr, *s.packed_q, s.bias_of("W_q"), s.qp.data());
+  project(queries.data(), B * Qr, s.packed("W_q"), s.bias_of("W_q"), s.qp.data());
   std::vector<float>& block = s.block;
   block.resize(static_cast<size_t>(2 * B * Kr * Hd));
-  project(keys.data(), B * Kr, *s.packed_k, s.bias_of("W_k"), block.data());
-  project(values.data(), B * Kr, *s.packed_v, s.bias_of("W_v"), block.data() + B * Kr * Hd);
+  project(keys.data(), B * Kr, s.packed("W_k"), s.bias_of("W_k"), block.data());
+  project(values.data(), B * Kr, s.packed("W_v"), s.bias_of("W_v"), block.data() + B * Kr * Hd);
   if (s.keep_weights) s.weights = Tensor({B, H, Qr, K});
 
   // Each block runs the fused kernel (its statistics kept), and the blocks
@@ -465,7 +475,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         }
       }
   Tensor result({B, Qr, s.num_hiddens});
-  project(acc.data(), B * Qr, *s.packed_o, s.bias_of("W_o"), result.data());
+  project(acc.data(), B * Qr, s.packed("W_o"), s.bias_of("W_o"), result.data(), /*round_output=*/false);
   s.have_call = s.training;
   return result;
 }
@@ -496,7 +506,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   std::vector<float>& dheads = s.dheads;
   dheads.resize(static_cast<size_t>(B * Qr * Hd));
   project_backward(grad_output.data(), s.heads.data(), B * Qr, s.p("W_o.weight"), g.at("W_o.weight"),
-                   bias_grad("W_o"), dheads.data());
+                   bias_grad("W_o"), dheads.data(), s.call_precision);
   // Rows with no live key anywhere have constant scores: no gradient to q
   // or k, and dV gets the policy's weight times their dO on every key. The
   // kernel gets their dO as zeros (it would weigh over one block's keys), and
@@ -536,8 +546,8 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   Request g_out;
   // This rank's keys and values projected again (not kept by the forward:
   // two fewer [B, K_r, H*d] buffers per rank between the calls).
-  project(s.xk.data(), B * Kr, *s.packed_k, s.bias_of("W_k"), block.data());
-  project(s.xv.data(), B * Kr, *s.packed_v, s.bias_of("W_v"), block.data() + B * Kr * Hd);
+  project(s.xk.data(), B * Kr, s.packed("W_k"), s.bias_of("W_k"), block.data());
+  project(s.xv.data(), B * Kr, s.packed("W_v"), s.bias_of("W_v"), block.data() + B * Kr * Hd);
   const int prev = (r + P - 1) % P, nxt = (r + 1) % P;
   for (int step = 0; step < P; ++step) {
     const int o = (r - step + P) % P;
@@ -610,11 +620,11 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   // The projections' backward on this rank's rows.
   MultiHeadAttention::InputGrads grads{Tensor(s.xq.shape()), Tensor(s.xk.shape()), Tensor(s.xv.shape())};
   project_backward(dq.data(), s.xq.data(), B * Qr, s.p("W_q.weight"), g.at("W_q.weight"),
-                   bias_grad("W_q"), grads.queries.data());
+                   bias_grad("W_q"), grads.queries.data(), s.call_precision);
   project_backward(mine.data(), s.xk.data(), B * Kr, s.p("W_k.weight"), g.at("W_k.weight"),
-                   bias_grad("W_k"), grads.keys.data());
+                   bias_grad("W_k"), grads.keys.data(), s.call_precision);
   project_backward(mine.data() + B * Kr * Hd, s.xv.data(), B * Kr, s.p("W_v.weight"),
-                   g.at("W_v.weight"), bias_grad("W_v"), grads.values.data());
+                   g.at("W_v.weight"), bias_grad("W_v"), grads.values.data(), s.call_precision);
   // The weights' gradients: every rank's rows, summed in one all-reduce.
   std::vector<float> flat;
   for (const auto& [name, t] : g) flat.insert(flat.end(), t.values().begin(), t.values().end());
@@ -627,6 +637,8 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
 }
 
 void RingAttention::keep_attention_weights(bool on) { s_->keep_weights = on; }
+void RingAttention::set_precision(Precision p) { s_->precision = p; }
+Precision RingAttention::precision() const { return s_->precision; }
 void RingAttention::train(bool on) { s_->training = on; }
 const Tensor& RingAttention::attention_weights() const { return s_->weights; }
 const RingStats& RingAttention::stats() const { return s_->stats; }

@@ -123,6 +123,44 @@ TEST(RingAttention, BackwardEqualsTheModule) {
   check({2, 5, 3, ValidLens::per_batch({3, 2.5f}), Causal::None, FullyMaskedRows::Uniform, true}, 8, 2, true, 76);
 }
 
+TEST(RingAttention, Bfloat16EqualsTheModulesBfloat16Mode) {
+  // The same roundings as MultiHeadAttention::set_precision(BFloat16): the
+  // products' inputs and the projected q, k, v; only float32 sums differ in
+  // order (the blocks' merge), so the two agree far inside the mode's bound
+  // (2e-3 of each tensor's scale, tests/python/test_bf16.py), and the
+  // bfloat16 ring is really bfloat16 (far from the float32 module).
+  const Communicator& c = world();
+  auto ref = reference_module(16, 4, true, 7, 6, 5, 80);
+  RingAttention ring(c, 16, 4, ref->state_dict());
+  ring.set_precision(Precision::BFloat16);
+  EXPECT_EQ(ring.precision(), Precision::BFloat16);
+  const int64_t B = 2, Q = 9, K = 11;
+  const Tensor q = randn({B, Q, 7}, 81), k = randn({B, K, 6}, 82), v = randn({B, K, 5}, 83);
+  const ValidLens lens = ValidLens::per_batch({7, 11});
+  ref->train();
+  const Tensor f32 = ref->forward(q, k, v, lens);
+  ref->set_precision(Precision::BFloat16);
+  const Tensor want = ref->forward(q, k, v, lens);
+  const Split s = split(Q, K);
+  const Tensor got = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
+                                  rows(v, s.k_begin, s.k_count), lens);
+  EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), 1e-4) << "rank " << c.rank();
+  if (s.q_count > 0) {
+    EXPECT_GT(relative_error(got, rows(f32, s.q_begin, s.q_count)), 1e-4);
+  }
+  const Tensor grad_out = randn({B, Q, 16}, 84);
+  const auto gw = ref->backward(grad_out);
+  const auto gg = ring.backward(rows(grad_out, s.q_begin, s.q_count));
+  EXPECT_LT(relative_error(gg.queries, rows(gw.queries, s.q_begin, s.q_count)), 1e-3) << "rank " << c.rank();
+  EXPECT_LT(relative_error(gg.keys, rows(gw.keys, s.k_begin, s.k_count)), 1e-3) << "rank " << c.rank();
+  EXPECT_LT(relative_error(gg.values, rows(gw.values, s.k_begin, s.k_count)), 1e-3) << "rank " << c.rank();
+  double largest = 0;  // W_k.bias's gradient is 0 up to rounding: measured against the largest
+  for (const auto& [name, g] : ref->grads())
+    for (float x : g.values()) largest = std::max(largest, static_cast<double>(std::fabs(x)));
+  for (const auto& [name, g] : ref->grads())
+    EXPECT_LT(relative_error(ring.grads().at(name), g, name == "W_k.bias" ? largest : 0.0), 1e-3) << name;
+}
+
 TEST(RingAttention, BackwardWithBlocksTooLargeToSendEagerly) {
   // Blocks of 2 x 2 x 65 x 16 floats (16 KiB and more): MPI sends them by
   // rendezvous, so a send completes only once its receive is posted; a ring

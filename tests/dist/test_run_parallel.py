@@ -108,6 +108,30 @@ def main():
                     if len(files) == 2 and files[0] != files[1]:
                         failures.append(f"{name} ({how}): two runs on the same ranks wrote different bytes")
 
+        # --precision bf16: every split rounds as `mha run --precision bf16`
+        # does (the products' inputs, the projected q, k, v): the same
+        # output but for the order of float32 sums, far inside the mode's
+        # bound, and far from float32.
+        write_case(folder, rng, 16, 4, 2, 7, 9, np.array([5, 9], np.int64), True)
+        common = ["--weights", str(folder / "w.safetensors"), "--inputs", str(folder / "i.safetensors"),
+                  "--heads", "4"]
+        r16 = run([args.mha, "run", *common, "--precision", "bf16", "--out", str(folder / "ref16.safetensors")])
+        r32 = run([args.mha, "run", *common, "--out", str(folder / "ref32.safetensors")])
+        if r16.returncode != 0 or r32.returncode != 0:
+            sys.exit(f"mha run --precision failed: {r16.stderr} {r32.stderr}")
+        want16, want32 = spec.read(folder / "ref16.safetensors")[0], spec.read(folder / "ref32.safetensors")[0]
+        for split in (["heads"], ["sequence"], ["grid"]):
+            out = folder / "bf16.safetensors"
+            r = run([args.mpiexec, "-np", str(args.np), args.mha, "run", "--parallel", *split, *common,
+                     "--precision", "bf16", "--out", str(out)])
+            if r.returncode != 0:
+                failures.append(f"--precision bf16 {split}: exit {r.returncode}: {r.stderr[-2000:]}")
+                continue
+            got = spec.read(out)[0]["output"]
+            if relative_error(got, want16["output"]) > 1e-4 or relative_error(got, want32["output"]) < 1e-4:
+                failures.append(f"--precision bf16 {split}: {relative_error(got, want16['output']):.3g} from "
+                                f"bf16, {relative_error(got, want32['output']):.3g} from float32")
+
         # Errors, named by the command.
         r = run([args.mha, "run", "--parallel", "heads", "--head-groups", "2", *common, "--out", str(folder / "x.safetensors")])
         if r.returncode == 0 or "--head-groups: 2 given without --parallel grid" not in r.stderr:

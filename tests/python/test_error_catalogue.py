@@ -353,7 +353,6 @@ CLI = {
     "run.heads_metadata": lambda t: with_recorded_heads(t, {"num_heads": "x"}, 2),
     "run.heads_disagree": lambda t: with_recorded_heads(t, {"num_heads": "2"}, 4),
     "run.head_groups": lambda t: files(t) + ["--head-groups", "2"],
-    "run.precision_parallel": lambda t: files(t) + ["--precision", "bf16", "--parallel", "heads"],
     "run.parallel_pruned": lambda t: with_recorded_pruned(t) + ["--parallel", "heads"],
     "run.input_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F64", [1], bytes(8)),
                                                              ("keys", "F32", [1], f32(1)),

@@ -83,6 +83,9 @@ class GridAttention {
   void train(bool on = true);
   // Evaluation mode.
   void eval() { train(false); }
+  // The number format of the products and of q, k, v, as
+  // RingAttention::set_precision; every rank alike.
+  void set_precision(Precision p);
 
   // Whether forward() keeps attention_weights() (off by default).
   void keep_attention_weights(bool on);

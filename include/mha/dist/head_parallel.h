@@ -85,6 +85,9 @@ class HeadParallelAttention {
   void train(bool on = true);
   // Evaluation mode: dropout off.
   void eval() { train(false); }
+  // The number format of the shard's products and of its q, k, v
+  // (MultiHeadAttention::set_precision); every rank alike.
+  void set_precision(Precision p);
 
   // This rank's heads (heads_of(num_heads(), size, rank)).
   const std::vector<int64_t>& heads() const;

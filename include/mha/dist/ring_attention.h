@@ -61,6 +61,7 @@
 #include "mha/dist/communicator.h"
 #include "mha/masks.h"
 #include "mha/multihead.h"
+#include "mha/precision.h"
 #include "mha/tensor.h"
 #include "mha/valid_lens.h"
 
@@ -111,6 +112,15 @@ class RingAttention {
   void train(bool on = true);
   // Evaluation mode.
   void eval() { train(false); }
+
+  // The number format of the products and of q, k, v (mha/precision.h; as
+  // MultiHeadAttention::set_precision): in BFloat16 the projections (and
+  // their backward) round both inputs to bfloat16 and sum in float32, and
+  // the projected q, k, v are rounded to bfloat16; the softmax, its merge
+  // over the blocks and the gradients stay float32. Every rank sets the
+  // same; a call reads it when it starts.
+  void set_precision(Precision p);
+  Precision precision() const;
 
   // Whether forward() keeps this rank's rows of the attention weights for
   // attention_weights() (off by default: they are [B,H,Q_r,K], the size the
