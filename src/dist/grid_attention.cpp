@@ -136,6 +136,7 @@ void GridAttention::zero_grad() { s_->ring->zero_grad(); }
 
 void GridAttention::train(bool on) { s_->ring->train(on); }
 void GridAttention::set_precision(Precision p) { s_->ring->set_precision(p); }
+void GridAttention::set_dropout(float p, uint64_t seed) { s_->ring->set_dropout(p, seed); }
 void GridAttention::keep_attention_weights(bool on) { s_->ring->keep_attention_weights(on); }
 const Tensor& GridAttention::attention_weights() const { return s_->ring->attention_weights(); }
 const RingAttention& GridAttention::ring() const { return *s_->ring; }

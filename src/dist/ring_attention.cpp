@@ -19,6 +19,7 @@
 #include "dist/agree.h"
 #include "kernels/dispatch.h"
 #include "kernels/softmax_merge.h"
+#include "mha/detail/published.h"
 #include "mha/error.h"
 #include "nn/layer_ref.h"
 #include "nn/linear_backward.h"
@@ -134,6 +135,19 @@ struct RingAttention::State {
   StateDict params, grads;
   // The products' number format (mha/precision.h), and W_q, W_k, W_v, W_o
   // packed once per format for them (the ring's weights never change).
+  // Dropout on the weights in training mode, keyed as MultiHeadAttention's
+  // with the same seed: a key per call from the same stream, and each
+  // block's mask indexed in the whole (B, num_heads of the module, Q, K)
+  // tensor (kernels::DropoutFrame), so the ring drops what one process does.
+  float dropout_p = 0.0f;
+  detail::KeyStream dropout_keys{0};
+  kernels::Dropout call_dropout;  // the last forward's
+  int64_t first_head = 0, module_heads = 0;  // this ring's heads among the module's
+  void frame(kernels::Dropout& dr, int64_t b, int64_t h, int64_t k_begin, int64_t Ko) const {
+    dr = call_dropout;
+    if (!dr.active()) return;
+    dr.frame = {1, Qr, Ko, b, first_head + h, q_begin, k_begin, module_heads, Q, K};
+  }
   Precision precision = Precision::Float32;
   Precision call_precision = Precision::Float32;  // the last forward's, which its backward keeps
   std::map<std::pair<std::string, Precision>, std::shared_ptr<const cpu::PackedWeight>> packs;
@@ -253,6 +267,8 @@ RingAttention::RingAttention(Communicator comm, int64_t num_hiddens, int64_t num
     m.load_state_dict(state);
     s.num_hiddens = num_hiddens;
     s.num_heads = head_count;
+    s.first_head = first_head;
+    s.module_heads = num_heads;
     s.head_dim = m.head_dim();
     s.bias = bias;
     s.output_bias = output_bias;
@@ -350,6 +366,11 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   }
   s.lens = valid_lens;
   s.call_precision = s.precision;
+  s.call_dropout = kernels::Dropout();
+  if (s.training && s.dropout_p > 0.0f) {
+    s.call_dropout.p = s.dropout_p;
+    s.call_dropout.key = s.dropout_keys.next();
+  }
   s.causal = causal;
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
@@ -368,14 +389,15 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
 
   // Each block runs the fused kernel (its statistics kept), and the blocks
   // merge into one softmax over every key (kernels/softmax_merge.h), in the
-  // ring's fixed order. value_sum: the sum of every value row, the output of
-  // a row with no live key anywhere under uniform weights.
+  // ring's fixed order. A row with no live key so far sums its blocks'
+  // outputs times their key counts instead (each block gives it the policy's
+  // weights over its own keys, dropout included); the first block with a
+  // live key replaces that sum (merge_block scales what is there by 0).
   const int64_t rows = B * H * Qr;
   s.row_max2.assign(static_cast<size_t>(rows), -kInf);
   s.row_sum.assign(static_cast<size_t>(rows), 0.0f);
   std::vector<float>& acc = s.heads;
   acc.assign(static_cast<size_t>(B * Qr * Hd), 0.0f);
-  std::vector<float> value_sum(static_cast<size_t>(B * Hd), 0.0f);
   std::vector<float>&next = s.next, &out = s.out, &stats = s.block_stats, &lens_buf = s.lens_buf;
   out.resize(static_cast<size_t>(B * Qr * Hd));
   stats.resize(static_cast<size_t>(2 * rows));
@@ -397,9 +419,6 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     const auto compute_start = std::chrono::steady_clock::now();
     const float* kb = block.data();
     const float* vb = block.data() + B * Ko * Hd;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = 0; j < Ko; ++j)
-        for (int64_t x = 0; x < Hd; ++x) value_sum[static_cast<size_t>(b * Hd + x)] += vb[(b * Ko + j) * Hd + x];
     bool compute = false;
     for (int64_t b = 0; b < B && Ko > 0; ++b)
       for (int64_t i0 = 0; i0 < Qr; i0 += kTile) {
@@ -416,6 +435,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         p.q = narrow(all.q, b, h, 1), p.k = narrow(all.k, b, h, 1), p.v = narrow(all.v, b, h, 1);
         p.out = narrow(out_all, b, h, 1);
         if (p.lens) p.lens += b * Qr;
+        s.frame(p.dropout, b, h, k_begin, Ko);
         const int64_t row = (b * H + h) * Qr;
         p.stats = {stats.data() + row, stats.data() + rows + row};
         if (s.keep_weights) p.weights = block_w.data() + row * Ko;
@@ -426,6 +446,10 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
           for (int64_t i = 0; i < Qr; ++i) {
             const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
             const int64_t at = (b * Qr + i) * Hd + h * d;
+            if (stats[st] == -kInf && s.row_max2[st] == -kInf) {  // no live key yet: the policy's sum
+              for (int64_t x = 0; x < d; ++x) acc[at + x] += static_cast<float>(Ko) * out[at + x];
+              continue;
+            }
             kernels::merge_block({acc.data() + at, s.row_max2[st], s.row_sum[st]}, out.data() + at, stats[st],
                                  stats[static_cast<size_t>(rows) + st], d);
           }
@@ -456,7 +480,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         if (!live) {
           s.row_sum[st] = 1.0f;  // the statistics of a fully masked row
           for (int64_t x = 0; x < d; ++x)
-            arow[x] = zeros ? 0.0f : value_sum[static_cast<size_t>(b * Hd + h * d + x)] / static_cast<float>(K);
+            arow[x] = zeros ? 0.0f : arow[x] / static_cast<float>(K);
         }
         if (s.keep_weights) {
           float* w = s.weights.data() + st * static_cast<size_t>(K);
@@ -508,26 +532,16 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   project_backward(grad_output.data(), s.heads.data(), B * Qr, s.p("W_o.weight"), g.at("W_o.weight"),
                    bias_grad("W_o"), dheads.data(), s.call_precision);
   // Rows with no live key anywhere have constant scores: no gradient to q
-  // or k, and dV gets the policy's weight times their dO on every key. The
-  // kernel gets their dO as zeros (it would weigh over one block's keys), and
-  // fm_sum[b, h*d + x] sums them for the values.
-  const bool zeros = s.causal != Causal::None && s.fully_masked == FullyMaskedRows::Zeros;
-  const float policy_weight = zeros ? 0.0f : 1.0f / static_cast<float>(s.K);
+  // or k, and each value gets the policy's weight (1/K, dropout's
+  // multiplier) times their dO. A block's kernel weighs such a row 1/K_o
+  // over its own keys, so it gets their dO scaled by K_o/K (fm_rows).
   std::vector<float>& d_live = s.d_live;
   d_live = dheads;
-  std::vector<float> fm_sum(static_cast<size_t>(B * Hd), 0.0f);
-  bool any_fm = false;
+  std::vector<int64_t> fm_rows;  // (b * Qr + i) * Hd + h * d of each such row
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < Qr; ++i) {
-        if (s.row_max2[static_cast<size_t>((b * H + h) * Qr + i)] != -kInf) continue;
-        any_fm = true;
-        float* row = d_live.data() + (b * Qr + i) * Hd + h * d;
-        for (int64_t x = 0; x < d; ++x) {
-          fm_sum[static_cast<size_t>(b * Hd + h * d + x)] += row[x];
-          row[x] = 0.0f;
-        }
-      }
+      for (int64_t i = 0; i < Qr; ++i)
+        if (s.row_max2[static_cast<size_t>((b * H + h) * Qr + i)] == -kInf) fm_rows.push_back((b * Qr + i) * Hd + h * d);
 
   // Blocks travel as in the forward; their gradients dK, dV follow, each
   // rank adding its part, and reach their owner after the last step. Each
@@ -570,6 +584,10 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
     float* dk = local.data();
     float* dv = local.data() + B * Ko * Hd;
     const int64_t k_begin = s.k_begins[static_cast<size_t>(o)];
+    for (int64_t at : fm_rows)
+      for (int64_t x = 0; x < d; ++x)
+        d_live[static_cast<size_t>(at + x)] = dheads[static_cast<size_t>(at + x)] * static_cast<float>(Ko) /
+                                              static_cast<float>(s.K);
     if (Ko > 0 && !s.block_skippable(k_begin)) {  // skipped: weights 0 there, adds nothing
       kernels::AttentionBackward all;
       all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf);
@@ -585,6 +603,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
         p.fwd.q = narrow(all.fwd.q, b, h, 1), p.fwd.k = narrow(all.fwd.k, b, h, 1);
         p.fwd.v = narrow(all.fwd.v, b, h, 1), p.fwd.out = narrow(all.fwd.out, b, h, 1);
         if (p.fwd.lens) p.fwd.lens += b * Qr;
+        s.frame(p.fwd.dropout, b, h, k_begin, Ko);
         const int64_t row = (b * H + h) * Qr;
         p.fwd.stats = {s.row_max2.data() + row, s.row_sum.data() + row};
         p.grad_out = narrow(all.grad_out, b, h, 1), p.grad_q = narrow(all.grad_q, b, h, 1);
@@ -593,11 +612,6 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
       });
       for (size_t e = 0; e < dq.size(); ++e) dq[e] += dq_block[e];
     }
-    if (any_fm && policy_weight != 0.0f)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t j = 0; j < Ko; ++j)
-          for (int64_t x = 0; x < Hd; ++x)
-            dv[(b * Ko + j) * Hd + x] += policy_weight * fm_sum[static_cast<size_t>(b * Hd + x)];
     if (step > 0) g_in.wait();
     for (size_t e = 0; e < local.size(); ++e) local[e] += grad_in[e];
     // Pass the block's gradients on; after the last step they go home (to
@@ -638,6 +652,12 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
 
 void RingAttention::keep_attention_weights(bool on) { s_->keep_weights = on; }
 void RingAttention::set_precision(Precision p) { s_->precision = p; }
+void RingAttention::set_dropout(float p, uint64_t seed) {
+  if (!(p >= 0.0f && p <= 1.0f)) fail("dist.RingAttention.set_dropout", "p: ", p, "; wanted a probability in [0, 1]");
+  s_->dropout_p = p;
+  s_->dropout_keys.seed(seed);
+}
+float RingAttention::dropout() const { return s_->dropout_p; }
 Precision RingAttention::precision() const { return s_->precision; }
 void RingAttention::train(bool on) { s_->training = on; }
 const Tensor& RingAttention::attention_weights() const { return s_->weights; }

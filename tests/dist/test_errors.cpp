@@ -108,6 +108,7 @@ std::map<std::string, Trigger> triggers() {
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({3, 2, 5}, 3)); }}},
       {"dist.ring_positions",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 3, 5}, 3)); }}},
+      {"dist.ring_dropout", {-1, [&c] { ring(c).set_dropout(1.5f, 0); }}},
       {"dist.ring_width",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
       {"dist.ring_batch_ranks", {0, [&c] {

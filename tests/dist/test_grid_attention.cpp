@@ -86,6 +86,28 @@ std::vector<int> group_counts() {
   return gs;
 }
 
+// Dropout (set_dropout(p, seed)) drops what MultiHeadAttention(..., p, seed)
+// drops: each group's ring keys its masks by the module's head numbers.
+TEST(GridAttention, DropoutDropsWhatOneProcessDrops) {
+  const Communicator& c = world();
+  for (int groups : {1, 2}) {
+    if (c.size() % groups != 0) continue;
+    auto base = reference_module(16, 4, true, 7, 6, 5, 100);
+    MultiHeadAttention ref(16, 4, 0.25f, true, /*seed=*/101);
+    ref.load_state_dict(base->state_dict());
+    ref.train();
+    GridAttention grid(c, groups, 16, 4, ref.state_dict());
+    grid.set_dropout(0.25f, 101);
+    const int64_t B = 2, Q = 7, K = 8;
+    const Tensor q = randn({B, Q, 7}, 102), k = randn({B, K, 6}, 103), v = randn({B, K, 5}, 104);
+    const Tensor want = ref.forward(q, k, v, ValidLens::per_batch({6, 8}));
+    const auto [q0, qn] = grid.query_block(Q);
+    const auto [k0, kn] = grid.key_block(K);
+    const Tensor got = grid.forward(rows(q, q0, qn), rows(k, k0, kn), rows(v, k0, kn), ValidLens::per_batch({6, 8}));
+    EXPECT_LT(relative_error(got, rows(want, q0, qn)), kTol) << "G " << groups << ", rank " << c.rank();
+  }
+}
+
 TEST(GridAttention, EqualsTheModule) {
   for (int g : group_counts()) {
     check(g, {2, 7, 9, ValidLens::per_batch({4, 0})}, 16, 4, true, 120);

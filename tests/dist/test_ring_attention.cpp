@@ -161,6 +161,61 @@ TEST(RingAttention, Bfloat16EqualsTheModulesBfloat16Mode) {
     EXPECT_LT(relative_error(ring.grads().at(name), g, name == "W_k.bias" ? largest : 0.0), 1e-3) << name;
 }
 
+TEST(RingAttention, DropoutDropsWhatOneProcessDrops) {
+  // MultiHeadAttention(16, 4, p, bias, seed) in training mode and a ring with
+  // set_dropout(p, seed) draw the same key per call and key each weight's
+  // mask by its place in the whole sequence: the same outputs and gradients
+  // (to float32 sums), call after call; with lengths, causal masks and rows
+  // with no live key (their uniform weights dropped too).
+  const Communicator& c = world();
+  for (const Causal causal : {Causal::None, Causal::BottomRight}) {
+    auto base = reference_module(16, 4, true, 7, 6, 5, 90);
+    MultiHeadAttention ref(16, 4, 0.3f, true, /*seed=*/91);
+    ref.load_state_dict(base->state_dict());
+    ref.train();
+    RingAttention ring(c, 16, 4, ref.state_dict());
+    ring.set_dropout(0.3f, 91);
+    EXPECT_EQ(ring.dropout(), 0.3f);
+    const int64_t B = 2, Q = 9, K = 7;
+    const Tensor q = randn({B, Q, 7}, 92), k = randn({B, K, 6}, 93), v = randn({B, K, 5}, 94);
+    const ValidLens lens = ValidLens::per_batch({5, 0});
+    CallMasks masks;
+    masks.causal = causal;
+    const Split s = split(Q, K);
+    Tensor dropped;
+    for (int call = 0; call < 2; ++call) {  // the second call draws the stream's next key
+      const Tensor want = causal == Causal::None ? ref.forward(q, k, v, lens) : ref.forward(q, k, v, lens, masks);
+      const Tensor got = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
+                                      rows(v, s.k_begin, s.k_count), lens, causal);
+      EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol) << "call " << call << " rank " << c.rank();
+      dropped = got;
+      const Tensor grad_out = randn({B, Q, 16}, 95 + static_cast<uint64_t>(call));
+      const auto gw = ref.backward(grad_out);
+      const auto gg = ring.backward(rows(grad_out, s.q_begin, s.q_count));
+      EXPECT_LT(relative_error(gg.queries, rows(gw.queries, s.q_begin, s.q_count)), kTol) << "rank " << c.rank();
+      EXPECT_LT(relative_error(gg.keys, rows(gw.keys, s.k_begin, s.k_count)), kTol) << "rank " << c.rank();
+      EXPECT_LT(relative_error(gg.values, rows(gw.values, s.k_begin, s.k_count)), kTol) << "rank " << c.rank();
+    }
+    double largest = 0;
+    for (const auto& [name, g] : ref.grads())
+      for (float x : g.values()) largest = std::max(largest, static_cast<double>(std::fabs(x)));
+    for (const auto& [name, g] : ref.grads())
+      EXPECT_LT(relative_error(ring.grads().at(name), g, name == "W_k.bias" ? largest : 0.0), kTol) << name;
+    // Without dropout the outputs differ: the masks did something.
+    ring.set_dropout(0.0f, 91);
+    const Tensor plain = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
+                                      rows(v, s.k_begin, s.k_count), lens, causal);
+    ring.eval();
+    ring.set_dropout(0.3f, 91);
+    const Tensor eval = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
+                                     rows(v, s.k_begin, s.k_count), lens, causal);
+    EXPECT_EQ(relative_error(eval, plain), 0.0) << "evaluation mode drops nothing";
+    if (s.q_count > 0) {
+      EXPECT_GT(relative_error(dropped, plain), 1e-3) << "the masks dropped nothing";
+    }
+  }
+}
+
 TEST(RingAttention, BackwardWithBlocksTooLargeToSendEagerly) {
   // Blocks of 2 x 2 x 65 x 16 floats (16 KiB and more): MPI sends them by
   // rendezvous, so a send completes only once its receive is posted; a ring

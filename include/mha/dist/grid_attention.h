@@ -86,6 +86,9 @@ class GridAttention {
   // The number format of the products and of q, k, v, as
   // RingAttention::set_precision; every rank alike.
   void set_precision(Precision p);
+  // Dropout as RingAttention::set_dropout: the same masks as the
+  // single-process module with this seed; every rank alike.
+  void set_dropout(float p, uint64_t seed);
 
   // Whether forward() keeps attention_weights() (off by default).
   void keep_attention_weights(bool on);

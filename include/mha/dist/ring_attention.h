@@ -48,7 +48,7 @@
 // sequence too long for one process's limit runs when each rank's share
 // fits (stats().planned_bytes).
 //
-// No dropout (evaluation semantics). Calls are collective: every rank calls
+// Calls are collective: every rank calls
 // forward() and backward() in the same order; a call that fails on one rank
 // fails on every rank. The same ranks, inputs and thread count give bitwise
 // the same results on every run (fixed tiles, fixed order of the ring).
@@ -121,6 +121,16 @@ class RingAttention {
   // same; a call reads it when it starts.
   void set_precision(Precision p);
   Precision precision() const;
+
+  // Dropout on the attention weights in training mode, as
+  // MultiHeadAttention(num_hiddens, num_heads, p, bias, seed) draws it: a
+  // key per forward from the stream `seed` starts, and the mask of weight
+  // (b, h, q, k) keyed by its place in the whole sequence, so the ring
+  // drops exactly what one process does (the same output, bit for bit up to
+  // the order of float32 sums). Every rank sets the same; 0 (the default):
+  // none.
+  void set_dropout(float p, uint64_t seed);
+  float dropout() const;
 
   // Whether forward() keeps this rank's rows of the attention weights for
   // attention_weights() (off by default: they are [B,H,Q_r,K], the size the
