@@ -14,7 +14,6 @@
 // kDecodeMaxChunks * kDecodeMinChunk keys summed over rows and cache heads
 // (decode_working_bytes; tests/cpp/memory/decode_memory.cpp counts the
 // allocations of a call against it).
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +21,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/decode/decode_job.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"
@@ -54,10 +54,6 @@ const DecodeIsaKernels& kernels_for(FusedIsa isa) {
   }
   return decode::kScalarDecode;
 }
-
-// Below this many multiply-adds a call runs on the calling thread (waking
-// the team costs microseconds), as the fused kernel does.
-constexpr double kMinParallelWork = 2e5;
 
 // A query row of (b, g) whose every score is -inf: zeros, or the mean of the
 // row's K value rows (uniform weights 1/K), as the fused kernel's policy
@@ -172,7 +168,7 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
   for (int64_t b = 0; b < p.B; ++b) work += static_cast<double>(p.lengths[b]);
   work *= static_cast<double>(p.Hq * p.Qn * (p.d + p.dv));
   const auto n_tasks = static_cast<int64_t>(tasks.size());
-  const int threads = work >= kMinParallelWork && n_tasks > 1 ? num_threads() : 1;
+  const int threads = core::team_for(work, n_tasks);
   const int64_t n_groups = p.B * p.Hkv;
   // Rows without keys are merged (zeroed) here; every other (b, g) is merged
   // by whichever thread finishes its last chunk, in chunk order all the
@@ -187,18 +183,15 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
     left[static_cast<size_t>(bg)].store(first[static_cast<size_t>(bg + 1)] - first[static_cast<size_t>(bg)]);
     if (first[static_cast<size_t>(bg + 1)] == first[static_cast<size_t>(bg)]) merge_group(bg);
   }
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> scratch(scratch_floats);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tasks; ++t) {
-      const Task& task = tasks[static_cast<size_t>(t)];
-      kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
-      // acq_rel: the last finisher sees every other chunk's partials.
-      const int64_t bg = task.b * p.Hkv + task.g;
-      if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
-    }
-  }
+  core::parallel_for_with(
+      n_tasks, threads, [&](int) { return std::vector<float>(scratch_floats); },
+      [&](int64_t t, std::vector<float>& scratch) {
+        const Task& task = tasks[static_cast<size_t>(t)];
+        kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
+        // acq_rel: the last finisher sees every other chunk's partials.
+        const int64_t bg = task.b * p.Hkv + task.g;
+        if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
+      });
 }
 
 }  // namespace mha::kernels

@@ -9,7 +9,6 @@
 // OpenMP threads (cpu/parallel_gemm.h), never beside OpenBLAS's own pool. The
 // tiling depends only on the shapes and each chunk is computed by one thread
 // from start to end, so the output is bitwise the same at any thread count.
-#include <omp.h>
 
 #include <algorithm>
 #include <cassert>
@@ -18,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/fused/attention_amx.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/attention_fused.h"
@@ -63,11 +63,6 @@ const IsaKernels& kernels_for(FusedIsa isa) {
   return fused::kScalarKernels;
 }
 
-// Below this many multiply-adds a call runs on the calling thread: waking a
-// team costs a few microseconds, more than such a call takes (the d2l chapter's toy
-// shape is ~5e3).
-constexpr double kMinParallelWork = 2e5;
-
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };
@@ -78,35 +73,25 @@ struct FreeDeleter {
 template <class Body>
 void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& body) {
   if (chunks <= 0) return;
-  const int threads = work >= kMinParallelWork && chunks > 1 ? num_threads() : 1;
+  const int threads = core::team_for(work, chunks);
   const size_t stride = (scratch_floats + 15) / 16 * 16;
   std::unique_ptr<float, FreeDeleter> pool(
       static_cast<float*>(std::aligned_alloc(64, stride * sizeof(float) * threads)));
   if (!pool) throw std::bad_alloc();
   float* base = pool.get();
-  // On one thread, no parallel region: libgomp ends even a one-thread
-  // region with a system call (core/parallel.h).
-  auto run = [&] {
-    // Denormals are kept (no FTZ/DAZ), as the reference kernel and PyTorch
-    // keep them: flushing them measured no faster here, on ordinary inputs
-    // or on denormal keys and values (B8 L512 D768 h12 forward 174 vs 186
-    // ms, B32 L65 D192 h3 6.5 vs 7.8 ms, one thread, AVX-512; the softmax's
-    // exp2 never makes one), and it made the fused kernel alone disagree.
-    float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
-    for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
-    if (threads > 1) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
-    } else {
-      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
-    }
-  };
-  if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    run();
-  } else {
-    run();
-  }
+  // Denormals are kept (no FTZ/DAZ), as the reference kernel and PyTorch
+  // keep them: flushing them measured no faster here, on ordinary inputs
+  // or on denormal keys and values (B8 L512 D768 h12 forward 174 vs 186
+  // ms, B32 L65 D192 h3 6.5 vs 7.8 ms, one thread, AVX-512; the softmax's
+  // exp2 never makes one), and it made the fused kernel alone disagree.
+  core::parallel_for_with(
+      chunks, threads,
+      [&](int t) {
+        float* scratch = base + stride * static_cast<size_t>(t);
+        for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
+        return scratch;
+      },
+      [&](int64_t c, float* scratch) { body(c, scratch); });
 }
 
 // Per batch row, the largest valid count of its queries: the key rows the
