@@ -69,17 +69,8 @@ PackedBf16B::PackedBf16B(int64_t K, int64_t N) : K_(K), N_(N) {
 }  // namespace mha::cpu
 
 #if MHA_HAVE_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx2,fma")
-// GCC 12 reports its own _mm512_undefined_*() (inside intrinsics) as
-// maybe-uninitialized (GCC bug 105593), as in gemm_avx512.cpp.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#define MHA_ISA_TARGET "amx-tile,amx-bf16,avx512f,avx2,fma"
+#include "cpu/isa/target_begin.h"
 
 #include "cpu/gemm/gemm_amx_driver.h"
 #include "cpu/gemm/gemm_amx_tiles.h"
@@ -101,12 +92,7 @@ void gemm_amx_unpacked(const GemmBlock* g, int64_t count, const float* const* ro
 
 }  // namespace mha::cpu
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"
 
 #else  // not x86: amx_usable() is false, so nothing calls these.
 
