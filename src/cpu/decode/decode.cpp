@@ -42,17 +42,11 @@ using decode::DecodeJob;
 using decode::Task;
 
 const DecodeIsaKernels& kernels_for(FusedIsa isa) {
-  switch (isa) {
 #if MHA_HAVE_X86
-    case FusedIsa::Avx512: return decode::kAvx512Decode;
-    case FusedIsa::Avx2: return decode::kAvx2Decode;
+  return cpu::isa_entry(isa, decode::kScalarDecode, &decode::kAvx2Decode, &decode::kAvx512Decode);
 #else
-    case FusedIsa::Avx512:
-    case FusedIsa::Avx2:
+  return cpu::isa_entry<DecodeIsaKernels>(isa, decode::kScalarDecode, nullptr, nullptr);
 #endif
-    case FusedIsa::Scalar: break;
-  }
-  return decode::kScalarDecode;
 }
 
 // A query row of (b, g) whose every score is -inf: zeros, or the mean of the
@@ -149,9 +143,9 @@ void decode_attention(const DecodeParams& p) { decode_attention(p, fused_isa());
 
 void decode_attention(const DecodeParams& p, FusedIsa isa) {
   check_decode_params(p, "decode_attention");
-  if (static_cast<int>(isa) > static_cast<int>(fused_best_isa()))
-    fail("decode_attention", "isa: ", fused_isa_name(isa), " is not supported by this CPU; wanted at most ",
-         fused_isa_name(fused_best_isa()));
+  if (!cpu::isa_supported(isa))
+    fail("decode_attention", "isa: ", cpu::isa_name(isa), " is not supported by this CPU; wanted at most ",
+         cpu::isa_name(cpu::detected_isa()));
   const DecodeIsaKernels& kern = kernels_for(isa);
   DecodeJob job;
   job.p = &p;

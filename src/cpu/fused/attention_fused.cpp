@@ -36,31 +36,14 @@ namespace {
 
 using fused::IsaKernels;
 
-FusedIsa detect_isa() {
-#if MHA_HAVE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
-    return FusedIsa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FusedIsa::Avx2;
-#endif
-  return FusedIsa::Scalar;
-}
-
-FusedIsa g_isa = detect_isa();
+cpu::IsaChoice g_isa(cpu::best_vector_isa());
 
 const IsaKernels& kernels_for(FusedIsa isa) {
-  switch (isa) {
 #if MHA_HAVE_X86
-    case FusedIsa::Avx512: return fused::kAvx512Kernels;
-    case FusedIsa::Avx2: return fused::kAvx2Kernels;
+  return cpu::isa_entry(isa, fused::kScalarKernels, &fused::kAvx2Kernels, &fused::kAvx512Kernels);
 #else
-    case FusedIsa::Avx512:
-    case FusedIsa::Avx2:
+  return cpu::isa_entry<IsaKernels>(isa, fused::kScalarKernels, nullptr, nullptr);
 #endif
-    case FusedIsa::Scalar: break;
-  }
-  return fused::kScalarKernels;
 }
 
 struct FreeDeleter {
@@ -157,7 +140,7 @@ fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8
 }
 
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   fused::WeightsJob job = base_job;
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
   const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
@@ -187,14 +170,9 @@ std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_
   return n;
 }
 
-FusedIsa fused_isa() { return g_isa; }
-FusedIsa fused_best_isa() { return detect_isa(); }
-
-bool set_fused_isa(FusedIsa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(detect_isa())) return false;
-  g_isa = isa;
-  return true;
-}
+FusedIsa fused_isa() { return g_isa.get(); }
+FusedIsa fused_best_isa() { return cpu::best_vector_isa(); }
+bool set_fused_isa(FusedIsa isa) { return g_isa.set(isa); }
 
 const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 
@@ -202,7 +180,7 @@ void attention_forward_fused(const AttentionForward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   // Callers pick another kernel for longer keys (kernels/dispatch.cpp).
   assert(K <= kFusedMaxKeys);
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
   const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
 
@@ -223,7 +201,7 @@ void attention_forward_fused(const AttentionForward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
   // Bfloat16 mode on AMX: the same job, its products on tiles
   // (attention_amx.h), where the AVX-512 kernel would run.
-  const bool amx = g_isa == FusedIsa::Avx512 && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
+  const bool amx = static_cast<int>(g_isa.get()) >= static_cast<int>(FusedIsa::Avx512) && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
   const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
   job.q_tiles = (Q + query_tile - 1) / query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
@@ -295,7 +273,7 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
 void attention_backward_fused(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   assert(K <= kFusedMaxKeys && p.fwd.out.data && !p.fwd.stats.empty());
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
   const std::vector<int32_t> n_valid = key_limits(p.fwd.length_kind, p.fwd.lens, p.fwd.masks, B, Q, K, &tile_mask);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);

@@ -1,61 +1,31 @@
-// The bfloat16 product on AMX tiles (gemm_amx.h): detection, packing of
+// The bfloat16 product on AMX tiles (gemm_amx.h): packing of
 // op(B) and op(A) into tiles, the 2 x 2-tile kernel and its driver.
 #include "cpu/gemm/gemm_amx.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
+
+#include "cpu/isa/isa.h"
 
 #ifndef MHA_HAVE_X86
 #error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
 #endif
 
 #if MHA_HAVE_X86
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace mha::cpu {
 
 namespace {
 
-#if MHA_HAVE_X86
-bool detect_amx() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE: xgetbv allowed
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool tile = d & (1u << 24), bf16 = d & (1u << 22), avx512f = b & (1u << 16);
-  if (!tile || !bf16 || !avx512f) return false;
-  uint32_t lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const uint64_t xcr0 = (static_cast<uint64_t>(hi) << 32) | lo;
-  // SSE, AVX, opmask, ZMM halves (bits 1, 2, 5-7), XTILECFG and XTILEDATA (17, 18).
-  constexpr uint64_t kNeeded = 0x6u | 0xe0u | (3u << 17);
-  if ((xcr0 & kNeeded) != kNeeded) return false;
-  // Linux hands out the 8 KB of tile data per process, on request.
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-#else
-bool detect_amx() { return false; }
-#endif
-
-bool hardware_amx() {
-  static std::once_flag once;
-  static bool usable = false;
-  std::call_once(once, [] { usable = detect_amx(); });
-  return usable;
-}
-
 bool g_amx_enabled = true;
 
 }  // namespace
 
-bool amx_usable() { return g_amx_enabled && hardware_amx(); }
+bool amx_usable() { return g_amx_enabled && detected_isa() == Isa::AmxBf16; }
 void set_amx_enabled(bool enabled) { g_amx_enabled = enabled; }
 
 void PackedBf16B::Free::operator()(uint16_t* p) const { std::free(p); }
