@@ -23,15 +23,10 @@
 
 #include "core/parallel.h"
 #include "cpu/decode/decode_job.h"
+#include "cpu/isa/have_x86.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"
 #include "mha/threads.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels {
 
@@ -42,11 +37,8 @@ using decode::DecodeJob;
 using decode::Task;
 
 const DecodeIsaKernels& kernels_for(FusedIsa isa) {
-#if MHA_HAVE_X86
-  return cpu::isa_entry(isa, decode::kScalarDecode, &decode::kAvx2Decode, &decode::kAvx512Decode);
-#else
-  return cpu::isa_entry<DecodeIsaKernels>(isa, decode::kScalarDecode, nullptr, nullptr);
-#endif
+  return cpu::isa_entry<DecodeIsaKernels>(isa, decode::kScalarDecode, MHA_X86_ONLY(decode::kAvx2Decode),
+                                          MHA_X86_ONLY(decode::kAvx512Decode));
 }
 
 // A query row of (b, g) whose every score is -inf: zeros, or the mean of the

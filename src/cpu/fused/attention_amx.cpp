@@ -25,14 +25,11 @@
 #include <type_traits>
 
 #include "cpu/fused/attention_fused.h"
+#include "cpu/isa/have_x86.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/limits.h"
 #include "cpu/fused/traits.h"
 #include "cpu/gemm/gemm_amx.h"
-
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels::fused {
 

@@ -18,17 +18,12 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/isa/have_x86.h"
 #include "cpu/fused/attention_amx.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/attention_fused.h"
 #include "mha/error.h"
 #include "mha/threads.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels {
 
@@ -39,11 +34,8 @@ using fused::IsaKernels;
 cpu::IsaChoice g_isa(cpu::best_vector_isa());
 
 const IsaKernels& kernels_for(FusedIsa isa) {
-#if MHA_HAVE_X86
-  return cpu::isa_entry(isa, fused::kScalarKernels, &fused::kAvx2Kernels, &fused::kAvx512Kernels);
-#else
-  return cpu::isa_entry<IsaKernels>(isa, fused::kScalarKernels, nullptr, nullptr);
-#endif
+  return cpu::isa_entry<IsaKernels>(isa, fused::kScalarKernels, MHA_X86_ONLY(fused::kAvx2Kernels),
+                                    MHA_X86_ONLY(fused::kAvx512Kernels));
 }
 
 struct FreeDeleter {

@@ -5,14 +5,9 @@
 #include <cstdlib>
 #include <new>
 
+#include "cpu/isa/have_x86.h"
 #include "cpu/gemm/gemm_isa.h"
 #include "mha/error.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::cpu {
 
@@ -21,11 +16,8 @@ namespace {
 cpu::IsaChoice g_isa(best_vector_isa());
 
 const gemm_kernels::IsaGemm& kernels_for(GemmIsa isa) {
-#if MHA_HAVE_X86
-  return isa_entry(isa, gemm_kernels::kScalarGemm, &gemm_kernels::kAvx2Gemm, &gemm_kernels::kAvx512Gemm);
-#else
-  return isa_entry<gemm_kernels::IsaGemm>(isa, gemm_kernels::kScalarGemm, nullptr, nullptr);
-#endif
+  return isa_entry<gemm_kernels::IsaGemm>(isa, gemm_kernels::kScalarGemm, MHA_X86_ONLY(gemm_kernels::kAvx2Gemm),
+                                          MHA_X86_ONLY(gemm_kernels::kAvx512Gemm));
 }
 
 }  // namespace

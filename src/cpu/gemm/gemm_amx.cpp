@@ -7,11 +7,8 @@
 #include <cstring>
 #include <new>
 
+#include "cpu/isa/have_x86.h"
 #include "cpu/isa/isa.h"
-
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 #if MHA_HAVE_X86
 #include <immintrin.h>

@@ -3,9 +3,7 @@
 
 #include <cstdint>
 
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
+#include "cpu/isa/have_x86.h"
 
 #if MHA_HAVE_X86
 #include <cpuid.h>
