@@ -26,10 +26,12 @@ namespace mha::core {
 // toy shape is ~5e3).
 constexpr double kMinParallelWork = 2e5;
 
+inline bool worth_a_team(double work) { return work >= kMinParallelWork; }
+
 // The threads for `tasks` tasks holding `work` in all: mha's threads when
 // the work is worth a team and there is more than one task, else one.
 inline int team_for(double work, int64_t tasks) {
-  return work >= kMinParallelWork && tasks > 1 ? num_threads() : 1;
+  return worth_a_team(work) && tasks > 1 ? num_threads() : 1;
 }
 
 // body(i) for i in [0, n): schedule(dynamic, 1) on `threads` OpenMP threads,
