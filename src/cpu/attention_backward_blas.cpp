@@ -15,11 +15,11 @@
 // the softmax work runs in parallel with the products, no two threads write
 // the same gradient rows, and the result does not depend on the thread count
 // (inside, cpu::sgemm is one single-threaded BLAS call). Scratch is per thread.
-#include <omp.h>
 
 #include <cmath>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/blas.h"
 #include "cpu/attention_kernels.h"
 #include "mha/threads.h"
@@ -91,13 +91,21 @@ void attention_backward_blas(const AttentionBackward& p) {
   const bool masked = uses_masks(p);
   const size_t QK = static_cast<size_t>(Q * K);
   const int64_t Hkv = p.Hkv();
-  const int threads = B * Hkv > 1 ? num_threads() : 1;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-  std::vector<float> weights_scratch(p.fwd.weights ? 0 : QK), dropped(p.fwd.dropout.active() ? QK : 0), dS(QK);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t g = 0; g < Hkv; ++g) {
+  struct Scratch {
+    std::vector<float> weights, dropped, dS;
+  };
+  const double work = static_cast<double>(B * H) * static_cast<double>(Q * K) * static_cast<double>(2 * (d + dv));
+  core::parallel_for_with(
+      B * Hkv, core::team_for(work, B * Hkv),
+      [&](int) {
+        return Scratch{std::vector<float>(p.fwd.weights ? 0 : QK),
+                       std::vector<float>(p.fwd.dropout.active() ? QK : 0), std::vector<float>(QK)};
+      },
+      [&](int64_t bg, Scratch& st) {
+    const int64_t b = bg / Hkv, g = bg % Hkv;
+    std::vector<float>& weights_scratch = st.weights;
+    std::vector<float>& dropped = st.dropped;
+    std::vector<float>& dS = st.dS;
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const int64_t hk = p.kv_head(h);
       // The first query head of a kv head writes its gradients, the rest add.
@@ -131,9 +139,7 @@ void attention_backward_blas(const AttentionBackward& p) {
       cpu::sgemm(true, false, K, d, Q, 1.0f, dS.data(), K, p.fwd.q.ptr(b, h), p.fwd.q.stride[2], beta,
                  p.grad_k.ptr(b, hk), p.grad_k.stride[2]);
     }
-    }
-  }
-  }
+      });
 }
 
 }  // namespace mha::kernels

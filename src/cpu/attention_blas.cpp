@@ -3,10 +3,10 @@
 // output is a second BLAS product. Its cost is the Q x K scratch per thread; it
 // is the path that materialises attention weights most simply, and the one
 // that honours every option of AttentionForward (the fallback of the others).
-#include <omp.h>
 
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/blas.h"
 #include "cpu/attention_kernels.h"
 #include "kernels/masked_row.h"
@@ -21,14 +21,20 @@ void attention_forward_blas(const AttentionForward& p) {
   // the products; cpu::sgemm inside is one single-threaded product whose
   // bits do not depend on where it runs (cpu/parallel_gemm.h). One pair
   // alone runs its products on every thread instead.
-  const int threads = B * H > 1 ? num_threads() : 1;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-  std::vector<float> scratch(p.weights ? 0 : static_cast<size_t>(Q * K));
-  std::vector<float> dropped(p.dropout.active() ? static_cast<size_t>(Q * K) : 0);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
+  struct Scratch {
+    std::vector<float> weights, dropped;
+  };
+  const double work = static_cast<double>(B * H) * static_cast<double>(Q * K) * static_cast<double>(d + dv);
+  core::parallel_for_with(
+      B * H, core::team_for(work, B * H),
+      [&](int) {
+        return Scratch{std::vector<float>(p.weights ? 0 : static_cast<size_t>(Q * K)),
+                       std::vector<float>(p.dropout.active() ? static_cast<size_t>(Q * K) : 0)};
+      },
+      [&](int64_t bh, Scratch& st) {
+      const int64_t b = bh / H, h = bh % H;
+      std::vector<float>& scratch = st.weights;
+      std::vector<float>& dropped = st.dropped;
       const int64_t hk = p.kv_head(h);  // grouped heads share k and v
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
       float* s = p.weights ? p.weights + base : scratch.data();
@@ -45,9 +51,7 @@ void attention_forward_blas(const AttentionForward& p) {
       // out_bh:[Q,dv] = pw:[Q,K] @ v_bhk:[K,dv]
       cpu::sgemm(false, false, Q, dv, K, 1.0f, pw, K, p.v.ptr(b, hk), p.v.stride[2], 0.0f,
                  p.out.ptr(b, h), p.out.stride[2]);
-    }
-  }
-  }
+      });
 }
 
 }  // namespace mha::kernels

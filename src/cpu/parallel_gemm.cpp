@@ -126,13 +126,14 @@ struct Float32Gemm {
 
 void GemmBatch::run_float32(int threads) const {
   if (products_.empty()) return;
-  // Products smaller than this (multiply-adds) run on the calling thread:
-  // waking a team costs more than they take (the d2l chapter's toy shape:
-  // 2e5).
-  constexpr double kMinParallelWork = 2e6;
+  // The one rule (core/parallel.h), on the products' multiply-adds scaled
+  // down 10x: the micro-kernels do ~10x the work of a plain loop in the same
+  // time, so products below 2e6 run on the calling thread (the d2l
+  // chapter's toy shape: 2e5).
+  constexpr double kFloat32Speed = 10;
   double work = 0;
   for (const GemmBlock& g : products_) work += static_cast<double>(g.M) * g.N * g.K;
-  const int team = work < kMinParallelWork ? 1 : threads;
+  const int team = core::worth_a_team(work / kFloat32Speed) ? threads : 1;
   run_gemm_schedule<Float32Gemm>(
       products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
       [this](size_t i) { return packed_[i] ? packed_[i]->panels.get() : nullptr; }, team);

@@ -49,14 +49,14 @@ struct AmxGemm {
 }  // namespace
 
 void GemmBatch::run_bfloat16_amx(int threads) const {
-  // Products smaller than this (multiply-adds) run on the calling thread:
-  // waking a team costs more than they take (as in run_float32; the tiles
-  // make a product ~4x faster, hence 4x the float32 switch).
-  constexpr double kMinParallelWork = 8e6;
+  // The one rule (core/parallel.h), as in run_float32; the tiles make a
+  // product ~4x faster again, hence 40x (products below 8e6 multiply-adds
+  // run on the calling thread).
+  constexpr double kAmxSpeed = 40;
   double work = 0;
   for (const GemmBlock& g : products_)
     work += static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
-  const int team = work < kMinParallelWork ? 1 : threads;
+  const int team = core::worth_a_team(work / kAmxSpeed) ? threads : 1;
 
   // Each distinct right-hand matrix rounded and packed once (gemm_schedule.h);
   // one that serves at most 32 rows in all (AmxGemm) is never packed

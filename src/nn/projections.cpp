@@ -158,7 +158,8 @@ void round_to_bf16(Projected& proj) {
   for (Tensor& t : proj.buffers) {
     float* x = t.data();
     const int64_t n = t.numel(), chunk = 1 << 16;
-    core::parallel_for((n + chunk - 1) / chunk, n > chunk ? num_threads() : 1, [&](int64_t c) {
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    core::parallel_for(chunks, core::team_for(static_cast<double>(n), chunks), [&](int64_t c) {
       for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = cpu::round_to_bf16(x[i]);
     });
   }

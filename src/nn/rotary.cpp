@@ -72,7 +72,7 @@ void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int6
   // every head's rows (each element written by one thread: any thread count
   // gives the same bits).
   const double work = static_cast<double>(B) * heads * rows * r.dims * 3;
-  core::parallel_for(B, work > 2e5 ? num_threads() : 1, [&](int64_t b) {
+  core::parallel_for(B, core::team_for(work, B), [&](int64_t b) {
     std::vector<float> cs(static_cast<size_t>(2 * half * rows));
     float* cos_a = cs.data();
     float* sin_a = cs.data() + half * rows;

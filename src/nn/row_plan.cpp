@@ -72,8 +72,7 @@ void read_all(RowPlan& plan, int64_t b, int64_t B) {
 // hundred floats each took 0.5-1.5 ms of team waits while other processes
 // ran).
 int scan_threads(int64_t B, int64_t floats) {
-  constexpr int64_t kMinParallelFloats = int64_t{1} << 18;
-  return B > 1 && floats >= kMinParallelFloats ? num_threads() : 1;
+  return core::team_for(static_cast<double>(floats), B);
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 // kDecodeMaxChunks * kDecodeMinChunk keys summed over rows and cache heads
 // (decode_working_bytes; tests/cpp/memory/decode_memory.cpp counts the
 // allocations of a call against it).
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,16 +21,12 @@
 #include <cmath>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/decode/decode_job.h"
+#include "cpu/isa/have_x86.h"
 #include "kernels/decode_params.h"
 #include "mha/error.h"
 #include "mha/threads.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels {
 
@@ -42,22 +37,9 @@ using decode::DecodeJob;
 using decode::Task;
 
 const DecodeIsaKernels& kernels_for(FusedIsa isa) {
-  switch (isa) {
-#if MHA_HAVE_X86
-    case FusedIsa::Avx512: return decode::kAvx512Decode;
-    case FusedIsa::Avx2: return decode::kAvx2Decode;
-#else
-    case FusedIsa::Avx512:
-    case FusedIsa::Avx2:
-#endif
-    case FusedIsa::Scalar: break;
-  }
-  return decode::kScalarDecode;
+  return cpu::isa_entry<DecodeIsaKernels>(isa, decode::kScalarDecode, MHA_X86_ONLY(decode::kAvx2Decode),
+                                          MHA_X86_ONLY(decode::kAvx512Decode));
 }
-
-// Below this many multiply-adds a call runs on the calling thread (waking
-// the team costs microseconds), as the fused kernel does.
-constexpr double kMinParallelWork = 2e5;
 
 // A query row of (b, g) whose every score is -inf: zeros, or the mean of the
 // row's K value rows (uniform weights 1/K), as the fused kernel's policy
@@ -153,9 +135,9 @@ void decode_attention(const DecodeParams& p) { decode_attention(p, fused_isa());
 
 void decode_attention(const DecodeParams& p, FusedIsa isa) {
   check_decode_params(p, "decode_attention");
-  if (static_cast<int>(isa) > static_cast<int>(fused_best_isa()))
-    fail("decode_attention", "isa: ", fused_isa_name(isa), " is not supported by this CPU; wanted at most ",
-         fused_isa_name(fused_best_isa()));
+  if (!cpu::isa_supported(isa))
+    fail("decode_attention", "isa: ", cpu::isa_name(isa), " is not supported by this CPU; wanted at most ",
+         cpu::isa_name(cpu::detected_isa()));
   const DecodeIsaKernels& kern = kernels_for(isa);
   DecodeJob job;
   job.p = &p;
@@ -172,7 +154,7 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
   for (int64_t b = 0; b < p.B; ++b) work += static_cast<double>(p.lengths[b]);
   work *= static_cast<double>(p.Hq * p.Qn * (p.d + p.dv));
   const auto n_tasks = static_cast<int64_t>(tasks.size());
-  const int threads = work >= kMinParallelWork && n_tasks > 1 ? num_threads() : 1;
+  const int threads = core::team_for(work, n_tasks);
   const int64_t n_groups = p.B * p.Hkv;
   // Rows without keys are merged (zeroed) here; every other (b, g) is merged
   // by whichever thread finishes its last chunk, in chunk order all the
@@ -187,18 +169,15 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
     left[static_cast<size_t>(bg)].store(first[static_cast<size_t>(bg + 1)] - first[static_cast<size_t>(bg)]);
     if (first[static_cast<size_t>(bg + 1)] == first[static_cast<size_t>(bg)]) merge_group(bg);
   }
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> scratch(scratch_floats);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tasks; ++t) {
-      const Task& task = tasks[static_cast<size_t>(t)];
-      kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
-      // acq_rel: the last finisher sees every other chunk's partials.
-      const int64_t bg = task.b * p.Hkv + task.g;
-      if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
-    }
-  }
+  core::parallel_for_with(
+      n_tasks, threads, [&](int) { return std::vector<float>(scratch_floats); },
+      [&](int64_t t, std::vector<float>& scratch) {
+        const Task& task = tasks[static_cast<size_t>(t)];
+        kern.chunk(job, task, partials.data() + t * R * S, scratch.data());
+        // acq_rel: the last finisher sees every other chunk's partials.
+        const int64_t bg = task.b * p.Hkv + task.g;
+        if (left[static_cast<size_t>(bg)].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(bg);
+      });
 }
 
 }  // namespace mha::kernels

@@ -5,12 +5,8 @@
 
 #include "cpu/decode/decode_job.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#define MHA_ISA_TARGET "avx2,fma"
+#include "cpu/isa/target_begin.h"
 #include "cpu/fused/simd_avx2.h"
 #include "cpu/decode/decode_impl.h"
 
@@ -45,8 +41,4 @@ const DecodeIsaKernels kAvx2Decode = decode_kernels<Avx2Decode>();
 
 }  // namespace mha::kernels::decode
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"

@@ -7,16 +7,8 @@
 
 #include "cpu/decode/decode_job.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-// GCC 12 reports its own _mm512_undefined_ps() as uninitialized (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#define MHA_ISA_TARGET "avx512f,avx2,fma"
+#include "cpu/isa/target_begin.h"
 #include "cpu/fused/simd_avx512.h"
 #include "cpu/decode/decode_impl.h"
 
@@ -43,9 +35,4 @@ const DecodeIsaKernels kAvx512Decode = decode_kernels<Avx512Decode>();
 
 }  // namespace mha::kernels::decode
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/fused/attention_fused.h"
 #include "kernels/decode_params.h"
 #include "mha/threads.h"
@@ -91,9 +92,8 @@ void decode_attention_fused(const DecodeParams& p) {
     for (int64_t g0 = 0; g0 < p.Hkv; g0 += per_call) {
       const int64_t ng = std::min(per_call, p.Hkv - g0);
       const int64_t rows = ng * K;
-      const int threads = rows * (p.d + p.dv) >= (int64_t{1} << 16) ? num_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-      for (int64_t r = 0; r < rows; ++r) {  // r = (head within the batch) * K + key
+      const double work = static_cast<double>(rows) * static_cast<double>(p.d + p.dv);
+      core::parallel_for(rows, core::team_for(work, rows), [&](int64_t r) {  // r = (head within the batch) * K + key
         const int64_t g = g0 + r / K, j = r % K;
         const uint16_t* ks = static_cast<const uint16_t*>(p.k) + b * p.k_stride_b + g * p.k_stride_h + j * p.k_stride_j;
         const uint16_t* vs = static_cast<const uint16_t*>(p.v) + b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
@@ -101,7 +101,7 @@ void decode_attention_fused(const DecodeParams& p) {
         float* vd = v32.data() + r * p.dv;
         for (int64_t x = 0; x < p.d; ++x) kd[x] = from_bf16(ks[x]);
         for (int64_t x = 0; x < p.dv; ++x) vd[x] = from_bf16(vs[x]);
-      }
+      });
       f.q = view4(q + g0 * G * p.q_stride_h, ng * G, p.Qn, p.d, p.q_stride_h, p.q_stride_i);
       f.k = view4(k32.data(), ng, K, p.d, K * p.d, p.d);
       f.v = view4(v32.data(), ng, K, p.dv, K * p.dv, p.dv);

@@ -25,14 +25,11 @@
 #include <type_traits>
 
 #include "cpu/fused/attention_fused.h"
+#include "cpu/isa/have_x86.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/limits.h"
 #include "cpu/fused/traits.h"
 #include "cpu/gemm/gemm_amx.h"
-
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels::fused {
 
@@ -125,17 +122,8 @@ size_t amx_forward_scratch_floats(int64_t d, int64_t dv, int64_t rows) { return 
 #if MHA_HAVE_X86
 // Everything below is compiled for AMX and AVX-512 (as gemm_amx.cpp); it
 // runs only where amx_usable() (which checks AVX-512F too).
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx2,fma")
-// GCC 12 reports its own _mm512_undefined_*() as maybe-uninitialized (GCC
-// bug 105593), as in fused_avx512.cpp.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#define MHA_ISA_TARGET "amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16,avx2,fma"
+#include "cpu/isa/target_begin.h"
 
 #include "cpu/fused/simd_avx512.h"
 #include "cpu/fused/kernel_impl.h"
@@ -466,12 +454,7 @@ void amx_forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
 
 }  // namespace mha::kernels::fused
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"
 
 #else  // not x86: amx_forward_supports() is false, so nothing calls this.
 

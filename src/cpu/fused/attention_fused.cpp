@@ -9,7 +9,6 @@
 // OpenMP threads (cpu/parallel_gemm.h), never beside OpenBLAS's own pool. The
 // tiling depends only on the shapes and each chunk is computed by one thread
 // from start to end, so the output is bitwise the same at any thread count.
-#include <omp.h>
 
 #include <algorithm>
 #include <cassert>
@@ -18,17 +17,13 @@
 #include <memory>
 #include <vector>
 
+#include "core/parallel.h"
+#include "cpu/isa/have_x86.h"
 #include "cpu/fused/attention_amx.h"
 #include "cpu/fused/fused_job.h"
 #include "cpu/fused/attention_fused.h"
 #include "mha/error.h"
 #include "mha/threads.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::kernels {
 
@@ -36,37 +31,12 @@ namespace {
 
 using fused::IsaKernels;
 
-FusedIsa detect_isa() {
-#if MHA_HAVE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
-    return FusedIsa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FusedIsa::Avx2;
-#endif
-  return FusedIsa::Scalar;
-}
-
-FusedIsa g_isa = detect_isa();
+cpu::IsaChoice g_isa(cpu::best_vector_isa());
 
 const IsaKernels& kernels_for(FusedIsa isa) {
-  switch (isa) {
-#if MHA_HAVE_X86
-    case FusedIsa::Avx512: return fused::kAvx512Kernels;
-    case FusedIsa::Avx2: return fused::kAvx2Kernels;
-#else
-    case FusedIsa::Avx512:
-    case FusedIsa::Avx2:
-#endif
-    case FusedIsa::Scalar: break;
-  }
-  return fused::kScalarKernels;
+  return cpu::isa_entry<IsaKernels>(isa, fused::kScalarKernels, MHA_X86_ONLY(fused::kAvx2Kernels),
+                                    MHA_X86_ONLY(fused::kAvx512Kernels));
 }
-
-// Below this many multiply-adds a call runs on the calling thread: waking a
-// team costs a few microseconds, more than such a call takes (the d2l chapter's toy
-// shape is ~5e3).
-constexpr double kMinParallelWork = 2e5;
 
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
@@ -78,35 +48,25 @@ struct FreeDeleter {
 template <class Body>
 void run_chunks(int64_t chunks, size_t scratch_floats, double work, const Body& body) {
   if (chunks <= 0) return;
-  const int threads = work >= kMinParallelWork && chunks > 1 ? num_threads() : 1;
+  const int threads = core::team_for(work, chunks);
   const size_t stride = (scratch_floats + 15) / 16 * 16;
   std::unique_ptr<float, FreeDeleter> pool(
       static_cast<float*>(std::aligned_alloc(64, stride * sizeof(float) * threads)));
   if (!pool) throw std::bad_alloc();
   float* base = pool.get();
-  // On one thread, no parallel region: libgomp ends even a one-thread
-  // region with a system call (core/parallel.h).
-  auto run = [&] {
-    // Denormals are kept (no FTZ/DAZ), as the reference kernel and PyTorch
-    // keep them: flushing them measured no faster here, on ordinary inputs
-    // or on denormal keys and values (B8 L512 D768 h12 forward 174 vs 186
-    // ms, B32 L65 D192 h3 6.5 vs 7.8 ms, one thread, AVX-512; the softmax's
-    // exp2 never makes one), and it made the fused kernel alone disagree.
-    float* scratch = base + stride * static_cast<size_t>(omp_get_thread_num());
-    for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
-    if (threads > 1) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
-    } else {
-      for (int64_t c = 0; c < chunks; ++c) body(c, scratch);
-    }
-  };
-  if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    run();
-  } else {
-    run();
-  }
+  // Denormals are kept (no FTZ/DAZ), as the reference kernel and PyTorch
+  // keep them: flushing them measured no faster here, on ordinary inputs
+  // or on denormal keys and values (B8 L512 D768 h12 forward 174 vs 186
+  // ms, B32 L65 D192 h3 6.5 vs 7.8 ms, one thread, AVX-512; the softmax's
+  // exp2 never makes one), and it made the fused kernel alone disagree.
+  core::parallel_for_with(
+      chunks, threads,
+      [&](int t) {
+        float* scratch = base + stride * static_cast<size_t>(t);
+        for (int i = 0; i < 16; ++i) scratch[i] = 0.0f;  // the kernel's slice tag: none yet
+        return scratch;
+      },
+      [&](int64_t c, float* scratch) { body(c, scratch); });
 }
 
 // Per batch row, the largest valid count of its queries: the key rows the
@@ -172,7 +132,7 @@ fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8
 }
 
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   fused::WeightsJob job = base_job;
   job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
   const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
@@ -202,14 +162,9 @@ std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_
   return n;
 }
 
-FusedIsa fused_isa() { return g_isa; }
-FusedIsa fused_best_isa() { return detect_isa(); }
-
-bool set_fused_isa(FusedIsa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(detect_isa())) return false;
-  g_isa = isa;
-  return true;
-}
+FusedIsa fused_isa() { return g_isa.get(); }
+FusedIsa fused_best_isa() { return cpu::best_vector_isa(); }
+bool set_fused_isa(FusedIsa isa) { return g_isa.set(isa); }
 
 const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 
@@ -217,7 +172,7 @@ void attention_forward_fused(const AttentionForward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   // Callers pick another kernel for longer keys (kernels/dispatch.cpp).
   assert(K <= kFusedMaxKeys);
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
   const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
 
@@ -238,7 +193,7 @@ void attention_forward_fused(const AttentionForward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.scale_divisor;  // scores in the job's units
   // Bfloat16 mode on AMX: the same job, its products on tiles
   // (attention_amx.h), where the AVX-512 kernel would run.
-  const bool amx = g_isa == FusedIsa::Avx512 && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
+  const bool amx = static_cast<int>(g_isa.get()) >= static_cast<int>(FusedIsa::Avx512) && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
   const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
   job.q_tiles = (Q + query_tile - 1) / query_tile;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
@@ -310,7 +265,7 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
 void attention_backward_fused(const AttentionBackward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
   assert(K <= kFusedMaxKeys && p.fwd.out.data && !p.fwd.stats.empty());
-  const IsaKernels& isa = kernels_for(g_isa);
+  const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
   const std::vector<int32_t> n_valid = key_limits(p.fwd.length_kind, p.fwd.lens, p.fwd.masks, B, Q, K, &tile_mask);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);

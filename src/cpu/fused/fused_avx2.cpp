@@ -11,12 +11,8 @@
 
 // Everything below is compiled for AVX2 + FMA; the headers above are not
 // (GCC: a target pragma; clang: a target attribute on every function).
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#define MHA_ISA_TARGET "avx2,fma"
+#include "cpu/isa/target_begin.h"
 #include "cpu/fused/simd_avx2.h"
 #include "cpu/fused/kernel_impl.h"
 #include "cpu/fused/backward_impl.h"
@@ -28,8 +24,4 @@ const IsaKernels kAvx2Kernels = isa_kernels<Avx2, Avx2Tiles>();
 
 }  // namespace mha::kernels::fused
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"

@@ -5,60 +5,31 @@
 #include <cstdlib>
 #include <new>
 
+#include "cpu/isa/have_x86.h"
 #include "cpu/gemm/gemm_isa.h"
 #include "mha/error.h"
-
-// MHA_HAVE_X86 (CMakeLists.txt): 1 where the AVX2/AVX-512 sources are built
-// (x86-64), 0 elsewhere; the table below then offers only the portable kernel.
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
 
 namespace mha::cpu {
 
 namespace {
 
-GemmIsa detect_isa() {
-#if MHA_HAVE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
-    return GemmIsa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GemmIsa::Avx2;
-#endif
-  return GemmIsa::Scalar;
-}
-
-GemmIsa g_isa = detect_isa();
+cpu::IsaChoice g_isa(best_vector_isa());
 
 const gemm_kernels::IsaGemm& kernels_for(GemmIsa isa) {
-  switch (isa) {
-#if MHA_HAVE_X86
-    case GemmIsa::Avx512: return gemm_kernels::kAvx512Gemm;
-    case GemmIsa::Avx2: return gemm_kernels::kAvx2Gemm;
-#else
-    case GemmIsa::Avx512:
-    case GemmIsa::Avx2:
-#endif
-    case GemmIsa::Scalar: break;
-  }
-  return gemm_kernels::kScalarGemm;
+  return isa_entry<gemm_kernels::IsaGemm>(isa, gemm_kernels::kScalarGemm, MHA_X86_ONLY(gemm_kernels::kAvx2Gemm),
+                                          MHA_X86_ONLY(gemm_kernels::kAvx512Gemm));
 }
 
 }  // namespace
 
-GemmIsa gemm_isa() { return g_isa; }
-GemmIsa gemm_best_isa() { return detect_isa(); }
-bool set_gemm_isa(GemmIsa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(detect_isa())) return false;
-  g_isa = isa;
-  return true;
-}
+GemmIsa gemm_isa() { return g_isa.get(); }
+GemmIsa gemm_best_isa() { return best_vector_isa(); }
+bool set_gemm_isa(GemmIsa isa) { return g_isa.set(isa); }
 const char* gemm_isa_name(GemmIsa isa) { return kernels_for(isa).name; }
 
 void PackedB::Free::operator()(float* p) const { std::free(p); }
 
-PackedB::PackedB(int64_t K, int64_t N) : K_(K), N_(N), isa_(g_isa) {
+PackedB::PackedB(int64_t K, int64_t N) : K_(K), N_(N), isa_(g_isa.get()) {
   const int64_t floats = kernels_for(isa_).packed_b_floats(K, N);
   // 64-byte aligned: the micro-kernels load B panels with aligned loads.
   const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
@@ -86,10 +57,10 @@ void PackedB::pack(bool trans_b, const float* B, int64_t ldb, int64_t panel0, in
 }
 
 void gemm_packed(const GemmBlock& g, const PackedB& b) {
-  if (b.K() != g.K || b.N() != g.N || b.isa() != g_isa)
+  if (b.K() != g.K || b.N() != g.N || b.isa() != g_isa.get())
     fail("gemm", "packed B is ", b.K(), "x", b.N(), " for ", gemm_isa_name(b.isa()), ", the product needs ",
-         g.K, "x", g.N, " for ", gemm_isa_name(g_isa));
-  kernels_for(g_isa).run(g, b.data());
+         g.K, "x", g.N, " for ", gemm_isa_name(g_isa.get()));
+  kernels_for(g_isa.get()).run(g, b.data());
 }
 
 namespace {
@@ -112,10 +83,10 @@ constexpr int64_t kGemmUnpackedMaxRows = 32;
 }  // namespace
 
 int64_t gemm_unpacked_max_rows() { return kGemmUnpackedMaxRows; }
-int64_t gemm_panel_width() { return kernels_for(g_isa).NR; }
+int64_t gemm_panel_width() { return kernels_for(g_isa.get()).NR; }
 
 void gemm_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0, int64_t panel1) {
-  kernels_for(g_isa).run_unpacked(g, count, rows, panel0, panel1);
+  kernels_for(g_isa.get()).run_unpacked(g, count, rows, panel0, panel1);
 }
 
 void gemm(const GemmBlock& g) {

@@ -52,6 +52,7 @@
 // or thread computes it: results are bitwise the same at any thread count.
 #pragma once
 
+#include "cpu/isa/isa.h"
 #include <cstdint>
 #include <memory>
 
@@ -74,8 +75,9 @@ struct GemmBlock {
   int64_t ldc;
 };
 
-// Instruction sets of the product's micro-kernels, in order of preference.
-enum class GemmIsa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Instruction sets of the product's micro-kernels: the one list
+// (cpu/isa/isa.h); AMX's bfloat16 tiles are the separate path of gemm_amx.h.
+using GemmIsa = Isa;
 GemmIsa gemm_isa();        // the one in use (the best the CPU has, unless set)
 GemmIsa gemm_best_isa();   // the best the CPU has
 // Uses `isa` from now on (for tests); false, and no change, when the CPU

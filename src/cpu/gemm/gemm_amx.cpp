@@ -1,61 +1,28 @@
-// The bfloat16 product on AMX tiles (gemm_amx.h): detection, packing of
+// The bfloat16 product on AMX tiles (gemm_amx.h): packing of
 // op(B) and op(A) into tiles, the 2 x 2-tile kernel and its driver.
 #include "cpu/gemm/gemm_amx.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
 
-#ifndef MHA_HAVE_X86
-#error "MHA_HAVE_X86 is not set: build mha with its CMakeLists.txt"
-#endif
+#include "cpu/isa/have_x86.h"
+#include "cpu/isa/isa.h"
 
 #if MHA_HAVE_X86
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace mha::cpu {
 
 namespace {
 
-#if MHA_HAVE_X86
-bool detect_amx() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE: xgetbv allowed
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool tile = d & (1u << 24), bf16 = d & (1u << 22), avx512f = b & (1u << 16);
-  if (!tile || !bf16 || !avx512f) return false;
-  uint32_t lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const uint64_t xcr0 = (static_cast<uint64_t>(hi) << 32) | lo;
-  // SSE, AVX, opmask, ZMM halves (bits 1, 2, 5-7), XTILECFG and XTILEDATA (17, 18).
-  constexpr uint64_t kNeeded = 0x6u | 0xe0u | (3u << 17);
-  if ((xcr0 & kNeeded) != kNeeded) return false;
-  // Linux hands out the 8 KB of tile data per process, on request.
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-#else
-bool detect_amx() { return false; }
-#endif
-
-bool hardware_amx() {
-  static std::once_flag once;
-  static bool usable = false;
-  std::call_once(once, [] { usable = detect_amx(); });
-  return usable;
-}
-
 bool g_amx_enabled = true;
 
 }  // namespace
 
-bool amx_usable() { return g_amx_enabled && hardware_amx(); }
+bool amx_usable() { return g_amx_enabled && detected_isa() == Isa::AmxBf16; }
 void set_amx_enabled(bool enabled) { g_amx_enabled = enabled; }
 
 void PackedBf16B::Free::operator()(uint16_t* p) const { std::free(p); }
@@ -69,17 +36,8 @@ PackedBf16B::PackedBf16B(int64_t K, int64_t N) : K_(K), N_(N) {
 }  // namespace mha::cpu
 
 #if MHA_HAVE_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx2,fma")
-// GCC 12 reports its own _mm512_undefined_*() (inside intrinsics) as
-// maybe-uninitialized (GCC bug 105593), as in gemm_avx512.cpp.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#define MHA_ISA_TARGET "amx-tile,amx-bf16,avx512f,avx2,fma"
+#include "cpu/isa/target_begin.h"
 
 #include "cpu/gemm/gemm_amx_driver.h"
 #include "cpu/gemm/gemm_amx_tiles.h"
@@ -101,12 +59,7 @@ void gemm_amx_unpacked(const GemmBlock* g, int64_t count, const float* const* ro
 
 }  // namespace mha::cpu
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"
 
 #else  // not x86: amx_usable() is false, so nothing calls these.
 

@@ -6,12 +6,8 @@
 
 #include "cpu/gemm/gemm_traits.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#define MHA_ISA_TARGET "avx2,fma"
+#include "cpu/isa/target_begin.h"
 #include "cpu/gemm/gemm_impl.h"
 
 namespace mha::cpu::gemm_kernels {
@@ -110,8 +106,4 @@ const IsaGemm kAvx2Gemm = Driver<Avx2Micro>::table();
 
 }  // namespace mha::cpu::gemm_kernels
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"

@@ -6,17 +6,8 @@
 
 #include "cpu/gemm/gemm_traits.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-// GCC 12 reports its own _mm512_undefined_ps() (inside intrinsics) as
-// maybe-uninitialized (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#define MHA_ISA_TARGET "avx512f,avx2,fma"
+#include "cpu/isa/target_begin.h"
 #include "cpu/gemm/gemm_impl.h"
 
 namespace mha::cpu::gemm_kernels {
@@ -157,9 +148,4 @@ const IsaGemm kAvx512Gemm = Driver<Avx512Micro>::table();
 
 }  // namespace mha::cpu::gemm_kernels
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "cpu/isa/target_end.h"
