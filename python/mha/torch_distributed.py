@@ -147,6 +147,10 @@ def _agree(op, group, rank, world_size, local_error, facts):
     return rows[:, 1:]
 
 
+def _what(t):
+    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _refuse_dropout(op, attention):
     p = attention.attention.dropout.p if isinstance(attention, _mt.MultiHeadAttention) else attention.dropout
     if attention.training and p > 0:
@@ -213,14 +217,14 @@ class SequenceParallel(nn.Module):
             _refuse_dropout(op, self.attention)
             for name, t in (("queries", queries), ("keys", keys), ("values", values)):
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
-                    raise ValueError(f"[{op}] {name}: got {getattr(t, 'shape', type(t).__name__)}; "
+                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
                                      "wanted a tensor (B, L_rank, D)")
             if queries.shape[1] != keys.shape[1] or keys.shape[:2] != values.shape[:2]:
                 raise ValueError(f"[{op}] queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
                                  f"{tuple(values.shape)}: wanted this rank's block of the same positions in all three")
             if valid_lens is not None and (not isinstance(valid_lens, torch.Tensor) or valid_lens.dim() != 1
                                            or valid_lens.shape[0] != queries.shape[0]):
-                raise ValueError(f"[{op}] valid_lens: got {getattr(valid_lens, 'shape', valid_lens)}; wanted None "
+                raise ValueError(f"[{op}] valid_lens: got {_what(valid_lens)}; wanted None "
                                  "or (B,) lengths over global key positions")
         except (ValueError, TypeError) as e:
             err = e
@@ -254,7 +258,7 @@ class SequenceParallel(nn.Module):
                 raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has only its rows' weights)")
             for name, t in (("query", query), ("key", key), ("value", value)):
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
-                    raise ValueError(f"[{op}] {name}: got {getattr(t, 'shape', type(t).__name__)}; "
+                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
                                      "wanted a batched tensor (3 dimensions)")
             if query.shape[sd] != key.shape[sd] or key.shape[:2] != value.shape[:2]:
                 raise ValueError(f"[{op}] query {tuple(query.shape)}, key {tuple(key.shape)}, value "

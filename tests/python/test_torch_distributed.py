@@ -142,6 +142,12 @@ def _failures(rank, P, result_dir):
         msg = str(e)
     with open(os.path.join(result_dir, f"checks{rank}"), "w") as f:
         f.write(msg)
+    for what, call in (("disagree", lambda: mtd.SequenceParallel(m)(*[torch.randn(1 + rank, 4, 8)] * 3)),
+                       ("share", lambda: mtd.HeadParallel(mha.torch.MultiHeadAttention(6, 3, 0.0))(x[..., :6], x[..., :6], x[..., :6]))):
+        with pytest.raises(ValueError) as e:
+            call()
+        with open(os.path.join(result_dir, f"{what}{rank}"), "w") as f:
+            f.write(str(e.value))
     # rank 1 fails outside the call (never joins the all_gather): rank 0 must get an error, not hang
     if rank == 1:
         return
@@ -188,6 +194,9 @@ def test_sequence_and_head_parallel_equal_one_process(world_size, tmp_path):
     bad, good = (tmp_path / "checks1").read_text(), (tmp_path / "checks0").read_text()
     assert "queries" in bad and "wanted a tensor (B, L_rank, D)" in bad
     assert "rank(s) [1] of 2 failed their checks" in good
+    for r in (0, 1):
+        assert "the ranks' blocks disagree: [1, 2]" in (tmp_path / f"disagree{r}").read_text()
+        assert "num_heads: 3 is not divisible by the group's 2 ranks" in (tmp_path / f"share{r}").read_text()
     seconds, _, err = (tmp_path / "absent0").read_text().partition(" ")
     assert err and err != "error", err
     assert float(seconds) < 30
