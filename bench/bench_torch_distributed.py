@@ -26,22 +26,20 @@ def status_kib(field):
     return 0
 
 
-def step_times(model, inputs, reps, sync=None):
-    import torch
+def step_times(call, module, inputs, reps, sync=None):
     times = []
     for i in range(reps + 1):
         if sync:
             sync()
         t0 = time.perf_counter()
-        out = model(*inputs)
+        out = call(*inputs)
         out.sum().backward()
         if sync:
             sync()
         times.append(time.perf_counter() - t0)
         for t in inputs[:1]:
             t.grad = None
-        model.zero_grad(set_to_none=True)
-    del torch
+        module.zero_grad(set_to_none=True)
     return times[1:]
 
 
@@ -58,8 +56,7 @@ def run_one(args):
         m(x[:, :8], x[:, :8], x[:, :8])
     base = status_kib("VmRSS")
     lens = torch.arange(1, args.length + 1, dtype=torch.float32)[None] if args.causal else None
-    times = step_times(lambda a, b, c: m(a, b, c, lens), (x, x, x), args.reps) if args.causal else \
-        step_times(m, (x, x, x), args.reps)
+    times = step_times(lambda a, b, c: m(a, b, c, lens), m, (x, x, x), args.reps)
     print(f"RESULT one {statistics.median(times):.4f} {base} {status_kib('VmHWM')}")
 
 
@@ -84,7 +81,7 @@ def run_rank(args):
     del x
     sp = mtd.SequenceParallel(m, zigzag=args.causal)
     base = status_kib("VmRSS")
-    times = step_times(lambda a, b, c: sp(a, b, c, causal=args.causal), (xs, xs, xs), args.reps,
+    times = step_times(lambda a, b, c: sp(a, b, c, causal=args.causal), m, (xs, xs, xs), args.reps,
                        sync=dist.barrier)
     print(f"RESULT rank{rank} {statistics.median(times):.4f} {base} {status_kib('VmHWM')}", flush=True)
     dist.destroy_process_group()
