@@ -1371,3 +1371,10 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
     if average:
         w = w.mean(1)
     return w if batched else w.squeeze(0)
+
+
+# mha.torch.distributed (python/mha/torch_distributed.py): importable as `import mha.torch.distributed`
+# and as the attribute mha.torch.distributed, while mha.torch stays one file.
+import sys as _sys  # noqa: E402
+from . import torch_distributed as distributed  # noqa: E402
+_sys.modules[__name__ + ".distributed"] = distributed

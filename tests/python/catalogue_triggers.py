@@ -667,3 +667,46 @@ CLI_USAGE = {
     "cli.command": lambda t: ["bogus"],
     "cli.parser": lambda t: ["run"],
 }
+
+
+def _torch_dist_call(what):
+    """The mha.torch.distributed calls of the catalogue's torch_dist.* rows, in a one-rank Gloo group
+    (an in-process store, no port) made on first use."""
+    import torch
+    import torch.distributed as dist
+    import mha.torch as mt
+    import mha.torch.distributed as mtd
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    x = torch.ones(1, 4, 8)
+    chapter = mt.MultiHeadAttention(8, 2, 0.0)
+    drop_in = mt.MultiheadAttention(8, 2, batch_first=True)
+    if what == "zigzag_length":
+        mtd.shard(torch.ones(1, 10), 1, 0, 2, zigzag=True)
+    elif what == "dropout":
+        mtd.SequenceParallel(mt.MultiHeadAttention(8, 2, 0.1))(x, x, x)
+    elif what == "rank":
+        mtd.SequenceParallel(chapter)(torch.ones(4, 8), x, x)
+    elif what == "blocks":
+        mtd.SequenceParallel(chapter)(x, torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    elif what == "valid_lens":
+        mtd.SequenceParallel(chapter)(x, x, x, torch.ones(1, 4))
+    elif what == "zigzag_blocks":
+        mtd.SequenceParallel(chapter, zigzag=True)(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    elif what == "attn_mask":
+        mtd.SequenceParallel(drop_in)(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool))
+    elif what == "need_weights":
+        mtd.SequenceParallel(drop_in)(x, x, x, need_weights=True)
+    elif what == "drop_in_rank":
+        mtd.SequenceParallel(drop_in)(x, x, torch.ones(4, 8))
+    elif what == "drop_in_blocks":
+        mtd.SequenceParallel(drop_in)(x, torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    elif what == "head_mask":
+        mtd.HeadParallel(chapter)(x, x, x, head_mask=torch.ones(2))
+    elif what == "head_weights":
+        mtd.HeadParallel(drop_in)(x, x, x)
+
+
+PY.update({f"torch_dist.{w}": (lambda t, w=w: _torch_dist_call(w)) for w in (
+    "zigzag_length", "dropout", "rank", "blocks", "valid_lens", "zigzag_blocks", "attn_mask", "need_weights",
+    "drop_in_rank", "drop_in_blocks", "head_mask", "head_weights")})

@@ -1,0 +1,328 @@
+"""mha.torch.distributed: attention over a torch.distributed process group.
+
+Two wrappers around an mha.torch attention module (the d2l chapter's
+mha.torch.MultiHeadAttention or the drop-in mha.torch.MultiheadAttention),
+in the style of torch's DistributedDataParallel (wrap a module, name a group):
+
+SequenceParallel(attention, group=None, zigzag=False)
+    Each rank holds its block of the sequence (queries, keys, values); every
+    call all-gathers the key and value blocks (one all_gather each) and runs
+    the inner module on the rank's queries against the whole sequence.
+    Valid lengths and the causal mask are over GLOBAL positions; for the
+    chapter's module they become per-query valid lengths (B, Q_rank), never
+    an L x L mask. zigzag=True: each rank holds chunks r and 2P-1-r of 2P
+    equal chunks (shard(..., zigzag=True)), which balances causal work.
+    Backward: the gradient of the gathered keys/values is all-reduced and each
+    rank keeps its block's rows (the whole loss is the sum of the ranks').
+
+HeadParallel(attention, group=None)
+    Megatron style: every rank holds the whole sequence and the full module;
+    rank r computes heads [r*h/P, (r+1)*h/P) (the others gated off with the
+    call's head_mask) and one all-reduce after W_o sums the ranks' outputs.
+    Backward: the input gradient is all-reduced; parameter gradients are each
+    rank's share (all-reduce them, as DDP does, for one process's gradients).
+
+shard(x, dim, rank, world_size, zigzag=False) / unshard(blocks, dim, zigzag)
+    this rank's block of a whole-sequence tensor and back (uneven lengths:
+    torch.tensor_split's, the first L % P ranks get one more position).
+
+Not here: dropout in training mode (refused: the inner call's dropout mask is
+not keyed by global positions), and the key/value ring (all_gather measured;
+see docs/distributed.md).
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import torch as _mt
+
+__all__ = ["SequenceParallel", "HeadParallel", "shard", "unshard"]
+
+
+def _world(group):
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _chunks(length, world_size, zigzag):
+    """The (start, size) of each rank's pieces of a sequence of `length` positions."""
+    if not zigzag:
+        sizes = [len(r) for r in torch.arange(length).tensor_split(world_size)]
+        starts = [sum(sizes[:i]) for i in range(world_size)]
+        return [[(s, n)] for s, n in zip(starts, sizes)]
+    c = length // (2 * world_size)
+    return [[(r * c, c), ((2 * world_size - 1 - r) * c, c)] for r in range(world_size)]
+
+
+def shard(x, dim, rank, world_size, zigzag=False):
+    """This rank's block of x (the whole sequence along dim): positions tensor_split gives rank
+    `rank`, or with zigzag chunks rank and 2P-1-rank of 2P equal chunks (length divisible by 2P)."""
+    op = "mha.torch.distributed.shard"
+    length = x.shape[dim]
+    if zigzag and length % (2 * world_size):
+        raise ValueError(f"[{op}] zigzag: length {length} is not divisible by 2 * world_size "
+                         f"({2 * world_size}); wanted 2P equal chunks")
+    return torch.cat([x.narrow(dim, s, n) for s, n in _chunks(length, world_size, zigzag)[rank]], dim)
+
+
+def unshard(blocks, dim, zigzag=False):
+    """The whole sequence from every rank's block (the inverse of shard)."""
+    P = len(blocks)
+    if not zigzag:
+        return torch.cat(blocks, dim)
+    c = blocks[0].shape[dim] // 2
+    pieces = [None] * (2 * P)
+    for r, b in enumerate(blocks):
+        pieces[r], pieces[2 * P - 1 - r] = b.narrow(dim, 0, c), b.narrow(dim, c, c)
+    return torch.cat(pieces, dim)
+
+
+class _Gather(torch.autograd.Function):
+    """(..., n_rank, ...) blocks along dim -> the whole sequence, in global order.
+    Backward: all-reduce the whole gradient, keep this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, x, dim, sizes, order, group, rank):
+        ctx.dim, ctx.sizes, ctx.order, ctx.group, ctx.rank = dim, sizes, order, group, rank
+        m = max(sizes)
+        pad = list(x.shape)
+        pad[dim] = m - x.shape[dim]
+        padded = torch.cat([x, x.new_zeros(pad)], dim).contiguous() if pad[dim] else x.contiguous()
+        out = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(out, padded, group=group)
+        whole = torch.cat([t.narrow(dim, 0, n) for t, n in zip(out, sizes)], dim)
+        return whole if order is None else whole.index_select(dim, order)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.order is not None:  # back to rank order
+            g = torch.zeros_like(g).index_copy_(ctx.dim, ctx.order, g)
+        g = g.contiguous().clone()
+        dist.all_reduce(g, group=ctx.group)
+        start = sum(ctx.sizes[:ctx.rank])
+        return g.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None, None, None, None
+
+
+class _SumOutputs(torch.autograd.Function):
+    """Forward: all-reduce (sum) the ranks' partial outputs; backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        y = x.contiguous().clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _SumInputGrads(torch.autograd.Function):
+    """Forward: identity; backward: all-reduce (sum) the ranks' partial input gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous().clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def _agree(op, group, rank, world_size, local_error, facts):
+    """Exchange (ok, *facts) among the ranks so that a rank's failed check is an error on EVERY
+    rank (not a hang in the next collective). Returns the facts of every rank ([P, len(facts)])."""
+    row = torch.tensor([0 if local_error is None else 1] + [int(f) for f in facts], dtype=torch.int64)
+    rows = [torch.empty_like(row) for _ in range(world_size)]
+    dist.all_gather(rows, row, group=group)
+    rows = torch.stack(rows)
+    failed = [r for r in range(world_size) if rows[r, 0]]
+    if local_error is not None:
+        raise local_error
+    if failed:
+        raise RuntimeError(f"[{op}] rank(s) {failed} of {world_size} failed their checks of this call "
+                           f"(their errors say why); rank {rank} stops too")
+    return rows[:, 1:]
+
+
+def _what(t):
+    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _refuse_dropout(op, attention):
+    p = attention.attention.dropout.p if isinstance(attention, _mt.MultiHeadAttention) else attention.dropout
+    if attention.training and p > 0:
+        raise ValueError(f"[{op}] dropout: {p} in training mode; wanted 0 (the inner call's dropout mask is not "
+                         "keyed by global positions, so ranks would not equal one process): call eval() or "
+                         "set the dropout to 0")
+
+
+def _check_attention(op, attention):
+    if not isinstance(attention, (_mt.MultiHeadAttention, _mt.MultiheadAttention)):
+        raise TypeError(f"[{op}] attention: got {type(attention).__name__}, wanted mha.torch.MultiHeadAttention "
+                        "or mha.torch.MultiheadAttention")
+
+
+class SequenceParallel(nn.Module):
+    """Sequence (context) parallel attention: see the module's docstring.
+
+    Chapter's module inside: forward(queries (B, Q_r, Dq), keys (B, K_r, Dk), values (B, K_r, Dv),
+    valid_lens None|(B,) over global key positions, *, causal=False) -> (B, Q_r, num_hiddens).
+    Drop-in inside: forward(query, key, value, key_padding_mask=None (B, K_r), need_weights=False,
+    attn_mask=None (refused), is_causal=False) -> (attn_output, None); blocks along the drop-in's
+    sequence dimension (1 with batch_first, else 0). Queries and keys of a rank cover the same
+    positions (self-attention layout); every rank must call forward (and backward) together.
+    """
+
+    def __init__(self, attention, group=None, zigzag=False):
+        super().__init__()
+        op = "mha.torch.distributed.SequenceParallel"
+        _check_attention(op, attention)
+        self.attention = attention
+        self.group = group
+        self.zigzag = bool(zigzag)
+
+    def _layout(self, op, local_len, local_error, extra=()):
+        rank, P = _world(self.group)
+        facts = _agree(op, self.group, rank, P, local_error, (local_len,) + tuple(extra))
+        sizes = [int(s) for s in facts[:, 0]]
+        for j in range(1, facts.shape[1]):
+            if len(set(facts[:, j].tolist())) != 1:
+                raise ValueError(f"[{op}] the ranks' blocks disagree: {facts[:, j].tolist()} "
+                                 "(batch size and widths must be equal on every rank)")
+        if self.zigzag and len(set(sizes)) != 1 or self.zigzag and sizes[0] % 2:
+            raise ValueError(f"[{op}] zigzag: block lengths {sizes}; wanted equal even lengths "
+                             "(chunks r and 2P-1-r of 2P equal chunks)")
+        length = sum(sizes)
+        pieces = _chunks(length, P, self.zigzag)
+        # global positions of each rank's rows, in rank order
+        pos = torch.cat([torch.cat([torch.arange(s, s + n) for s, n in pieces[r]]) for r in range(P)])
+        order = torch.argsort(pos) if self.zigzag else None
+        return rank, P, sizes, pos[sum(sizes[:rank]):sum(sizes[:rank + 1])], order
+
+    def _gather(self, x, dim, sizes, order, rank):
+        return _Gather.apply(x, dim, sizes, order, self.group, rank)
+
+    def forward(self, *args, **kwargs):
+        if isinstance(self.attention, _mt.MultiHeadAttention):
+            return self._chapter(*args, **kwargs)
+        return self._drop_in(*args, **kwargs)
+
+    def _chapter(self, queries, keys, values, valid_lens=None, *, causal=False):
+        op = "mha.torch.distributed.SequenceParallel"
+        err = None
+        try:
+            _refuse_dropout(op, self.attention)
+            for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+                if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
+                                     "wanted a tensor (B, L_rank, D)")
+            if queries.shape[1] != keys.shape[1] or keys.shape[:2] != values.shape[:2]:
+                raise ValueError(f"[{op}] queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
+                                 f"{tuple(values.shape)}: wanted this rank's block of the same positions in all three")
+            if valid_lens is not None and (not isinstance(valid_lens, torch.Tensor) or valid_lens.dim() != 1
+                                           or valid_lens.shape[0] != queries.shape[0]):
+                raise ValueError(f"[{op}] valid_lens: got {_what(valid_lens)}; wanted None "
+                                 "or (B,) lengths over global key positions")
+        except (ValueError, TypeError) as e:
+            err = e
+        shape = (0, 0, 0, 0) if err else (queries.shape[0], queries.shape[2], keys.shape[2], values.shape[2])
+        rank, P, sizes, pos, order = self._layout(op, 0 if err else queries.shape[1], err, shape)
+        k = self._gather(keys, 1, sizes, order, rank)
+        v = k if values is keys else self._gather(values, 1, sizes, order, rank)
+        B = queries.shape[0]
+        lens = None
+        if causal:
+            lens = (pos + 1).to(torch.float32).expand(B, -1)
+        if valid_lens is not None:
+            vl = valid_lens.to(torch.float32)[:, None].expand(B, pos.shape[0])
+            lens = vl if lens is None else torch.minimum(lens, vl)
+        if lens is not None:
+            lens = lens.contiguous()
+        return self.attention(queries, k, v, lens)
+
+    def _drop_in(self, query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
+                 is_causal=False):
+        op = "mha.torch.distributed.SequenceParallel"
+        a = self.attention
+        sd = 1 if a.batch_first else 0
+        err = None
+        try:
+            _refuse_dropout(op, a)
+            if attn_mask is not None:
+                raise ValueError(f"[{op}] attn_mask: wanted None (pass is_causal=True and key_padding_mask; "
+                                 "a mask over this rank's rows and all keys is not split here)")
+            if need_weights:
+                raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has only its rows' weights)")
+            for name, t in (("query", query), ("key", key), ("value", value)):
+                if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
+                                     "wanted a batched tensor (3 dimensions)")
+            if query.shape[sd] != key.shape[sd] or key.shape[:2] != value.shape[:2]:
+                raise ValueError(f"[{op}] query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                                 f"{tuple(value.shape)}: wanted this rank's block of the same positions in all three")
+        except (ValueError, TypeError) as e:
+            err = e
+        shape = (0, 0, 0, 0) if err else (query.shape[1 - sd], query.shape[2], key.shape[2], value.shape[2])
+        rank, P, sizes, pos, order = self._layout(op, 0 if err else query.shape[sd], err, shape)
+        k = self._gather(key, sd, sizes, order, rank)
+        v = k if value is key else self._gather(value, sd, sizes, order, rank)
+        kpm = None
+        if key_padding_mask is not None:
+            kpm = _Gather.apply(key_padding_mask.to(torch.float32), 1, sizes, order, self.group, rank) > 0.5
+        mask = None
+        if is_causal:  # (Q_rank, L) True = masked: keys after the query's global position
+            mask = torch.arange(k.shape[sd])[None, :] > pos[:, None]
+        out, _ = a(query, k, v, key_padding_mask=kpm, need_weights=False, attn_mask=mask)
+        return out, None
+
+
+def _out_bias(attention):
+    if isinstance(attention, _mt.MultiHeadAttention):
+        return attention.W_o.bias
+    return attention.out_proj.bias
+
+
+class HeadParallel(nn.Module):
+    """Head (Megatron) parallel attention: see the module's docstring. forward takes what the inner
+    module's forward takes (the whole sequence on every rank) and returns what it returns."""
+
+    def __init__(self, attention, group=None):
+        super().__init__()
+        op = "mha.torch.distributed.HeadParallel"
+        _check_attention(op, attention)
+        self.attention = attention
+        self.group = group
+
+    def forward(self, *args, **kwargs):
+        op = "mha.torch.distributed.HeadParallel"
+        a = self.attention
+        rank, P = _world(self.group)
+        err = None
+        try:
+            _refuse_dropout(op, a)
+            h = a.num_heads
+            if h % P:
+                raise ValueError(f"[{op}] num_heads: {h} is not divisible by the group's {P} ranks; wanted an "
+                                 "equal share of heads per rank")
+            if "head_mask" in kwargs:
+                raise ValueError(f"[{op}] head_mask: wanted none (the wrapper gates the heads per rank)")
+            if isinstance(a, _mt.MultiheadAttention) and kwargs.get("need_weights", True):
+                raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has its heads' weights only)")
+        except ValueError as e:
+            err = e
+        _agree(op, self.group, rank, P, err, ())
+        share = a.num_heads // P
+        gates = torch.zeros(a.num_heads)
+        gates[rank * share:(rank + 1) * share] = 1
+        args = [_SumInputGrads.apply(x, self.group) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                and x.requires_grad else x for x in args]
+        out = a(*args, head_mask=gates, **kwargs)
+        y = out[0] if isinstance(out, tuple) else out
+        b = _out_bias(a)
+        if b is not None:  # every rank adds W_o's bias: keep 1/P of it on each
+            y = y - b * (P - 1) / P
+        y = _SumOutputs.apply(y, self.group)
+        return (y, None) if isinstance(out, tuple) else y

@@ -1,0 +1,215 @@
+"""mha.torch.distributed over Gloo (2 and 4 CPU processes): SequenceParallel (the chapter's module and
+the drop-in inside; valid lengths, causal over global positions, zigzag order, uneven splits) and
+HeadParallel give, on each rank, its rows of one process's output and its block of every gradient
+(inputs; parameter gradients all-reduced) within 1e-5; a rank failing its checks is an error on every
+rank; a rank that never calls gives the others an error within the group's timeout, not a hang."""
+import copy
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import mha
+import mha.torch
+import mha.torch.distributed as mtd
+
+TOL = dict(rtol=0, atol=1e-5)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _params_grads(m):
+    return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def _allreduced_grads(m):
+    out = {}
+    for n, p in m.named_parameters():
+        g = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        dist.all_reduce(g)
+        out[n] = g
+    return out
+
+
+def _chapter_case(rank, P, L, causal, lens, zigzag, distinct):
+    torch.manual_seed(L * 7 + causal * 3 + zigzag)
+    B, D = 2, 8
+    m = mha.torch.MultiHeadAttention(D, 4, 0.0)
+    x = torch.randn(B, L, D, requires_grad=True)
+    y = torch.randn(B, L, 6, requires_grad=True) if distinct else x
+    z = torch.randn(B, L, 5, requires_grad=True) if distinct else x
+    valid = torch.randint(1, L + 1, (B,)) if lens else None
+    m(x, y, z)  # materialise the lazy projections before copying
+    ring = copy.deepcopy(m)
+    w = torch.randn(B, L, D)
+    # one process: the chapter's per-query valid lengths over the whole sequence
+    q_lens = None
+    if causal:
+        q_lens = torch.arange(1, L + 1, dtype=torch.float32).expand(B, L)
+    if valid is not None:
+        v = valid.float()[:, None].expand(B, L)
+        q_lens = v if q_lens is None else torch.minimum(q_lens, v)
+    want = m(x, y, z, None if q_lens is None else q_lens.contiguous())
+    (want * w).sum().backward()
+
+    def mine(t):
+        return mtd.shard(t.detach(), 1, rank, P, zigzag).requires_grad_()
+    xs, ys, zs = mine(x), (mine(y) if distinct else None), (mine(z) if distinct else None)
+    ys, zs = (ys, zs) if distinct else (xs, xs)
+    got = mtd.SequenceParallel(ring, zigzag=zigzag)(xs, ys, zs, valid, causal=causal)
+    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
+    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
+    for a, b in ((xs, x), (ys, y), (zs, z)) if distinct else ((xs, x),):
+        torch.testing.assert_close(a.grad, mtd.shard(b.grad, 1, rank, P, zigzag), **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(ring).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
+def _drop_in_case(rank, P, L, causal, lens, zigzag):
+    torch.manual_seed(L + 11 * causal + zigzag)
+    B, E = 2, 8
+    m = mha.torch.MultiheadAttention(E, 2, batch_first=True)
+    ring = copy.deepcopy(m)
+    x = torch.randn(B, L, E, requires_grad=True)
+    w = torch.randn(B, L, E)
+    kpm = None
+    if lens:
+        valid = torch.randint(1, L + 1, (B,))
+        kpm = torch.arange(L)[None, :] >= valid[:, None]
+    # one process: torch's own causal mask convention over the whole sequence
+    am = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if causal else None
+    want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False, attn_mask=am)
+    (want * w).sum().backward()
+    xs = mtd.shard(x.detach(), 1, rank, P, zigzag).requires_grad_()
+    got, _ = mtd.SequenceParallel(ring, zigzag=zigzag)(
+        xs, xs, xs, key_padding_mask=None if kpm is None else mtd.shard(kpm, 1, rank, P, zigzag), is_causal=causal)
+    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
+    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
+    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P, zigzag), **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(ring).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
+def _head_case(rank, P, drop_in):
+    torch.manual_seed(5 + drop_in)
+    B, L, D = 2, 7, 8
+    if drop_in:
+        m = mha.torch.MultiheadAttention(D, 4, batch_first=True)
+    else:
+        m = mha.torch.MultiHeadAttention(D, 4, 0.0)
+    x = torch.randn(B, L, D, requires_grad=True)
+    if not drop_in:
+        m(x, x, x)
+    hp = copy.deepcopy(m)
+    w = torch.randn(B, L, D)
+    valid = torch.tensor([3, 7])
+    x2 = x.detach().clone().requires_grad_()
+    if drop_in:
+        kpm = torch.arange(L)[None, :] >= valid[:, None]
+        want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
+        got, _ = mtd.HeadParallel(hp)(x2, x2, x2, key_padding_mask=kpm, need_weights=False)
+    else:
+        want = m(x, x, x, valid)
+        got = mtd.HeadParallel(hp)(x2, x2, x2, valid)
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    torch.testing.assert_close(got, want.detach(), **TOL)
+    torch.testing.assert_close(x2.grad, x.grad, **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(hp).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
+def _failures(rank, P, result_dir):
+    m = mha.torch.MultiHeadAttention(8, 2, 0.0)
+    x = torch.randn(1, 4, 8)
+    bad = torch.randn(1, 4, 8, 1) if rank == 1 else x
+    try:
+        mtd.SequenceParallel(m)(bad, x, x)
+        msg = "no error"
+    except (ValueError, RuntimeError) as e:
+        msg = str(e)
+    with open(os.path.join(result_dir, f"checks{rank}"), "w") as f:
+        f.write(msg)
+    for what, call in (("disagree", lambda: mtd.SequenceParallel(m)(*[torch.randn(1 + rank, 4, 8)] * 3)),
+                       ("share", lambda: mtd.HeadParallel(mha.torch.MultiHeadAttention(6, 3, 0.0))(x[..., :6], x[..., :6], x[..., :6]))):
+        with pytest.raises(ValueError) as e:
+            call()
+        with open(os.path.join(result_dir, f"{what}{rank}"), "w") as f:
+            f.write(str(e.value))
+    # rank 1 fails outside the call (never joins the all_gather): rank 0 must get an error, not hang
+    if rank == 1:
+        return
+    start = time.monotonic()
+    try:
+        mtd.SequenceParallel(m)(x, x, x)
+        msg = "no error"
+    except RuntimeError as e:
+        msg = f"{time.monotonic() - start:.1f} {e}"
+    with open(os.path.join(result_dir, "absent0"), "w") as f:
+        f.write(msg)
+
+
+def worker(rank, P, port, result_dir):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=P, timeout=datetime.timedelta(seconds=10))
+    torch.set_num_threads(1)
+    mha.set_num_threads(1)
+    uneven = 4 * P + 3  # tensor_split's uneven blocks
+    even = 4 * P        # zigzag: 2P chunks of 2
+    for L, causal, lens, zigzag in ((uneven, False, True, False), (uneven, True, True, False),
+                                    (even, True, False, True), (even, True, True, True), (P - 1 + P, True, True, False)):
+        _chapter_case(rank, P, L, causal, lens, zigzag, distinct=False)
+        _drop_in_case(rank, P, L, causal, lens, zigzag)
+    _chapter_case(rank, P, uneven, False, True, False, distinct=True)
+    _head_case(rank, P, drop_in=False)
+    if 4 % P == 0:
+        _head_case(rank, P, drop_in=True)
+    if P == 2:
+        _failures(rank, P, result_dir)
+        if rank == 1:
+            time.sleep(1)  # let rank 0 reach the all_gather before this process goes away
+            return
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="torch without Gloo")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sequence_and_head_parallel_equal_one_process(world_size, tmp_path):
+    mp.spawn(worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    if world_size != 2:
+        return
+    bad, good = (tmp_path / "checks1").read_text(), (tmp_path / "checks0").read_text()
+    assert "queries" in bad and "wanted a tensor (B, L_rank, D)" in bad
+    assert "rank(s) [1] of 2 failed their checks" in good
+    for r in (0, 1):
+        assert "the ranks' blocks disagree: [1, 2]" in (tmp_path / f"disagree{r}").read_text()
+        assert "num_heads: 3 is not divisible by the group's 2 ranks" in (tmp_path / f"share{r}").read_text()
+    seconds, _, err = (tmp_path / "absent0").read_text().partition(" ")
+    assert err and err != "error", err
+    assert float(seconds) < 30
+
+
+def test_shard_unshard_and_refusals():
+    x = torch.arange(24.0).reshape(1, 24, 1)
+    for P in (2, 3, 4):
+        for zz in (False, True):
+            blocks = [mtd.shard(x, 1, r, P, zz) for r in range(P)]
+            assert torch.equal(mtd.unshard(blocks, 1, zz), x)
+    assert mtd.shard(x, 1, 1, 2, True).flatten().tolist() == list(range(6, 12)) + list(range(12, 18))
+    with pytest.raises(ValueError, match=r"shard\] zigzag: length 10 is not divisible by 2 \* world_size \(4\)"):
+        mtd.shard(torch.zeros(1, 10), 1, 0, 2, True)
+    with pytest.raises(TypeError, match="attention: got Linear"):
+        mtd.SequenceParallel(torch.nn.Linear(2, 2))
