@@ -37,6 +37,7 @@
 #include "commands.h"
 // Internal (the bench part, CMakeLists.txt mha_tool_bench): the GEMM is timed
 // by instruction set, which the public API does not expose.
+#include "cpu/gemm/fma_peak.h"
 #include "cpu/gemm/gemm.h"
 #include "cpu/parallel_gemm.h"
 #include "mha/mha.h"
@@ -245,9 +246,11 @@ void run_bench(const BenchOptions& opt) {
   std::map<int, std::pair<double, double>> products;  // OpenBLAS, mha: once per thread count
   std::map<std::pair<int, int>, double> roof;   // around each case
   std::map<std::pair<int, int>, double> ms;
+  std::map<int, double> fma_peak;  // the register-only FMA loop, per thread count
   const int saved = num_threads();
   for (int t : opt.threads) {
     std::vector<double> rates;
+    fma_peak[t] = cpu::measure_fma_peak(t, opt.quick ? 0.1 : 0.3).gflops;
     products[t] = {sgemm_rate(t, 0.3), sgemm_rate(t, 0.3, true)};
     for (int i = 0; i < n_cases; ++i, ++done) {
       progress("threads=" + std::to_string(t) + " " + kCases[i].name);
@@ -271,8 +274,12 @@ void run_bench(const BenchOptions& opt) {
   set_num_threads(saved);
   bench_progress_done();
 
-  std::printf("\n%-26s %3s %10s %8s %8s %9s %9s\n", "case", "thr", "ms", "GFLOP/s", "% sgemm", "peak MB",
-              "sgemm GF/s");
+  for (int t : opt.threads)
+    std::printf("FMA peak (register-only %s loop), %d thread%s: %.1f GFLOP/s\n",
+                cpu::gemm_isa_name(cpu::gemm_isa()), t, t == 1 ? "" : "s", fma_peak[t]);
+  std::printf("AMX-BF16 peak: not measured by this build\n");
+  std::printf("\n%-26s %3s %10s %8s %8s %9s %9s %7s\n", "case", "thr", "ms", "GFLOP/s", "% sgemm", "peak MB",
+              "sgemm GF/s", "% FMA");
   for (int t : opt.threads) {
     std::printf("%-26s %3d %10.2f %8.1f %7.1f%%  (median of the rates measured around the cases)\n",
                 "sgemm 4096x4096 (best)", t, 2.0 * 4096 * 4096 * 4096 / sgemm[t] / 1e6, sgemm[t], 100.0);
@@ -287,8 +294,8 @@ void run_bench(const BenchOptions& opt) {
       const double s = ms[{t, i}], rate = flops(kCases[i]) / s / 1e9;
       char mem[32] = "n/a";
       if (memory[i] >= 0) std::snprintf(mem, sizeof mem, "%.1f", memory[i]);
-      std::printf("%-26s %3d %10.3f %8.1f %7.1f%% %9s %9.1f\n", kCases[i].name, t, s * 1e3, rate,
-                  100 * rate / roof[{t, i}], mem, roof[{t, i}]);
+      std::printf("%-26s %3d %10.3f %8.1f %7.1f%% %9s %9.1f %6.1f%%\n", kCases[i].name, t, s * 1e3, rate,
+                  100 * rate / roof[{t, i}], mem, roof[{t, i}], 100 * rate / fma_peak[t]);
     }
 
 }
