@@ -30,15 +30,21 @@
 
 namespace mha {
 
+// A module's rotary embedding (see the file comment); dims = 0: off.
 struct Rotary {
+  // How a head's rotated entries pair up: Half (x[m], x[m + dims/2]) or
+  // Interleaved (x[2m], x[2m + 1]).
   enum class Layout { Half, Interleaved };
   // Rotated entries per head: even, at most the head width; 0 = off.
   int64_t dims = 0;
   // The wavelength base (10000 in RoFormer and LLaMA 2; 500000 in LLaMA 3).
   float base = 10000.0f;
+  // The pairs' layout (Half: Hugging Face's rotate_half).
   Layout layout = Layout::Half;
 
+  // Whether any entry is rotated.
   bool enabled() const { return dims > 0; }
+  // The same dims, base and layout.
   bool operator==(const Rotary& o) const { return dims == o.dims && base == o.base && layout == o.layout; }
 };
 

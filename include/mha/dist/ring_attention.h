@@ -120,6 +120,7 @@ class RingAttention {
   // over the blocks and the gradients stay float32. Every rank sets the
   // same; a call reads it when it starts.
   void set_precision(Precision p);
+  // The number format set (set_precision; Float32 by default).
   Precision precision() const;
 
   // Dropout on the attention weights in training mode, as
@@ -130,6 +131,7 @@ class RingAttention {
   // the order of float32 sums). Every rank sets the same; 0 (the default):
   // none.
   void set_dropout(float p, uint64_t seed);
+  // The dropout probability set (set_dropout; 0 by default).
   float dropout() const;
 
   // Whether forward() keeps this rank's rows of the attention weights for
