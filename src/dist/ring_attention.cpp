@@ -23,6 +23,7 @@
 #include "mha/error.h"
 #include "nn/layer_ref.h"
 #include "nn/linear_backward.h"
+#include "nn/projections.h"
 
 namespace mha::dist {
 
@@ -75,16 +76,10 @@ void per_row_and_head(const Communicator& c, int64_t B, int64_t H, const Each& e
     }
 }
 
-// A view of rows [B * L, H*d] (row stride H*d) as (B, H, L, d).
+// A view of rows [B * L, H*d] (row stride H*d) as (B, H, L, d): the
+// engine's batch-major row layout (nn/projections.h).
 TensorView heads_view(const float* data, int64_t B, int64_t H, int64_t L, int64_t d) {
-  TensorView v;
-  v.data = const_cast<float*>(data);
-  v.rank = 4;
-  v.shape[0] = B, v.stride[0] = L * H * d;
-  v.shape[1] = H, v.stride[1] = d;
-  v.shape[2] = L, v.stride[2] = H * d;
-  v.shape[3] = d, v.stride[3] = 1;
-  return v;
+  return nn::RowLayout{false, B}.heads(const_cast<float*>(data), L, H, d, H * d);
 }
 
 // Query rows per tile: a tile's scores are [tile, K_o] floats, so this
