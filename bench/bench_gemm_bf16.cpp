@@ -17,7 +17,7 @@
 
 #include "cpu/gemm/gemm.h"
 #include "cpu/gemm/gemm_amx.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/random.h"
 #include "mha/threads.h"
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/threads.h"
 
 namespace {

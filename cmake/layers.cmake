@@ -7,13 +7,19 @@
 # MHA_LAYERS, never of a layer after it.
 # dist (multi-process attention over MPI) is last: it is optional (built only
 # with MHA_BUILD_DIST, i.e. when MPI is found), so no other layer may use it.
-set(MHA_LAYERS core kernels nn train plot dist)
+set(MHA_LAYERS core kernels cpu nn train plot dist)
 
 # Source folders of each layer, relative to the repository root. A folder's
 # sources are globbed (every .cpp below it), so a file added to or removed
 # from src/nn or src/kernels needs no edit here.
 set(MHA_LAYER_DIRS_core    src/core src/io)
-set(MHA_LAYER_DIRS_kernels src/kernels src/cpu)
+# kernels: the one interface (kernels/params.h), its validation and the
+# mask and length vocabulary; cpu: the kernels that implement it (reference,
+# BLAS, fused, decode, the GEMM) and the dispatch that picks one
+# (src/cpu/dispatch.cpp defines kernels/dispatch.h). kernels/ never includes
+# cpu/.
+set(MHA_LAYER_DIRS_kernels src/kernels)
+set(MHA_LAYER_DIRS_cpu     src/cpu)
 # src/inspect (head_offsets.cpp) needs only tensors and ValidLens: nn.
 set(MHA_LAYER_DIRS_nn      src/nn src/inspect)
 set(MHA_LAYER_DIRS_train   src/train)
@@ -46,6 +52,8 @@ set(MHA_LAYER_HEADERS_kernels
   masks.h
   precision.h
   valid_lens.h
+)
+set(MHA_LAYER_HEADERS_cpu
 )
 set(MHA_LAYER_HEADERS_nn
   context.h

@@ -45,8 +45,11 @@ if(NOT rc EQUAL 0)
   set(failures "${failures}\nthe real tree fails the check:\n${text}")
 endif()
 
-plant(kernels_to_nn src/kernels/dispatch.cpp "#include \"nn/attention_state.h\""
-  "src/kernels/dispatch\\.cpp:[0-9]+: #include \"nn/attention_state\\.h\" points up, from layer kernels to layer nn")
+plant(cpu_to_nn src/cpu/dispatch.cpp "#include \"nn/attention_state.h\""
+  "src/cpu/dispatch\\.cpp:[0-9]+: #include \"nn/attention_state\\.h\" points up, from layer cpu to layer nn")
+# kernels/ is the interface; the CPU kernels implement it, never the other way.
+plant(kernels_to_cpu src/kernels/validate.cpp "#include \"cpu/fused/limits.h\""
+  "src/kernels/validate\\.cpp:[0-9]+: #include \"cpu/fused/limits\\.h\" points up, from layer kernels to layer cpu")
 plant(core_to_train_public src/core/tensor.cpp "#include \"mha/model.h\""
   "src/core/tensor\\.cpp:[0-9]+: #include \"mha/model\\.h\" points up, from layer core to layer train")
 plant(io_to_plot src/io/safetensors.cpp "#include \"plot/canvas.h\""

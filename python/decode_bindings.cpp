@@ -1,4 +1,4 @@
-// python/decode_bindings.cpp: the decode kernel (src/kernels/decode_params.h)
+// python/decode_bindings.cpp: the decode kernel (src/kernels/params.h)
 // as mha._core._decode_attention, private (a leading underscore): bench/bench.py
 // times the kernel alone with it (against ONNX Runtime), below the modules'
 // cached calls (python/cache_bindings.cpp). The caches are used in place (no copy when they are already
@@ -11,7 +11,9 @@
 
 #include "bindings.h"
 #include "convert.h"
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
+#include "kernels/validate.h"
 #include "mha/error.h"
 
 namespace mha::python {

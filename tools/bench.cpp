@@ -39,7 +39,7 @@
 // by instruction set, which the public API does not expose.
 #include "cpu/gemm/fma_peak.h"
 #include "cpu/gemm/gemm.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/mha.h"
 #include "outputs.h"
 

@@ -25,6 +25,7 @@
 // ratio. x read: the step's time over cache bytes / stream GB/s (1.0: the
 // step runs at memory speed). work KiB: the kernel's working memory besides
 // the cache at the case's threads (kernels::decode_working_bytes).
+#include "core/bf16.h"
 #include "bench_decode.h"
 
 #include <unistd.h>
@@ -40,7 +41,8 @@
 
 // Internal (the bench part, CMakeLists.txt mha_tool_bench): the decode kernel
 // is timed alone, below the modules' cached calls (timed through mha/mha.h).
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
 #include "mha/mha.h"
 #include "mha/threads.h"
 
@@ -131,7 +133,7 @@ struct DecodeData {
       }
     };
     auto same = [](float x) { return x; };
-    auto bf16 = [](float x) { return kernels::to_bf16(x); };
+    auto bf16 = [](float x) { return core::to_bf16(x); };
     if (c.dtype == kernels::CacheDtype::F32) fill(k32, n, 1, same), fill(v32, n, 2, same);
     else fill(k16, n, 1, bf16), fill(v16, n, 2, bf16);
     fill(q, c.B * c.Hq * c.Qn * c.d, 3, same);

@@ -23,7 +23,7 @@
 namespace mha {
 
 namespace cpu {
-struct PackedWeight;  // src/cpu/packed_weight.h
+struct PackedWeight;  // src/cpu/gemm/packed_weight.h
 }
 
 // PyTorch's nn.LazyLinear (see the file comment). Not thread-safe by itself:
@@ -79,7 +79,7 @@ class LazyLinear {
 
   // The weight as forward_rows multiplies it in `precision`: packed on the
   // first call after each change of version() and shared by the calls after
-  // it (src/cpu/packed_weight.h), so no call copies the weight. Calls may
+  // it (src/cpu/gemm/packed_weight.h), so no call copies the weight. Calls may
   // ask from many threads at once. The layer must be initialised.
   std::shared_ptr<const cpu::PackedWeight> packed_weight(Precision precision) const;
 

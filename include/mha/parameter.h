@@ -5,7 +5,7 @@
 // The pointers stay valid as long as the module lives and is not moved.
 // What writes a value in place calls written() afterwards (mha's optimisers
 // do): a module keeps copies derived from its weights (each weight packed
-// for the matrix products, made once per version, src/cpu/packed_weight.h)
+// for the matrix products, made once per version, src/cpu/gemm/packed_weight.h)
 // and remakes them only when the version says the weight changed.
 //
 //   for (mha::ParamRef& p : attention.parameters())   // "W_q.weight", ...

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "cpu/bf16.h"
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "core/bf16.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "dist/agree.h"
 #include "kernels/dispatch.h"
 #include "kernels/softmax_merge.h"
@@ -33,7 +33,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Message tags: a block's keys and values at ring step s, its gradients.
 constexpr int kTagKV = 1000, kTagGrad = 2000000;
 
-// y:[rows, out] = x:[rows, in] W^T + b, W packed once (cpu/packed_weight.h),
+// y:[rows, out] = x:[rows, in] W^T + b, W packed once (cpu/gemm/packed_weight.h),
 // the bias added in the product's epilogue.
 // In bfloat16 (mha/precision.h) the product rounds x and W to bfloat16 and
 // sums in float32, and `round_output` rounds y too (the projected q, k, v).
@@ -44,7 +44,7 @@ void project(const float* x, int64_t rows, const cpu::PackedWeight& W, const Ten
   batch.add_packed(rows, x, W.K, W, b.empty() ? nullptr : b.data(), y, W.N);
   batch.run();
   if (W.precision == Precision::BFloat16 && round_output)
-    for (int64_t e = 0; e < rows * W.N; ++e) y[e] = cpu::round_to_bf16(y[e]);
+    for (int64_t e = 0; e < rows * W.N; ++e) y[e] = core::round_to_bf16(y[e]);
 }
 
 // The gradients of y = x W^T + b from dy:[rows, out] (nn/linear_backward.h):
@@ -166,7 +166,7 @@ struct RingAttention::State {
   std::vector<float> heads;                // normalised attention output, [B*Qr, H*d]
   // The softmax statistics over every key (kernels/softmax_merge.h), what
   // the fused backward reads block by block: [B,H,Qr] each; a row with no
-  // live key has row_max2 -inf and row_sum 1 (kernels/softmax_stats.h).
+  // live key has row_max2 -inf and row_sum 1 (kernels/params.h).
   std::vector<float> row_max2, row_sum;
   // Buffers kept from call to call: fresh pages cost a fault each (an 8 MiB
   // block took 23 ms to allocate per call on a 2-core VM, ~15% of a

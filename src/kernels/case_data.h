@@ -10,8 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/attention_backward.h"
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 #include "kernels/cases.h"
 #include "mha/random.h"
 #include "mha/tensor.h"

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 #include "mha/random.h"
 
 namespace mha::kernels {
@@ -31,7 +31,7 @@ struct Case {
   int64_t B = 1, H = 1, Hkv = 1, Q = 1, K = 1, d = 1, dv = 1;
   LengthKind length_kind = LengthKind::None;
   std::vector<float> lens;  // [B] or [B,Q]; empty: drawn (0, fractional, exact, K, past K)
-  // Masks (kernels/attention_params.h MaskOptions): whether each is on. The
+  // Masks (kernels/params.h MaskOptions): whether each is on. The
   // values are drawn per row so that every kind of row turns up: padding
   // (kept keys first), holes, nothing kept, every score -inf.
   bool key_keep = false, key_bias = false, pair_keep = false, pair_bias = false;

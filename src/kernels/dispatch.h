@@ -1,8 +1,7 @@
 // src/kernels/dispatch.h: the only way into the attention kernels.
 //
-// A module fills a parameter struct (kernels/attention_params.h,
-// attention_backward.h, attention_weights.h) and calls one of the three
-// functions below with the kernel its user chose. Each decides in one place
+// A module fills a parameter struct (kernels/params.h) and calls one of
+// the functions below with the kernel its user chose. Each decides in one place
 // which code runs: the fused kernel takes key axes up to its limit (longer
 // ones run the BLAS kernel), saves softmax statistics when asked, and its
 // backward runs iff the statistics are given. Each checks its struct first,
@@ -12,11 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention_backward.h"
-#include "kernels/attention_params.h"
-#include "kernels/attention_weights.h"
-#include "kernels/decode_params.h"
-#include "kernels/softmax_stats.h"
+#include "kernels/params.h"
 #include "mha/kernel.h"
 #include "mha/valid_lens.h"
 
@@ -56,7 +51,7 @@ void attention_weights(const AttentionWeightsParams& p);
 bool decode_runs_fused(const DecodeParams& p);
 
 // q:[B,Hq,Qn,d] over the cache k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv]
-// with lengths:[B] -> out:[B,Hq,Qn,dv] (kernels/decode_params.h): the
+// with lengths:[B] -> out:[B,Hq,Qn,dv] (kernels/params.h): the
 // decode kernel at the fused kernel's instruction set, or, for long
 // prefills (decode_runs_fused), the fused kernel on the cache, whatever
 // AttentionKernel a module has chosen (the others have no cached form). The

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 
 namespace mha::kernels {
 

@@ -3,7 +3,7 @@
 //
 // A block b of keys gives, per query row, its normalised output O_b (the
 // weighted sum of its values) and the fused kernel's statistics of its
-// scores (kernels/softmax_stats.h, base 2, no additive mask): m_b =
+// scores (kernels/params.h, base 2, no additive mask): m_b =
 // max_k t_k and s_b = sum_k 2^(t_k - m_b). The softmax over all blocks is
 //   M = max_b m_b,   S = sum_b s_b 2^(m_b - M),
 //   O = sum_b (s_b 2^(m_b - M) / S) O_b,

@@ -17,9 +17,7 @@
 
 #include <string>
 
-#include "kernels/attention_backward.h"
-#include "kernels/attention_params.h"
-#include "kernels/attention_weights.h"
+#include "kernels/params.h"
 
 namespace mha::kernels {
 
@@ -27,5 +25,9 @@ namespace mha::kernels {
 std::string validate(const AttentionForward& p);
 std::string validate(const AttentionBackward& p);
 std::string validate(const AttentionWeightsParams& p);
+
+// Throws mha::Error naming `op`, the argument, the value seen and the value
+// wanted, for any shape, stride, pointer or length the kernels cannot take.
+void check_decode_params(const DecodeParams& p, const char* op);
 
 }  // namespace mha::kernels

@@ -29,8 +29,7 @@
 #include <vector>
 
 #include "core/memory.h"
-#include "kernels/attention_params.h"
-#include "kernels/dropout.h"
+#include "kernels/params.h"
 #include "mha/attention.h"
 #include "mha/context.h"
 #include "mha/linear.h"

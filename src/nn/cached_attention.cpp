@@ -7,6 +7,7 @@
 
 #include "core/memory.h"
 #include "kernels/dispatch.h"
+#include "kernels/validate.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 #include "nn/projections.h"

@@ -6,7 +6,7 @@
 //     concat = heads(attention of q over each row's cached keys, causal within the new block)
 //     out = (concat * head gates) W_o^T (+b)                                   [rows_n, Dout]
 //
-// The attention is kernels::decode_forward's (kernels/decode_params.h), reading
+// The attention is kernels::decode_forward's (kernels/params.h), reading
 // the cache in place, float32 or bfloat16; query i of the n new ones sees the
 // row's earlier positions and new positions 0..i, less what valid_lens or
 // key_padding_mask take away. Evaluation mode only: the modules refuse a
@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 #include "mha/kv_cache.h"
 #include "mha/masks.h"
 #include "mha/valid_lens.h"

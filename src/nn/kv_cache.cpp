@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/bf16.h"
 #include "core/memory.h"
 #include "mha/error.h"
 #include "nn/projections.h"
@@ -101,7 +102,7 @@ Tensor stored(const KVCache& c, const std::vector<float>& f32, const std::vector
     const size_t base = static_cast<size_t>(((kv * c.batch_size() + row) * Hkv + h) * cap * d);
     float* dst = out.data() + h * len * d;
     for (int64_t x = 0; x < len * d; ++x)
-      dst[x] = c.dtype() == KVCacheDtype::BFloat16 ? kernels::from_bf16(bf16[base + static_cast<size_t>(x)])
+      dst[x] = c.dtype() == KVCacheDtype::BFloat16 ? core::from_bf16(bf16[base + static_cast<size_t>(x)])
                                                    : f32[base + static_cast<size_t>(x)];
   }
   return out;
@@ -169,7 +170,7 @@ void CacheAccess::write(KVCache& c, const TensorView& k, const TensorView& v) {
           const float* s = src.ptr(b, h, i);
           const size_t dst = static_cast<size_t>((((kv * B + b) * H + h) * cap + at + i) * d);
           if (c.dtype_ == KVCacheDtype::BFloat16)
-            for (int64_t x = 0; x < d; ++x) c.bf16_[dst + static_cast<size_t>(x)] = kernels::to_bf16(s[x]);
+            for (int64_t x = 0; x < d; ++x) c.bf16_[dst + static_cast<size_t>(x)] = core::to_bf16(s[x]);
           else
             std::memcpy(c.f32_.data() + dst, s, sizeof(float) * static_cast<size_t>(d));
         }

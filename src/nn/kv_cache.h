@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/decode_params.h"
+#include "kernels/params.h"
 #include "mha/kv_cache.h"
 #include "mha/tensor.h"
 

@@ -1,8 +1,8 @@
 // One layer's parameters as a call reads them (nn/layer_ref.h).
 #include "nn/layer_ref.h"
 
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 
 namespace mha::nn {
 

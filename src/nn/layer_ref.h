@@ -7,7 +7,7 @@
 //
 //   W:[out, in] row-major, b:[out] or null;  y = x W^T + b
 //
-// The products multiply by W packed once per version (cpu/packed_weight.h):
+// The products multiply by W packed once per version (cpu/gemm/packed_weight.h):
 // a LazyLinear keeps its own packing; weights passed with a call are packed
 // into a WeightPacks cache under the version the caller gives (a number that
 // changes whenever the values may have, e.g. mha::ParamVersion), or per call

@@ -3,8 +3,8 @@
 #include <atomic>
 #include <cmath>
 
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/error.h"
 
 namespace mha {
@@ -58,7 +58,7 @@ Tensor LazyLinear::forward(const Tensor& x, Generator& gen, const char* op) {
 void LazyLinear::forward_rows(const float* x, int64_t rows, float* y, int64_t ldy, Precision precision) const {
   // y = b + x W^T, as PyTorch's addmm: W is (out, in) row-major, so
   // op(B) = W^T. Row blocks fixed by the shape: the same result at any
-  // thread count (cpu/parallel_gemm.h).
+  // thread count (cpu/gemm/parallel_gemm.h).
   const std::shared_ptr<const cpu::PackedWeight> w = packed_weight(precision);
   cpu::GemmBatch batch(precision);
   batch.add_packed(rows, x, in_features_, *w, has_bias_ ? bias_.data() : nullptr, y, ldy);

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "cpu/blas.h"
+#include "cpu/blas/blas.h"
 
 namespace mha::nn {
 

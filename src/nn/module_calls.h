@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/dropout.h"
+#include "kernels/params.h"
 #include "mha/detail/published.h"
 #include "mha/attention.h"
 #include "mha/masks.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "mha/linear.h"
-#include "mha/multihead.h"  // StateDict
+#include "mha/multihead.h"
 #include "mha/tensor.h"
 #include "nn/attention_engine.h"
 

@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "core/parallel.h"
-#include "cpu/bf16.h"
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "core/bf16.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/threads.h"
 
 namespace mha::nn {
@@ -160,7 +160,7 @@ void round_to_bf16(Projected& proj) {
     const int64_t n = t.numel(), chunk = 1 << 16;
     const int64_t chunks = (n + chunk - 1) / chunk;
     core::parallel_for(chunks, core::team_for(static_cast<double>(n), chunks), [&](int64_t c) {
-      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = cpu::round_to_bf16(x[i]);
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) x[i] = core::round_to_bf16(x[i]);
     });
   }
 }

@@ -1,4 +1,4 @@
-"""mha packs each weight once per change (src/cpu/packed_weight.h): every way
+"""mha packs each weight once per change (src/cpu/gemm/packed_weight.h): every way
 torch writes a parameter of an mha.torch module reaches the next call.
 
 Writes through torch bump the parameter's version counter (in-place ops under

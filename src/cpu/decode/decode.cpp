@@ -24,7 +24,9 @@
 #include "core/parallel.h"
 #include "cpu/decode/decode_job.h"
 #include "cpu/isa/have_x86.h"
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
+#include "kernels/validate.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 
@@ -52,7 +54,7 @@ void fully_masked_row(const DecodeParams& p, int64_t b, int64_t g, float* out) {
   for (int64_t j = 0; j < K; ++j) {
     const int64_t at = b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
     for (int64_t x = 0; x < dv; ++x)
-      out[x] += p.dtype == CacheDtype::BF16 ? from_bf16(static_cast<const uint16_t*>(p.v)[at + x])
+      out[x] += p.dtype == CacheDtype::BF16 ? core::from_bf16(static_cast<const uint16_t*>(p.v)[at + x])
                                             : static_cast<const float*>(p.v)[at + x];
   }
   for (int64_t x = 0; x < dv; ++x) out[x] /= static_cast<float>(K);
@@ -65,7 +67,7 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
   for (int64_t r = 0; r < R; ++r) {
     float* out = p.out + first.b * p.out_stride_b + (first.g * G + r / p.Qn) * p.out_stride_h +
                  (r % p.Qn) * p.out_stride_i;
-    if (n_chunks == 0) {  // no keys: the output is 0 (kernels/decode_params.h)
+    if (n_chunks == 0) {  // no keys: the output is 0 (kernels/params.h)
       std::fill(out, out + dv, 0.0f);
       continue;
     }

@@ -1,10 +1,10 @@
-// The decode interface (kernels/decode_params.h) on the fused attention
+// The decode interface (kernels/params.h) on the fused attention
 // kernel (cpu/fused/attention_fused.h): for long prefills, where many new
 // queries attend over the cache and, causally, over each other. The decode
 // kernel computes every (query, key) score of a block and masks the ones
 // after each query; the fused kernel tiles queries against keys with
 // register-blocked products and skips the tiles past every query's limit,
-// which wins once a block has enough queries (kernels/dispatch.cpp decides,
+// which wins once a block has enough queries (cpu/dispatch.cpp decides,
 // by measurement).
 //
 // One fused call per batch row, over that row's own K = lengths[b] keys (a
@@ -21,7 +21,9 @@
 
 #include "core/parallel.h"
 #include "cpu/fused/attention_fused.h"
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
+#include "kernels/validate.h"
 #include "mha/threads.h"
 
 namespace mha::kernels {
@@ -57,7 +59,7 @@ void decode_attention_fused(const DecodeParams& p) {
   std::vector<float> k32, v32;  // one widened cache head (bfloat16 caches)
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t K = p.lengths[b];
-    if (K == 0) {  // no keys: the output is 0 (kernels/decode_params.h)
+    if (K == 0) {  // no keys: the output is 0 (kernels/params.h)
       for (int64_t h = 0; h < p.Hq; ++h)
         for (int64_t i = 0; i < p.Qn; ++i) {
           float* out = p.out + b * p.out_stride_b + h * p.out_stride_h + i * p.out_stride_i;
@@ -99,8 +101,8 @@ void decode_attention_fused(const DecodeParams& p) {
         const uint16_t* vs = static_cast<const uint16_t*>(p.v) + b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
         float* kd = k32.data() + r * p.d;
         float* vd = v32.data() + r * p.dv;
-        for (int64_t x = 0; x < p.d; ++x) kd[x] = from_bf16(ks[x]);
-        for (int64_t x = 0; x < p.dv; ++x) vd[x] = from_bf16(vs[x]);
+        for (int64_t x = 0; x < p.d; ++x) kd[x] = core::from_bf16(ks[x]);
+        for (int64_t x = 0; x < p.dv; ++x) vd[x] = core::from_bf16(vs[x]);
       });
       f.q = view4(q + g0 * G * p.q_stride_h, ng * G, p.Qn, p.d, p.q_stride_h, p.q_stride_i);
       f.k = view4(k32.data(), ng, K, p.d, K * p.d, p.d);

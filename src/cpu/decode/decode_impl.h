@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/decode/decode.h"
 #include "cpu/decode/decode_job.h"
 
 namespace mha::kernels::decode {
@@ -45,7 +46,7 @@ struct DecodeKernel {
   template <class E>
   static float scalar(E x) {
     if constexpr (std::is_same_v<E, float>) return x;
-    else return from_bf16(x);
+    else return core::from_bf16(x);
   }
 
   // Independent accumulators per register block: NB rows x (8 / NB) keys in

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/decode_params.h"
+#include "kernels/params.h"
 
 namespace mha::kernels::decode {
 

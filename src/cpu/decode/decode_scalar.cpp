@@ -12,10 +12,10 @@ namespace mha::kernels::decode {
 struct ScalarDecode : fused::Scalar4 {
   static float reduce_add(Reg x) { return (x.v[0] + x.v[1]) + (x.v[2] + x.v[3]); }
   static float reduce_max(Reg x) { return std::max(std::max(x.v[0], x.v[1]), std::max(x.v[2], x.v[3])); }
-  static Reg load_bf16(const uint16_t* p) { return map([&](int i) { return from_bf16(p[i]); }); }
+  static Reg load_bf16(const uint16_t* p) { return map([&](int i) { return core::from_bf16(p[i]); }); }
   static void load_bf16_pair(const uint16_t* p, Reg& even, Reg& odd) {
-    even = map([&](int i) { return from_bf16(p[2 * i]); });
-    odd = map([&](int i) { return from_bf16(p[2 * i + 1]); });
+    even = map([&](int i) { return core::from_bf16(p[2 * i]); });
+    odd = map([&](int i) { return core::from_bf16(p[2 * i + 1]); });
   }
 };
 

@@ -7,7 +7,7 @@
 // Here the two products of each (query tile, key tile), S^T = k q^T and
 // O^T += v^T P^T, run on tdpbf16ps; the online softmax between them stays
 // the fused kernel's (kernel_impl.h), in float32 on AVX-512: the same
-// masking, the same statistics (kernels/softmax_stats.h), so the fused
+// masking, the same statistics (kernels/params.h), so the fused
 // backward and attention_weights read them as the float32 forward's.
 //
 // Numbers: q, k and v hold bfloat16 values in bfloat16 mode (the engine
@@ -30,7 +30,7 @@
 #include <cstdint>
 
 #include "cpu/fused/fused_job.h"
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 
 namespace mha::kernels::fused {
 

@@ -6,7 +6,7 @@
 // threads. Inside a chunk nothing calls the BLAS: the tile products are the
 // register-blocked micro-kernels of kernel_impl.h, faster than BLAS calls on
 // tiles this small. The projections around this kernel run on the same
-// OpenMP threads (cpu/parallel_gemm.h), never beside OpenBLAS's own pool. The
+// OpenMP threads (cpu/gemm/parallel_gemm.h), never beside OpenBLAS's own pool. The
 // tiling depends only on the shapes and each chunk is computed by one thread
 // from start to end, so the output is bitwise the same at any thread count.
 
@@ -170,7 +170,7 @@ const char* fused_isa_name(FusedIsa isa) { return kernels_for(isa).name; }
 
 void attention_forward_fused(const AttentionForward& p) {
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  // Callers pick another kernel for longer keys (kernels/dispatch.cpp).
+  // Callers pick another kernel for longer keys (cpu/dispatch.cpp).
   assert(K <= kFusedMaxKeys);
   const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;

@@ -7,7 +7,7 @@
 //
 // The forward runs an online softmax over key tiles in linear memory and can
 // save, per (b, head, query), the two softmax statistics
-// (kernels/softmax_stats.h) from which the weights and the gradients are
+// (kernels/params.h) from which the weights and the gradients are
 // recomputed without ever storing a (Q, K) matrix. Keys it skips are the
 // masked keys of rows whose largest unmasked score exceeds the fill by more
 // than 104 (150 in base 2): their weights are exactly 0 in float32, in the
@@ -30,9 +30,7 @@
 
 #include "cpu/fused/isa.h"
 #include "cpu/fused/limits.h"
-#include "kernels/attention_backward.h"
-#include "kernels/attention_params.h"
-#include "kernels/attention_weights.h"
+#include "kernels/params.h"
 
 namespace mha::kernels {
 

@@ -8,7 +8,7 @@
 // head order: no two chunks write the same gradient rows, so no atomics, and
 // the result does not depend on the thread count. Per query head h of the
 // chunk, with the forward's statistics (row_max2 m, row_sum l;
-// kernels/softmax_stats.h) and key limits n (fused_job.h):
+// kernels/params.h) and key limits n (fused_job.h):
 //   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
 //   for each key tile J below the longest n, for each query tile I:
 //     P^T  = 2^(S^T - m) / l                   S^T as in the forward, with its masking pass;

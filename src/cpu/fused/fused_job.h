@@ -8,12 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/attention_backward.h"
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 
 namespace mha::kernels::fused {
 
-// The mask options as the tile kernels read them (kernels/attention_params.h
+// The mask options as the tile kernels read them (kernels/params.h
 // MaskOptions). Causality, lengths and each row's last kept key are already
 // folded into the per-query key limit n_valid; keys inside it still need the
 // masking pass when `tile_mask[b]` is set (a key_keep with holes, a bias, a

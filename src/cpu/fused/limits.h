@@ -3,11 +3,11 @@
 
 #include <cstdint>
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 
 namespace mha::kernels {
 
-// Scores in base 2 (kernels/softmax_stats.h): t = score * log2(e).
+// Scores in base 2 (kernels/params.h): t = score * log2(e).
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kMaskFill2 = kMaskFill * kLog2e;
 // 2^(t - row_max2) underflows to 0 in float32 once t - row_max2 < -150; the

@@ -14,7 +14,7 @@
 // 1.24-1.35, 8 rows 4.5-5.4 / 1.9-2.0; D 4096: 1 row 17-24 / 27-29, 4 rows
 // 36-38 / 29-33. Hence kDotProductMaxRows = 1, float32 only (bfloat16 reads
 // its packing, half the bytes of the weight). GemmBatch::add_packed takes
-// this path by itself when given the unpacked weight (cpu/parallel_gemm.h).
+// this path by itself when given the unpacked weight (cpu/gemm/parallel_gemm.h).
 //
 // Each element is summed by one thread in one order: the same bits at any
 // thread count (not the packed product's bits: a different order of sums).

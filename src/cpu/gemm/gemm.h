@@ -44,7 +44,7 @@
 // op(X) = X^T when trans_x. beta = 0 never reads C (it may hold NaN).
 //
 // Layout (BLIS's): op(B) is packed once per product (a layer's weight once
-// per version: cpu/packed_weight.h) into column panels of NR columns and KC
+// per version: cpu/gemm/packed_weight.h) into column panels of NR columns and KC
 // rows (PackedB), op(A) into row panels of MR rows per
 // (MC x KC) block, and a micro-kernel keeps an MR x NR tile of C in registers
 // over KC steps. The blocking depends on the shapes only, never on threads,

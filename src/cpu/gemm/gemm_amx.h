@@ -48,7 +48,7 @@
 // same order wherever its rows lie, and a row of a tile never mixes with
 // another row, so C[i,j] depends on the shapes, alpha, beta, bias and the
 // inputs alone, never on the row block or thread (tested). Rounding to
-// bfloat16 is cpu::to_bf16's (nearest, ties to even, denormals kept), but
+// bfloat16 is core::to_bf16's (nearest, ties to even, denormals kept), but
 // tdpbf16ps treats denormal inputs as zero and flushes denormal sums: values
 // below 2^-126 count as zero, unlike the portable path.
 #pragma once

@@ -18,7 +18,7 @@
 
 namespace mha::cpu::amx {
 
-// cpu::to_bf16 on 16 lanes: each lane's low 16 bits the bfloat16 (nearest,
+// core::to_bf16 on 16 lanes: each lane's low 16 bits the bfloat16 (nearest,
 // ties to even; NaN kept quiet), high bits zero.
 inline __m512i round_bits(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);

@@ -1,11 +1,11 @@
 // The reference backward of attention with every mask option and grouped
-// heads (kernels/attention_backward_masked.h has the formulas). Everything in
+// heads (cpu/reference/attention_backward_masked.h has the formulas). Everything in
 // double, the weights recomputed from q and k by the forward's rules spelled
 // out again here, one line per rule.
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_backward_masked.h"
+#include "cpu/reference/attention_backward_masked.h"
 
 namespace mha::kernels {
 

@@ -5,8 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
-#include "kernels/attention_backward_masked.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
+#include "cpu/reference/attention_backward_masked.h"
 
 namespace mha::kernels {
 

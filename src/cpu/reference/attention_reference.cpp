@@ -6,7 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 
 namespace mha::kernels {
 

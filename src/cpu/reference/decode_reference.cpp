@@ -1,14 +1,16 @@
 // The decode kernel's reference: the d2l chapter's attention of the Qn new
 // queries over the K = lengths[b] cached keys, one query row at a time, in
 // double, with the chapter's -1e6 (or -inf) for keys past a query's valid
-// length or outside its key mask (kernels/decode_params.h says what the
+// length or outside its key mask (kernels/params.h says what the
 // lengths and masks mean).
 //   q:[B,Hq,Qn,d] k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv] -> out:[B,Hq,Qn,dv]
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "kernels/decode_params.h"
+#include "core/bf16.h"
+#include "kernels/params.h"
+#include "kernels/validate.h"
 
 namespace mha::kernels {
 
@@ -16,7 +18,7 @@ namespace {
 
 // Element c of cache row j of (b, head): float32 or bfloat16 storage.
 double cache_at(const void* base, CacheDtype dtype, int64_t offset) {
-  if (dtype == CacheDtype::BF16) return from_bf16(static_cast<const uint16_t*>(base)[offset]);
+  if (dtype == CacheDtype::BF16) return core::from_bf16(static_cast<const uint16_t*>(base)[offset]);
   return static_cast<const float*>(base)[offset];
 }
 

@@ -135,7 +135,7 @@ void run_case(const Case& c, Tally& tally) {
     p.stats = saved;
 
     if (fused && !saved.empty()) {
-      if (!counted_rows) {  // a fully masked row has row_max2 = -inf (kernels/softmax_stats.h)
+      if (!counted_rows) {  // a fully masked row has row_max2 = -inf (kernels/params.h)
         const int64_t before = tally.fully_masked_rows;
         for (int64_t r = 0; r < bhq; ++r) tally.fully_masked_rows += stats[static_cast<size_t>(r)] == -INFINITY;
         tally.with_fully_masked_row += tally.fully_masked_rows > before;

@@ -12,8 +12,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
-#include "cpu/bf16.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
+#include "core/bf16.h"
 #include "cpu/fused/attention_amx.h"
 #include "cpu/fused/isa.h"
 #include "cpu/gemm/gemm_amx.h"
@@ -48,7 +49,7 @@ class AttentionAmx : public ::testing::Test {
 };
 
 void round_to_bf16(Tensor& t) {
-  for (float& x : t.values()) x = cpu::round_to_bf16(x);
+  for (float& x : t.values()) x = core::round_to_bf16(x);
 }
 
 // A random case: shapes around and off the 16/32 tile edges, every mask.

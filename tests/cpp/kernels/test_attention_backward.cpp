@@ -5,7 +5,8 @@
 
 #include <vector>
 
-#include "cpu/attention_kernels.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "kernels/case_data.h"
 
 namespace mha::kernels {

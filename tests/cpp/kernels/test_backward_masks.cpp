@@ -6,10 +6,11 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "harness.h"
-#include "kernels/attention_backward.h"
-#include "kernels/attention_backward_masked.h"
+#include "kernels/params.h"
+#include "cpu/reference/attention_backward_masked.h"
 #include "kernels/case_data.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"

@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
+#include "core/bf16.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "cpu/fused/attention_fused.h"
-#include "kernels/attention_params.h"
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/random.h"
@@ -65,8 +67,8 @@ struct Problem {
           for (int64_t x = 0; x < c.d; ++x) k[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.d + x)] = gen.uniform(-1.5f, 1.5f);
           for (int64_t x = 0; x < c.dv; ++x) v[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.dv + x)] = gen.uniform(-1.0f, 1.0f);
         }
-    for (float x : k) k16.push_back(to_bf16(x));
-    for (float x : v) v16.push_back(to_bf16(x));
+    for (float x : k) k16.push_back(core::to_bf16(x));
+    for (float x : v) v16.push_back(core::to_bf16(x));
   }
 
   DecodeParams params(std::vector<float>& o, CacheDtype dtype = CacheDtype::F32) {
@@ -219,7 +221,7 @@ TEST(Decode, BfloatBound) {
   }
 }
 
-// The masks beyond causality (kernels/decode_params.h): the chapter's valid
+// The masks beyond causality (kernels/params.h): the chapter's valid
 // lengths (per row or per query; fractional, 0, past K) with its -1e6 fill,
 // and a key_padding_mask (boolean and additive) with -inf and either
 // fully-masked policy. Each against the reference on every instruction set,

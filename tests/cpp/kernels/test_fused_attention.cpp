@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/attention_kernels.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "cpu/fused/attention_fused.h"
 #include "harness.h"
 #include "kernels/case_data.h"

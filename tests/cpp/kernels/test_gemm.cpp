@@ -8,10 +8,10 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/blas.h"
+#include "cpu/blas/blas.h"
 #include "cpu/gemm/gemm.h"
 #include "cpu/gemm/few_rows.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "gemm_operands.h"
 #include "mha/random.h"
 #include "mha/threads.h"

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/blas.h"
+#include "cpu/blas/blas.h"
 #include "cpu/gemm/gemm_amx.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/random.h"
 #include "mha/threads.h"
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu/bf16.h"
-#include "cpu/blas.h"
+#include "core/bf16.h"
+#include "cpu/blas/blas.h"
 #include "cpu/gemm/gemm_amx.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "gemm_operands.h"
 #include "mha/random.h"
 #include "mha/threads.h"
@@ -23,7 +23,7 @@
 namespace mha {
 namespace {
 
-using cpu::round_to_bf16;
+using core::round_to_bf16;
 
 using Operands = test::GemmOperands;
 
@@ -142,7 +142,7 @@ TEST_P(GemmBf16Test, EmptySumIsBiasOrBetaC) {
     }
 }
 
-// Inputs are rounded as cpu::to_bf16 rounds (nearest, ties to even, NaN
+// Inputs are rounded as core::to_bf16 rounds (nearest, ties to even, NaN
 // stays NaN, overflow to infinity): with K = 1 and one side 1, C is the
 // rounded other side exactly.
 TEST_P(GemmBf16Test, RoundsInputsToNearestEven) {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_backward_masked.h"
+#include "cpu/reference/attention_backward_masked.h"
 #include "kernels/masked_row.h"
 #include "mha/error.h"
 #include "test_util.h"
@@ -98,7 +98,7 @@ struct Problem {
             mx = std::max(mx, x);
           }
           // The policy when no key is kept or every score is -inf (see
-          // attention_params.h); a plain softmax otherwise.
+          // kernels/params.h); a plain softmax otherwise.
           const bool any = !(kept == 0 || (live == 0 && (kept == K || m.fill == kernels::MaskFill::NegInf)));
           double sum = 0;
           for (int64_t j = 0; j < K; ++j) sum += (s[j] = any ? std::exp(s[j] - mx) : 1.0);

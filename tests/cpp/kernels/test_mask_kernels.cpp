@@ -5,7 +5,7 @@
 #include <cmath>
 #include <optional>
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "test_util.h"

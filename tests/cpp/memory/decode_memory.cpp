@@ -6,7 +6,7 @@
 // dim) working memory. decode_attention allocates, besides the cache and the
 // output, the chunks' partials (a number of chunks that stops growing with
 // the cache length: kDecodeMaxChunks + B*Hkv at most), one scratch per
-// thread and its task list (kernels/decode_params.h, decode_working_bytes).
+// thread and its task list (kernels/params.h, decode_working_bytes).
 // These tests count the bytes a call allocates at its peak and check them
 // against that formula, against the bound term by term, and that they are
 // the same at 32768 and 65536 keys (and, per thread, independent of the
@@ -22,7 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/decode_params.h"
+#include "cpu/decode/decode.h"
+#include "kernels/params.h"
 #include "mha/threads.h"
 
 namespace {

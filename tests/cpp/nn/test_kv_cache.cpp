@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/packed_weight.h"
+#include "cpu/gemm/packed_weight.h"
 #include "mha/mha.h"
 #include "test_util.h"
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <memory>
 
-#include "cpu/packed_weight.h"
+#include "cpu/gemm/packed_weight.h"
 #include "mha/torch_mha.h"
 #include "nn/attention_engine.h"
 #include "nn/layer_ref.h"

@@ -1,5 +1,5 @@
 // tests/cpp/nn/test_packed_weights.cpp: weights packed once per version
-// (src/cpu/packed_weight.h, LazyLinear::packed_weight).
+// (src/cpu/gemm/packed_weight.h, LazyLinear::packed_weight).
 //
 // Held here: a product against a packed weight gives the bits of the
 // per-call packing (any rows, both precisions, both bfloat16 paths); a
@@ -15,8 +15,8 @@
 
 #include "cpu/gemm/gemm.h"
 #include "cpu/gemm/gemm_amx.h"
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 #include "mha/linear.h"
 #include "mha/multihead.h"
 #include "mha/optim.h"

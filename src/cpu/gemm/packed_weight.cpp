@@ -1,4 +1,4 @@
-#include "cpu/packed_weight.h"
+#include "cpu/gemm/packed_weight.h"
 
 #include <omp.h>
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/bf16.h"
+#include "core/bf16.h"
 #include "mha/threads.h"
 
 namespace mha::cpu {
@@ -54,7 +54,7 @@ std::shared_ptr<PackedWeight> pack_weight(const float* W, int64_t N, int64_t K, 
     const float* src = W;
     if (precision == Precision::BFloat16) {
       rounded.resize(static_cast<size_t>(N * K));
-      std::transform(W, W + N * K, rounded.begin(), round_to_bf16);
+      std::transform(W, W + N * K, rounded.begin(), core::round_to_bf16);
       src = rounded.data();
     }
     out->panels = std::make_unique<PackedB>(K, N);

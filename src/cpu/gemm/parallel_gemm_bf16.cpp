@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/bf16.h"
+#include "core/bf16.h"
 #include "cpu/gemm/gemm_amx.h"
-#include "cpu/gemm_schedule.h"
-#include "cpu/packed_weight.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/gemm_schedule.h"
+#include "cpu/gemm/packed_weight.h"
+#include "cpu/gemm/parallel_gemm.h"
 
 namespace mha::cpu {
 
@@ -81,7 +81,7 @@ std::vector<float> rounded_copy(const float* x, int64_t rows, int64_t cols, int6
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = row_starts ? row_starts[r] : x + r * ld;
     float* dst = out.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) dst[c] = round_to_bf16(src[c]);
+    for (int64_t c = 0; c < cols; ++c) dst[c] = core::round_to_bf16(src[c]);
   }
   return out;
 }
@@ -102,7 +102,7 @@ void GemmBatch::run_bfloat16_portable(int threads) const {
     copies.push_back(rounded_copy(g.A, a_rows, a_cols, g.lda, nullptr));
     g.A = copies.back().data();
     g.lda = a_cols;
-    if (packed_[i]) {  // packed once, of rounded values (cpu/packed_weight.h)
+    if (packed_[i]) {  // packed once, of rounded values (cpu/gemm/packed_weight.h)
       exact.products_.push_back(g);
       exact.rows_.emplace_back();
       exact.packed_.push_back(packed_[i]);

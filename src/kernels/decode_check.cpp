@@ -1,6 +1,7 @@
 // Validation of DecodeParams at the decode kernels' edge: every message names
 // the operation, the argument, the value seen and the value wanted.
-#include "kernels/decode_params.h"
+#include "kernels/params.h"
+#include "kernels/validate.h"
 #include "mha/error.h"
 
 namespace mha::kernels {

@@ -1,8 +1,8 @@
-// src/cpu/blas.h: row-major single-precision products, and the one place mha
+// src/cpu/blas/blas.h: row-major single-precision products, and the one place mha
 // calls the BLAS (OpenBLAS, cblas).
 //
 // sgemm is mha's own product (cpu/gemm/gemm.h) split into row blocks on
-// mha's threads (cpu/parallel_gemm.h, where it is defined), so that its
+// mha's threads (cpu/gemm/parallel_gemm.h, where it is defined), so that its
 // result does not depend on the thread count. blas_sgemm is one
 // single-threaded OpenBLAS call: the reference the tests and benchmarks hold
 // mha's product to; dimensions are checked against the BLAS's 32-bit int.

@@ -1,4 +1,4 @@
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 
 #include <omp.h>
 
@@ -7,10 +7,10 @@
 #include <memory>
 
 #include "core/parallel.h"
-#include "cpu/blas.h"
+#include "cpu/blas/blas.h"
 #include "cpu/gemm/few_rows.h"
-#include "cpu/gemm_schedule.h"
-#include "cpu/packed_weight.h"
+#include "cpu/gemm/gemm_schedule.h"
+#include "cpu/gemm/packed_weight.h"
 #include "mha/threads.h"
 
 namespace mha::cpu {

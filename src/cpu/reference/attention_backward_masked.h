@@ -1,4 +1,4 @@
-// src/kernels/attention_backward_masked.h: the gradient of the forward with
+// src/cpu/reference/attention_backward_masked.h: the gradient of the forward with
 // every MaskOptions field and grouped heads, as a plain reference.
 //
 //   fwd.q:[B,h,Q,d] fwd.k:[B,hkv,K,d] fwd.v:[B,hkv,K,dv] grad_out:[B,h,Q,dv]
@@ -20,7 +20,7 @@
 // runs this whenever the call uses a mask option or grouped heads.
 #pragma once
 
-#include "kernels/attention_params.h"
+#include "kernels/params.h"
 #include "mha/tensor.h"
 
 namespace mha::kernels {

@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/blas.h"
-#include "cpu/attention_kernels.h"
+#include "cpu/blas/blas.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "mha/threads.h"
 #include "kernels/masked_row.h"
 

@@ -7,8 +7,9 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/blas.h"
-#include "cpu/attention_kernels.h"
+#include "cpu/blas/blas.h"
+#include "cpu/reference/reference.h"
+#include "cpu/blas/attention_blas.h"
 #include "kernels/masked_row.h"
 #include "mha/threads.h"
 
@@ -19,7 +20,7 @@ void attention_forward_blas(const AttentionForward& p) {
   // The (batch row, head) pairs split over mha's threads, each pair from
   // start to end on one thread, so that the softmax runs in parallel with
   // the products; cpu::sgemm inside is one single-threaded product whose
-  // bits do not depend on where it runs (cpu/parallel_gemm.h). One pair
+  // bits do not depend on where it runs (cpu/gemm/parallel_gemm.h). One pair
   // alone runs its products on every thread instead.
   struct Scratch {
     std::vector<float> weights, dropped;

@@ -1,4 +1,4 @@
-// src/cpu/parallel_gemm.h: matrix products on mha's threads whose result
+// src/cpu/gemm/parallel_gemm.h: matrix products on mha's threads whose result
 // does not depend on the thread count.
 //
 // Each product runs on mha's own GEMM (cpu/gemm/gemm.h): its right-hand
@@ -31,7 +31,7 @@
 
 namespace mha::cpu {
 
-struct PackedWeight;  // cpu/packed_weight.h
+struct PackedWeight;  // cpu/gemm/packed_weight.h
 
 // Rows per block for a batch of products of M rows in all: about M/8, a
 // multiple of 192 (whole row blocks of every ISA's micro-kernel, so that
@@ -63,7 +63,7 @@ class GemmBatch {
                    const std::vector<std::pair<const float*, int64_t>>& weights, const float* bias,
                    float* C, int64_t ldc);
   // Adds C:[M,N] = A W^T + bias with W:[N,K] packed once beforehand
-  // (cpu/packed_weight.h; w.precision must be the batch's): no packing per
+  // (cpu/gemm/packed_weight.h; w.precision must be the batch's): no packing per
   // call, whatever M; the same bits as add(M, N, K, A, lda, W, K, true, ...).
   // `w` must outlive run().
   void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,

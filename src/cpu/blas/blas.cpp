@@ -1,4 +1,4 @@
-#include "cpu/blas.h"
+#include "cpu/blas/blas.h"
 
 #include <cblas.h>
 

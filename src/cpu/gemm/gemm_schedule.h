@@ -1,10 +1,10 @@
-// src/cpu/gemm_schedule.h: how GemmBatch runs its products on mha's threads,
+// src/cpu/gemm/gemm_schedule.h: how GemmBatch runs its products on mha's threads,
 // written once for either packed right-hand matrix: float32 (PackedB,
 // cpu/gemm/gemm.h) and bfloat16 on AMX tiles (PackedBf16B,
 // cpu/gemm/gemm_amx.h).
 //
 // 0. A product whose right-hand matrix comes packed (given(i), a weight
-//    packed once per version: cpu/packed_weight.h) reads that packing.
+//    packed once per version: cpu/gemm/packed_weight.h) reads that packing.
 // 1. Products that read the same right-hand matrix share one packing (the
 //    projections of padded batch rows are one product per row, all reading
 //    the same weight); each packing is made on every thread, a few column
@@ -39,7 +39,7 @@
 
 #include "core/parallel.h"
 #include "cpu/gemm/gemm.h"
-#include "cpu/parallel_gemm.h"
+#include "cpu/gemm/parallel_gemm.h"
 
 namespace mha::cpu {
 

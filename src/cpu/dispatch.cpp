@@ -2,9 +2,11 @@
 
 #include <string>
 
-#include "cpu/attention_kernels.h"
+#include "cpu/blas/attention_blas.h"
+#include "cpu/decode/decode.h"
 #include "cpu/fused/attention_fused.h"
 #include "cpu/fused/limits.h"
+#include "cpu/reference/reference.h"
 #include "kernels/validate.h"
 #include "mha/error.h"
 
@@ -57,7 +59,7 @@ void attention_weights(const AttentionWeightsParams& p) {
 }
 
 bool decode_runs_fused(const DecodeParams& p) {
-  // The switch point (kernels/decode_params.h): see the measurements above
+  // The switch point (kernels/params.h): see the measurements above
   // kDecodeFusedMinQueries.
   if (p.Qn < decode_fused_min_queries(p.dtype)) return false;
   for (int64_t b = 0; b < p.B; ++b)

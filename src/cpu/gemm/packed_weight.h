@@ -1,4 +1,4 @@
-// src/cpu/packed_weight.h: a layer's weight packed once for the products
+// src/cpu/gemm/packed_weight.h: a layer's weight packed once for the products
 // that read it, and reused by every call until the weight changes.
 //
 // A projection y = x W^T + b multiplies by op(B) = W^T. The products pack
@@ -17,7 +17,7 @@
 //   batch.run();
 //
 // The packed product gives the same bits as the per-call packing or the
-// unpacked path (cpu/parallel_gemm.h), so reuse never changes a result.
+// unpacked path (cpu/gemm/parallel_gemm.h), so reuse never changes a result.
 #pragma once
 
 #include <cstdint>

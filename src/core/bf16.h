@@ -1,11 +1,11 @@
-// src/cpu/bf16.h: bfloat16, the upper 16 bits of a float32, as mha stores
+// src/core/bf16.h: bfloat16, the upper 16 bits of a float32, as mha stores
 // (KV caches) and multiplies (Precision::BFloat16 products) it.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-namespace mha::cpu {
+namespace mha::core {
 
 // A float32 rounded to bfloat16 (nearest, ties to even); NaN stays NaN,
 // infinities stay infinite, finite values past bfloat16's largest round to
@@ -26,4 +26,4 @@ inline float from_bf16(uint16_t h) {
 // x rounded to the nearest bfloat16, as a float32 (exactly representable).
 inline float round_to_bf16(float x) { return from_bf16(to_bf16(x)); }
 
-}  // namespace mha::cpu
+}  // namespace mha::core
