@@ -137,9 +137,7 @@ namespace {
 // pass, fully-masked test, closed-form tail and policy rows read S^T, O^T
 // and the statistics in the layout used here. (The block sizes matter only
 // to its own micro-kernels, which are not called.)
-struct AmxTiles {
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;
+struct AmxTiles : cpu::Avx512Registers {
   static constexpr int kQueryVectors = 2;
   static constexpr int kBlockRows = 8;
   static constexpr int kKeyTile = static_cast<int>(kKeys);

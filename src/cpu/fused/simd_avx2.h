@@ -6,12 +6,12 @@
 
 #include <immintrin.h>
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Avx2 {
+struct Avx2 : cpu::Avx2Registers {
   using Reg = __m256;
-  static constexpr int kLanes = 8;
-  static constexpr int kRegisters = 16;  // ymm0..ymm15
   static constexpr const char* kName = "avx2";
 
   static Reg zero() { return _mm256_setzero_ps(); }

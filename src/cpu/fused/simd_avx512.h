@@ -7,12 +7,12 @@
 
 #include <immintrin.h>
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Avx512 {
+struct Avx512 : cpu::Avx512Registers {
   using Reg = __m512;
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;  // zmm0..zmm31
   static constexpr const char* kName = "avx512";
 
   static Reg zero() { return _mm512_setzero_ps(); }
