@@ -48,6 +48,19 @@ struct Communicator::Shared {
   static void check_tag(const char* op, int tag) {
     if (tag < 0) fail(op, "tag: ", tag, " is negative; MPI tags are >= 0");
   }
+  // A point-to-point call's arguments: `arg` names the peer ("dest", "source").
+  void check_message(const char* op, int64_t count, const char* arg, int peer, int tag) const {
+    check_count(op, count);
+    check_peer(op, arg, peer);
+    check_tag(op, tag);
+  }
+  // A new communicator's setup: errors as return codes (then mha::Error),
+  // not as an abort of every process; its rank and size.
+  void adopt(const char* op) {
+    check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), op, "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm, &rank), op, "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm, &size), op, "MPI_Comm_size");
+  }
 };
 
 struct Request::State {
@@ -55,6 +68,28 @@ struct Request::State {
   std::vector<int> expected;  // a receive's count per request; -1 for a send
   const char* op = "";
   std::string peer;           // " from rank 1 (tag 3)", for messages
+
+  // A non-blocking send or receive of `count` floats: one request per chunk,
+  // start(offset, n, &request) posts one and returns MPI's code (`call`
+  // names it in errors); a receive expects n floats back. Requests posted
+  // before a failing one stay in the Request, which waits for them.
+  template <class Start>
+  static Request post(const char* op, std::string peer, const char* call, int64_t count, bool receive,
+                      Start start) {
+    Request r;
+    r.state_ = std::make_unique<State>();
+    State& s = *r.state_;
+    s.op = op;
+    s.peer = std::move(peer);
+    for (int64_t c = 0; c < chunks(count); ++c) {
+      MPI_Request q;
+      const int n = chunk_count(count, c);
+      check_mpi(start(c * kChunk, n, &q), op, call, s.peer);
+      s.requests.push_back(q);
+      s.expected.push_back(receive ? n : -1);
+    }
+    return r;
+  }
 };
 
 Request::Request() = default;
@@ -103,11 +138,7 @@ Communicator Communicator::world() {
     fail(op, "MPI is not running: make an mha::dist::Environment first (or call MPI_Init)");
   auto s = std::make_shared<Shared>();
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s->comm), op, "MPI_Comm_dup");
-  // Errors come back as return codes (then mha::Error), not as an abort of
-  // every process.
-  check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), op, "MPI_Comm_set_errhandler");
-  check_mpi(MPI_Comm_rank(s->comm, &s->rank), op, "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(s->comm, &s->size), op, "MPI_Comm_size");
+  s->adopt(op);
   return Communicator(std::move(s));
 }
 
@@ -116,9 +147,7 @@ Communicator Communicator::split(int color, int key) const {
   if (color < 0) fail(op, "color: ", color, " is negative; wanted >= 0");
   auto s = std::make_shared<Shared>();
   check_mpi(MPI_Comm_split(shared_->comm, color, key, &s->comm), op, "MPI_Comm_split");
-  check_mpi(MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN), op, "MPI_Comm_set_errhandler");
-  check_mpi(MPI_Comm_rank(s->comm, &s->rank), op, "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(s->comm, &s->size), op, "MPI_Comm_size");
+  s->adopt(op);
   return Communicator(std::move(s));
 }
 
@@ -174,9 +203,7 @@ void Communicator::barrier() const {
 
 void Communicator::send(const float* data, int64_t count, int dest, int tag) const {
   static const char* op = "dist.Communicator.send";
-  check_count(op, count);
-  shared_->check_peer(op, "dest", dest);
-  Shared::check_tag(op, tag);
+  shared_->check_message(op, count, "dest", dest, tag);
   for (int64_t c = 0; c < chunks(count); ++c)
     check_mpi(MPI_Send(data + c * kChunk, chunk_count(count, c), MPI_FLOAT, dest, tag, shared_->comm), op, "MPI_Send",
               peer_text("to", dest, tag));
@@ -184,9 +211,7 @@ void Communicator::send(const float* data, int64_t count, int dest, int tag) con
 
 void Communicator::recv(float* data, int64_t count, int source, int tag) const {
   static const char* op = "dist.Communicator.recv";
-  check_count(op, count);
-  shared_->check_peer(op, "source", source);
-  Shared::check_tag(op, tag);
+  shared_->check_message(op, count, "source", source, tag);
   const std::string peer = peer_text("from", source, tag);
   for (int64_t c = 0; c < chunks(count); ++c) {
     MPI_Status status;
@@ -201,42 +226,22 @@ void Communicator::recv(float* data, int64_t count, int source, int tag) const {
 
 Request Communicator::isend(const float* data, int64_t count, int dest, int tag) const {
   static const char* op = "dist.Communicator.isend";
-  check_count(op, count);
-  shared_->check_peer(op, "dest", dest);
-  Shared::check_tag(op, tag);
-  Request r;
-  r.state_ = std::make_unique<Request::State>();
-  r.state_->op = op;
-  r.state_->peer = peer_text("to", dest, tag);
-  for (int64_t c = 0; c < chunks(count); ++c) {
-    MPI_Request q;
-    // MPI's C interface takes a non-const buffer for sends in MPI-2 headers.
-    check_mpi(MPI_Isend(const_cast<float*>(data + c * kChunk), chunk_count(count, c), MPI_FLOAT, dest, tag,
-                        shared_->comm, &q),
-              op, "MPI_Isend", r.state_->peer);
-    r.state_->requests.push_back(q);
-    r.state_->expected.push_back(-1);
-  }
-  return r;
+  shared_->check_message(op, count, "dest", dest, tag);
+  return Request::State::post(op, peer_text("to", dest, tag), "MPI_Isend", count, false,
+                              [&](int64_t offset, int n, MPI_Request* q) {
+                                // MPI-2 headers take a non-const buffer for sends.
+                                return MPI_Isend(const_cast<float*>(data + offset), n, MPI_FLOAT, dest, tag,
+                                                 shared_->comm, q);
+                              });
 }
 
 Request Communicator::irecv(float* data, int64_t count, int source, int tag) const {
   static const char* op = "dist.Communicator.irecv";
-  check_count(op, count);
-  shared_->check_peer(op, "source", source);
-  Shared::check_tag(op, tag);
-  Request r;
-  r.state_ = std::make_unique<Request::State>();
-  r.state_->op = op;
-  r.state_->peer = peer_text("from", source, tag);
-  for (int64_t c = 0; c < chunks(count); ++c) {
-    MPI_Request q;
-    check_mpi(MPI_Irecv(data + c * kChunk, chunk_count(count, c), MPI_FLOAT, source, tag, shared_->comm, &q), op,
-              "MPI_Irecv", r.state_->peer);
-    r.state_->requests.push_back(q);
-    r.state_->expected.push_back(chunk_count(count, c));
-  }
-  return r;
+  shared_->check_message(op, count, "source", source, tag);
+  return Request::State::post(op, peer_text("from", source, tag), "MPI_Irecv", count, true,
+                              [&](int64_t offset, int n, MPI_Request* q) {
+                                return MPI_Irecv(data + offset, n, MPI_FLOAT, source, tag, shared_->comm, q);
+                              });
 }
 
 }  // namespace mha::dist

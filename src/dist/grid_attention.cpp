@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "dist/agree.h"
+#include "dist/shards.h"
 #include "mha/dist/head_parallel.h"
 #include "mha/error.h"
 
@@ -103,30 +104,18 @@ StateDict GridAttention::gather_grads() const {
   }
   const int64_t N = s.num_hiddens, d = s.head_dim;
   StateDict full;
-  for (const auto& [name, t] : mine) {
-    Shape shape = t.shape();
-    if (name != "W_o.bias") shape[name == "W_o.weight" ? 1 : 0] = N;
-    full[name] = name == "W_o.bias" ? t : Tensor(shape);  // W_o's bias: group 0's (rank 0's)
-  }
+  // W_o's bias: group 0's (rank 0's).
+  for (const auto& [name, t] : mine) full[name] = name == "W_o.bias" ? t : Tensor(shard_shape(name, t, N));
   for (int g = 0; g < s.groups; ++g) {
     const std::vector<int64_t> heads = HeadParallelAttention::heads_of(s.num_heads, s.groups, g);
     const int64_t r0 = heads.front() * d, n = static_cast<int64_t>(heads.size()) * d;
     int tag = 0;
     for (const auto& [name, t] : mine) {
-      Shape shape = t.shape();  // rank 0's (group 0's); group g's has n rows (W_o: columns)
-      if (name != "W_o.bias") shape[name == "W_o.weight" ? 1 : 0] = n;
-      Tensor part = g == 0 ? t : Tensor(shape);
+      // Rank 0's (group 0's) tensor; group g's has its own heads' width.
+      Tensor part = g == 0 ? t : Tensor(shard_shape(name, t, n));
       if (g != 0) s.all.recv(part.data(), part.numel(), g * s.blocks, tag);
       ++tag;
-      Tensor& out = full[name];
-      if (name == "W_o.bias") continue;
-      if (name == "W_o.weight") {  // [N, n] -> columns [r0, r0 + n)
-        for (int64_t o = 0; o < N; ++o)
-          std::copy(part.data() + o * n, part.data() + (o + 1) * n, out.data() + o * N + r0);
-      } else {  // rows [r0, r0 + n) of a weight (rows x in) or a bias
-        const int64_t width = part.dim() == 2 ? part.size(1) : 1;
-        std::copy(part.data(), part.data() + part.numel(), out.data() + r0 * width);
-      }
+      place_shard(name, r0, n, part, full[name]);
     }
   }
   return full;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "dist/agree.h"
+#include "dist/shards.h"
 #include "mha/error.h"
 
 namespace mha::dist {
@@ -30,20 +31,6 @@ struct HeadParallelAttention::State {
   // with zeros of these shapes.
   Shape q_shape, k_shape, v_shape;
 
-  // Rank r's shard tensor `name` (its rows of W_q/k/v, its columns of W_o)
-  // written into the full tensor `full`. W_o.bias is not sharded.
-  void place(const std::string& name, int r, const Tensor& part, Tensor& full) const {
-    const std::vector<int64_t> h = heads_of(num_heads, comm.size(), r);
-    const int64_t first = h.front() * head_dim, width = static_cast<int64_t>(h.size()) * head_dim;
-    if (name == "W_o.weight") {  // [num_hiddens, width] -> columns [first, first + width)
-      for (int64_t o = 0; o < num_hiddens; ++o)
-        std::copy(part.data() + o * width, part.data() + (o + 1) * width, full.data() + o * num_hiddens + first);
-    } else {  // rows [first, first + width) of a weight (width x in) or a bias
-      const int64_t row = part.dim() == 2 ? part.size(1) : 1;
-      std::copy(part.data(), part.data() + part.numel(), full.data() + first * row);
-    }
-  }
-
   // The full tensors of `local` (a shard's state_dict or grads) on rank 0.
   StateDict gather(const StateDict& local) const {
     StateDict full;
@@ -57,23 +44,18 @@ struct HeadParallelAttention::State {
       return full;
     }
     // Rank 0 always owns a head (heads_of gives the first ranks the extras).
-    for (const auto& [name, t] : local) {
-      Shape shape = t.shape();
-      if (name != "W_o.bias") shape[name == "W_o.weight" ? 1 : 0] = num_hiddens;
-      full[name] = Tensor(shape);
-      if (name == "W_o.bias") full[name] = t;
-    }
+    for (const auto& [name, t] : local) full[name] = name == "W_o.bias" ? t : Tensor(shard_shape(name, t, num_hiddens));
     for (int r = 0; r < comm.size(); ++r) {
-      const int64_t n = static_cast<int64_t>(heads_of(num_heads, comm.size(), r).size());
-      if (n == 0) continue;
+      const std::vector<int64_t> h = heads_of(num_heads, comm.size(), r);
+      if (h.empty()) continue;
+      const int64_t first = h.front() * head_dim, width = static_cast<int64_t>(h.size()) * head_dim;
       for (size_t i = 0; i < std::size(kNames); ++i) {
         const auto it = local.find(kNames[i]);
         if (it == local.end() || std::string(kNames[i]) == "W_o.bias") continue;
-        Shape shape = it->second.shape();  // rank 0's; rank r's has n heads
-        shape[it->first == "W_o.weight" ? 1 : 0] = n * head_dim;
-        Tensor part = r == 0 ? it->second : Tensor(shape);
+        // Rank 0's tensor; rank r's has its own heads' width.
+        Tensor part = r == 0 ? it->second : Tensor(shard_shape(it->first, it->second, width));
         if (r != 0) comm.recv(part.data(), part.numel(), r, static_cast<int>(i));
-        place(it->first, r, part, full[it->first]);
+        place_shard(it->first, first, width, part, full[it->first]);
       }
     }
     return full;

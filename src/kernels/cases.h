@@ -86,6 +86,14 @@ T pick(Generator& g, const T (&values)[N]) {
 inline LengthKind length_kind_of(uint64_t i) {
   return i == 0 ? LengthKind::None : i == 1 ? LengthKind::PerBatch : LengthKind::PerQuery;
 }
+// A case of `family` with B, then H = Hkv, drawn from 1..most.
+inline Case small_batch(const char* family, Generator& g, uint64_t most) {
+  Case c;
+  c.family = family;
+  c.B = 1 + static_cast<int64_t>(g.below(most));
+  c.H = c.Hkv = 1 + static_cast<int64_t>(g.below(most));
+  return c;
+}
 
 }  // namespace cases_detail
 
@@ -100,10 +108,7 @@ inline std::vector<Case> tile_edge_cases() {
   Generator g(1234);
   std::vector<Case> cases;
   for (int i = 0; i < 90; ++i) {
-    Case c;
-    c.family = "tile-edges";
-    c.B = 1 + static_cast<int64_t>(g.below(3));
-    c.H = c.Hkv = 1 + static_cast<int64_t>(g.below(3));
+    Case c = cases_detail::small_batch("tile-edges", g, 3);
     c.Q = pick(g, lengths);
     c.K = pick(g, lengths);
     c.d = pick(g, widths);
@@ -125,10 +130,7 @@ inline std::vector<Case> backward_grid_cases() {
     for (int64_t K : {1, 3, 11, 17})
       for (uint64_t kind = 0; kind < 3; ++kind)
         for (float dropout : {0.0f, 0.3f}) {
-          Case c;
-          c.family = "backward-grid";
-          c.B = 1 + static_cast<int64_t>(g.below(3));
-          c.H = c.Hkv = 1 + static_cast<int64_t>(g.below(3));
+          Case c = cases_detail::small_batch("backward-grid", g, 3);
           c.Q = Q;
           c.K = K;
           c.d = 1 + static_cast<int64_t>(g.below(9));
@@ -152,10 +154,7 @@ inline std::vector<Case> single_option_cases() {
   std::vector<Case> cases;
   for (uint64_t kind = 0; kind < 3; ++kind)
     for (int option = 0; option < 12; ++option) {
-      Case c;
-      c.family = "one-option";
-      c.B = 1 + static_cast<int64_t>(g.below(2));
-      c.H = c.Hkv = 1 + static_cast<int64_t>(g.below(2));
+      Case c = cases_detail::small_batch("one-option", g, 2);
       c.Q = pick(g, lengths);
       c.K = g.below(3) == 0 ? 100 + static_cast<int64_t>(g.below(120)) : pick(g, lengths);
       c.d = pick(g, widths);

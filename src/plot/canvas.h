@@ -1,5 +1,6 @@
 // src/plot/canvas.h: the small part of cairo the plots use, behind one class,
-// plus the tick arithmetic both kinds of plot share.
+// plus the style (colours, fonts, spacing) and tick arithmetic both kinds of
+// plot share.
 #pragma once
 
 #include <cairo.h>
@@ -21,6 +22,10 @@ inline constexpr Rgb kFaint{120, 120, 120};
 // Font sizes in pixels.
 inline constexpr double kTickFont = 11, kLabelFont = 13, kTitleFont = 13, kFigureTitleFont = 16,
                         kNoteFont = 11;
+
+// Spacing every figure shares, in pixels: white space around the figure,
+// the length of a tick mark.
+inline constexpr int kMargin = 14, kTickLen = 4;
 
 // The largest side of a canvas: pictures far beyond any screen are a bug
 // upstream (a wrong shape), not a request.

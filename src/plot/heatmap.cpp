@@ -23,9 +23,7 @@ using detail::HAlign;
 using detail::VAlign;
 
 constexpr const char* kOp = "plot.render_heatmaps";
-constexpr int kMargin = 14;
 constexpr int kPanelGap = 14;    // between panels of a row
-constexpr int kTickLen = 4;
 constexpr int kBarWidth = 16;
 constexpr int kMaxCellPixels = 48;
 
@@ -132,16 +130,16 @@ Plan plan_layout(int64_t R, int64_t C, int64_t Q, int64_t K, const HeatmapOption
   const int fig_title_h = opt.title.empty() ? 0 : static_cast<int>(std::ceil(m.ascent() + m.descent())) + 12;
 
   // Left to right.
-  int x = kMargin;
+  int x = detail::kMargin;
   if (!opt.ylabel.empty()) {
     P.ylabel_x = x + label_h / 2;
     x += label_h + 6;
   }
-  x += ytick_w + 4 + kTickLen;
+  x += ytick_w + 4 + detail::kTickLen;
   P.grid_left = x;
   const int hgap = std::max(kPanelGap, title_w - pw + 8);
   // Top to bottom.
-  int y = kMargin;
+  int y = detail::kMargin;
   P.title_y = y;
   y += fig_title_h;
   const int row_label_h = opt.row_labels.empty() ? 0 : label_h + 8;
@@ -153,7 +151,7 @@ Plan plan_layout(int64_t R, int64_t C, int64_t Q, int64_t K, const HeatmapOption
     y += ph + (r + 1 < R ? 16 : 0);
   }
   P.grid_right = L.panels.back().x + pw;
-  P.xtick_y = y + kTickLen + 3;
+  P.xtick_y = y + detail::kTickLen + 3;
   y = P.xtick_y + static_cast<int>(std::ceil(tick_h));
   if (!opt.xlabel.empty()) {
     P.xlabel_y = y + 4;
@@ -166,14 +164,15 @@ Plan plan_layout(int64_t R, int64_t C, int64_t Q, int64_t K, const HeatmapOption
   const int bar_h = std::max(grid_bottom - grid_top - swatch_space, 100);
   L.colorbar = {P.grid_right + 26, grid_top, kBarWidth, bar_h};
   if (has_mask) L.mask_swatch = {L.colorbar.x, grid_top + bar_h + 14, kBarWidth, kBarWidth};
-  int right = L.colorbar.x + kBarWidth + kTickLen + 4 + bar_tick_w;
+  int right = L.colorbar.x + kBarWidth + detail::kTickLen + 4 + bar_tick_w;
   if (!opt.colorbar_label.empty()) {
     P.bar_label_x = right + 8 + label_h / 2;
     right += 8 + label_h;
   }
   right = std::max(right, L.colorbar.x + masked_w);
   m.set_font(detail::kLabelFont, true);
-  for (const auto& l : opt.row_labels) right = std::max(right, kMargin + static_cast<int>(std::ceil(m.text_width(l))));
+  for (const auto& l : opt.row_labels)
+    right = std::max(right, detail::kMargin + static_cast<int>(std::ceil(m.text_width(l))));
   y = std::max(y, grid_top + bar_h + swatch_space + 6);
   if (!note.empty()) {
     P.note_y = y + 8;
@@ -181,8 +180,8 @@ Plan plan_layout(int64_t R, int64_t C, int64_t Q, int64_t K, const HeatmapOption
     right = std::max(right, P.grid_left + static_cast<int>(std::ceil(m.text_width(note))));
     y += 8 + label_h;
   }
-  P.width = right + kMargin;
-  P.height = y + kMargin;
+  P.width = right + detail::kMargin;
+  P.height = y + detail::kMargin;
   return P;
 }
 
@@ -298,13 +297,13 @@ Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& options) {
       if (c == 0)  // query ticks on the left of each row
         for (int64_t q = 0; q < Q; q += P.q_step) {
           const double ty = p.y + (q + 0.5) * P.q_px - (P.q_step == 1 ? L.gap / 2.0 : 0);
-          cv.line(p.x - kTickLen - 1, ty, p.x - 1, ty, detail::kAxis);
-          cv.text(detail::str(q), p.x - kTickLen - 4, ty, HAlign::Right, VAlign::Middle);
+          cv.line(p.x - detail::kTickLen - 1, ty, p.x - 1, ty, detail::kAxis);
+          cv.text(detail::str(q), p.x - detail::kTickLen - 4, ty, HAlign::Right, VAlign::Middle);
         }
       if (r == R - 1)  // key ticks under the bottom row
         for (int64_t k = 0; k < K; k += P.k_step) {
           const double tx = p.x + (k + 0.5) * P.k_px - (P.k_step == 1 ? L.gap / 2.0 : 0);
-          cv.line(tx, p.y + p.h + 1, tx, p.y + p.h + 1 + kTickLen, detail::kAxis);
+          cv.line(tx, p.y + p.h + 1, tx, p.y + p.h + 1 + detail::kTickLen, detail::kAxis);
           cv.text(detail::str(k), tx, P.xtick_y, HAlign::Center, VAlign::Top);
         }
       cv.set_font(detail::kLabelFont);
@@ -315,7 +314,7 @@ Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& options) {
                 -std::numbers::pi / 2);
       if (c == 0 && !opt.row_labels.empty()) {  // a heading over the row, from the left edge
         cv.set_font(detail::kLabelFont, true);
-        cv.text(opt.row_labels[static_cast<size_t>(r)], kMargin, P.row_label_y[static_cast<size_t>(r)],
+        cv.text(opt.row_labels[static_cast<size_t>(r)], detail::kMargin, P.row_label_y[static_cast<size_t>(r)],
                 HAlign::Left, VAlign::Top);
       }
     }
@@ -329,8 +328,8 @@ Heatmaps render_heatmaps(const Tensor& weights, const HeatmapOptions& options) {
   cv.set_font(detail::kTickFont);
   for (double v : P.bar_ticks) {
     const double ty = b.y + b.h - (v - out.vmin) / span * b.h;
-    cv.line(b.x + b.w + 1, ty, b.x + b.w + 1 + kTickLen, ty, detail::kAxis);
-    cv.text(detail::format_tick(v, P.bar_step), b.x + b.w + kTickLen + 4, ty, HAlign::Left, VAlign::Middle);
+    cv.line(b.x + b.w + 1, ty, b.x + b.w + 1 + detail::kTickLen, ty, detail::kAxis);
+    cv.text(detail::format_tick(v, P.bar_step), b.x + b.w + detail::kTickLen + 4, ty, HAlign::Left, VAlign::Middle);
   }
   if (!opt.colorbar_label.empty()) {
     cv.set_font(detail::kLabelFont);

@@ -22,8 +22,6 @@ using detail::HAlign;
 using detail::VAlign;
 
 constexpr const char* kOp = "plot.render_line_chart";
-constexpr int kMargin = 14;
-constexpr int kTickLen = 4;
 constexpr int kPanelGap = 36;
 constexpr int kLegendRow = 18;
 constexpr int kLegendSwatch = 22;
@@ -222,10 +220,10 @@ LineChart render_line_chart(const std::vector<LinePanel>& panels, const LineChar
   const int fig_title_h = opt.title.empty() ? 0 : static_cast<int>(std::ceil(m.ascent() + m.descent())) + 12;
   bool any_title = false, any_xlabel = false;
   for (const LinePanel& p : panels) any_title |= !p.title.empty(), any_xlabel |= !p.xlabel.empty();
-  const int top = kMargin + fig_title_h + (any_title ? label_h + 8 : 0);
+  const int top = detail::kMargin + fig_title_h + (any_title ? label_h + 8 : 0);
 
   std::vector<PanelPlan> plans(panels.size());
-  int x = kMargin;
+  int x = detail::kMargin;
   for (size_t i = 0; i < panels.size(); ++i) {
     const LinePanel& p = panels[i];
     PanelPlan& pl = plans[i];
@@ -240,22 +238,22 @@ LineChart render_line_chart(const std::vector<LinePanel>& panels, const LineChar
       pl.ylabel_x = x + label_h / 2;
       x += label_h + 6;
     }
-    x += ytw + 4 + kTickLen;
+    x += ytw + 4 + detail::kTickLen;
     pl.area.box = {x, top, opt.plot_width, opt.plot_height};
     pl.legend = plan_legend(p, pl.area, m);
     x += opt.plot_width + kPanelGap;
     if (!pl.legend.entries.empty() && pl.legend.corner < 0) x += pl.legend.w + 12;
   }
-  const int width = x - kPanelGap + kMargin + 6;  // room for the last x tick label's overhang
-  const int xtick_y = top + opt.plot_height + kTickLen + 4;
+  const int width = x - kPanelGap + detail::kMargin + 6;  // room for the last x tick label's overhang
+  const int xtick_y = top + opt.plot_height + detail::kTickLen + 4;
   const int xlabel_y = xtick_y + tick_h + 4;
-  const int height = xlabel_y + (any_xlabel ? label_h : 0) + kMargin;
+  const int height = xlabel_y + (any_xlabel ? label_h : 0) + detail::kMargin;
 
   Canvas cv(width, height);
   cairo_t* cr = cv.cr();
   if (!opt.title.empty()) {
     cv.set_font(detail::kFigureTitleFont, true);
-    cv.text(opt.title, width / 2.0, kMargin, HAlign::Center, VAlign::Top);
+    cv.text(opt.title, width / 2.0, detail::kMargin, HAlign::Center, VAlign::Top);
   }
   LineChart out;
   for (size_t i = 0; i < panels.size(); ++i) {
@@ -269,13 +267,13 @@ LineChart render_line_chart(const std::vector<LinePanel>& panels, const LineChar
     for (size_t t = 0; t < pl.yt.values.size(); ++t) {
       const double ty = std::round(a.to_y(pl.yt.values[t])) + 0.5;
       cv.line(b.x, ty, b.x + b.w, ty, detail::kGrid);
-      cv.line(b.x - kTickLen - 1, ty, b.x - 1, ty, detail::kAxis);
-      cv.text(pl.yt.labels[t], b.x - kTickLen - 4, ty, HAlign::Right, VAlign::Middle);
+      cv.line(b.x - detail::kTickLen - 1, ty, b.x - 1, ty, detail::kAxis);
+      cv.text(pl.yt.labels[t], b.x - detail::kTickLen - 4, ty, HAlign::Right, VAlign::Middle);
     }
     for (size_t t = 0; t < pl.xt.values.size(); ++t) {
       const double tx = std::round(a.to_x(pl.xt.values[t])) + 0.5;
       cv.line(tx, b.y, tx, b.y + b.h, detail::kGrid);
-      cv.line(tx, b.y + b.h + 1, tx, b.y + b.h + 1 + kTickLen, detail::kAxis);
+      cv.line(tx, b.y + b.h + 1, tx, b.y + b.h + 1 + detail::kTickLen, detail::kAxis);
       cv.text(pl.xt.labels[t], tx, xtick_y, HAlign::Center, VAlign::Top);
     }
     cv.frame(b, detail::kAxis);

@@ -22,14 +22,43 @@ std::string str(double x) {
 std::string str(int64_t x) { return std::to_string(x); }
 std::string str(uint64_t x) { return std::to_string(x); }
 std::string str(bool x) { return x ? "true" : "false"; }
-
-const char* optimizer_name(OptimizerKind k) {
+std::string str(float x) { return str(static_cast<double>(x)); }
+std::string str(PositionKind k) { return k == PositionKind::Learned ? "learned" : "sinusoidal"; }
+std::string str(OptimizerKind k) {
   switch (k) {
     case OptimizerKind::SGD: return "sgd";
     case OptimizerKind::Adam: return "adam";
     case OptimizerKind::AdamW: return "adamw";
   }
   return "?";
+}
+
+// field(key, value) for each (key, value) pair of the arguments, in order.
+template <class Field, class T, class... Rest>
+void each_pair(Field& field, const char* key, T& value, Rest&... rest) {
+  field(key, value);
+  if constexpr (sizeof...(rest) > 0) each_pair(field, rest...);
+}
+
+// Every field of a TrainConfig with its metadata key, one list for writing
+// (checkpoint_metadata) and reading (read_checkpoint): field(key, member)
+// for each, in this order (a reader names the first bad one).
+template <class Config, class Field>
+void for_each_field(Config& c, Field&& field) {
+  auto& m = c.model;
+  auto& t = c.task;
+  auto& o = c.optimizer;
+  each_pair(field, "model.vocab_size", m.vocab_size, "model.num_classes", m.num_classes, "model.max_len", m.max_len,
+            "model.num_hiddens", m.num_hiddens, "model.num_heads", m.num_heads, "model.num_layers", m.num_layers,
+            "model.dropout", m.dropout, "model.bias", m.bias, "model.positions", m.positions);
+  each_pair(field, "task.vocab", t.vocab, "task.near", t.near, "task.far", t.far, "task.min_len", t.min_len,
+            "task.max_len", t.max_len);
+  each_pair(field, "optim.name", o.kind, "optim.lr", o.lr, "optim.momentum", o.momentum, "optim.dampening",
+            o.dampening, "optim.nesterov", o.nesterov, "optim.beta1", o.beta1, "optim.beta2", o.beta2, "optim.eps",
+            o.eps, "optim.amsgrad", o.amsgrad, "optim.weight_decay", o.weight_decay);
+  each_pair(field, "train.seed", c.seed, "train.steps", c.steps, "train.batch_size", c.batch_size, "train.clip_norm",
+            c.clip_norm, "train.eval_every", c.eval_every, "train.eval_size", c.eval_size, "train.held_out_seed",
+            c.held_out_seed);
 }
 
 // Reads typed fields of the metadata, naming the file and field on error.
@@ -74,33 +103,35 @@ struct Fields {
     if (s == "false") return false;
     bad(key, "true or false");
   }
+
+  // A field of for_each_field, parsed by its type.
+  void read(const std::string& key, int64_t& v) const { v = integer(key); }
+  void read(const std::string& key, uint64_t& v) const { v = unsigned_integer(key); }
+  void read(const std::string& key, double& v) const { v = number(key); }
+  void read(const std::string& key, float& v) const { v = static_cast<float>(number(key)); }
+  void read(const std::string& key, bool& v) const { v = boolean(key); }
+  void read(const std::string& key, PositionKind& v) const {
+    const std::string& s = text(key);
+    if (s == "learned") v = PositionKind::Learned;
+    else if (s == "sinusoidal") v = PositionKind::Sinusoidal;
+    else bad(key, "learned or sinusoidal");
+  }
+  void read(const std::string& key, OptimizerKind& v) const {
+    const std::string& s = text(key);
+    if (s == "sgd") v = OptimizerKind::SGD;
+    else if (s == "adam") v = OptimizerKind::Adam;
+    else if (s == "adamw") v = OptimizerKind::AdamW;
+    else bad(key, "sgd, adam or adamw");
+  }
 };
 
 }  // namespace
 
 std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t step) {
-  const ModelConfig& m = c.model;
-  const OffsetPairTaskConfig& t = c.task;
-  const OptimizerConfig& o = c.optimizer;
-  return {
-      {"format", kCheckpointFormat},
-      {"model.vocab_size", str(m.vocab_size)}, {"model.num_classes", str(m.num_classes)},
-      {"model.max_len", str(m.max_len)}, {"model.num_hiddens", str(m.num_hiddens)},
-      {"model.num_heads", str(m.num_heads)}, {"model.num_layers", str(m.num_layers)},
-      {"model.dropout", str(static_cast<double>(m.dropout))}, {"model.bias", str(m.bias)},
-      {"model.positions", m.positions == PositionKind::Learned ? "learned" : "sinusoidal"},
-      {"task.name", "offset_pair"}, {"task.vocab", str(t.vocab)}, {"task.near", str(t.near)},
-      {"task.far", str(t.far)}, {"task.min_len", str(t.min_len)}, {"task.max_len", str(t.max_len)},
-      {"optim.name", optimizer_name(o.kind)}, {"optim.lr", str(o.lr)},
-      {"optim.momentum", str(o.momentum)}, {"optim.dampening", str(o.dampening)},
-      {"optim.nesterov", str(o.nesterov)}, {"optim.beta1", str(o.beta1)},
-      {"optim.beta2", str(o.beta2)}, {"optim.eps", str(o.eps)}, {"optim.amsgrad", str(o.amsgrad)},
-      {"optim.weight_decay", str(o.weight_decay)},
-      {"train.seed", str(c.seed)}, {"train.steps", str(c.steps)},
-      {"train.batch_size", str(c.batch_size)}, {"train.clip_norm", str(c.clip_norm)},
-      {"train.eval_every", str(c.eval_every)}, {"train.eval_size", str(c.eval_size)},
-      {"train.held_out_seed", str(c.held_out_seed)}, {"train.step", str(step)},
-  };
+  std::map<std::string, std::string> meta{
+      {"format", kCheckpointFormat}, {"task.name", "offset_pair"}, {"train.step", str(step)}};
+  for_each_field(c, [&](const char* key, const auto& value) { meta[key] = str(value); });
+  return meta;
 }
 
 void save_checkpoint(const std::string& path, const TrainConfig& config, int64_t step,
@@ -125,51 +156,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   if (f.text("task.name") != "offset_pair")
     fail(op, "'", path, "': task.name '", f.text("task.name"), "' is not offset_pair");
 
-  TrainConfig& c = ck.config;
-  ModelConfig& m = c.model;
-  m.vocab_size = f.integer("model.vocab_size");
-  m.num_classes = f.integer("model.num_classes");
-  m.max_len = f.integer("model.max_len");
-  m.num_hiddens = f.integer("model.num_hiddens");
-  m.num_heads = f.integer("model.num_heads");
-  m.num_layers = f.integer("model.num_layers");
-  m.dropout = static_cast<float>(f.number("model.dropout"));
-  m.bias = f.boolean("model.bias");
-  const std::string& pos = f.text("model.positions");
-  if (pos == "learned") m.positions = PositionKind::Learned;
-  else if (pos == "sinusoidal") m.positions = PositionKind::Sinusoidal;
-  else f.bad("model.positions", "learned or sinusoidal");
-
-  OffsetPairTaskConfig& t = c.task;
-  t.vocab = f.integer("task.vocab");
-  t.near = f.integer("task.near");
-  t.far = f.integer("task.far");
-  t.min_len = f.integer("task.min_len");
-  t.max_len = f.integer("task.max_len");
-
-  OptimizerConfig& o = c.optimizer;
-  const std::string& name = f.text("optim.name");
-  if (name == "sgd") o.kind = OptimizerKind::SGD;
-  else if (name == "adam") o.kind = OptimizerKind::Adam;
-  else if (name == "adamw") o.kind = OptimizerKind::AdamW;
-  else f.bad("optim.name", "sgd, adam or adamw");
-  o.lr = f.number("optim.lr");
-  o.momentum = f.number("optim.momentum");
-  o.dampening = f.number("optim.dampening");
-  o.nesterov = f.boolean("optim.nesterov");
-  o.beta1 = f.number("optim.beta1");
-  o.beta2 = f.number("optim.beta2");
-  o.eps = f.number("optim.eps");
-  o.amsgrad = f.boolean("optim.amsgrad");
-  o.weight_decay = f.number("optim.weight_decay");
-
-  c.seed = f.unsigned_integer("train.seed");
-  c.steps = f.integer("train.steps");
-  c.batch_size = f.integer("train.batch_size");
-  c.clip_norm = f.number("train.clip_norm");
-  c.eval_every = f.integer("train.eval_every");
-  c.eval_size = f.integer("train.eval_size");
-  c.held_out_seed = f.unsigned_integer("train.held_out_seed");
+  for_each_field(ck.config, [&](const char* key, auto& value) { f.read(key, value); });
   ck.step = f.integer("train.step");
   if (ck.step < 0) f.bad("train.step", "a step count >= 0");
 

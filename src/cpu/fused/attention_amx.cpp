@@ -137,9 +137,7 @@ namespace {
 // pass, fully-masked test, closed-form tail and policy rows read S^T, O^T
 // and the statistics in the layout used here. (The block sizes matter only
 // to its own micro-kernels, which are not called.)
-struct AmxTiles {
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;
+struct AmxTiles : cpu::Avx512Registers {
   static constexpr int kQueryVectors = 2;
   static constexpr int kBlockRows = 8;
   static constexpr int kKeyTile = static_cast<int>(kKeys);
@@ -199,6 +197,33 @@ void pack_queries(const TensorView& q, int64_t b, int64_t h, int64_t i0, int64_t
                                   d, reinterpret_cast<uint32_t*>(qb + (t * 2 + half) * 512));
 }
 
+// The 2 x 2 tile block both products below run (the tile layout:
+// gemm_amx_tiles.h): tiles 0-3 accumulate, 4 and 5 hold the rows (keys or
+// value columns) 0-15 and 16-31, 6 and 7 the queries 0-15 and 16-31 (of q,
+// or of P^T). Always inlined: the tile numbers are immediates.
+[[gnu::always_inline]] inline void zero_accumulators() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+// Tiles 0-3 += tiles 4, 5 times the two query tiles at b (loaded into 6, 7).
+[[gnu::always_inline]] inline void multiply_accumulate(const uint16_t* b) {
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b + 512, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+// out[32, 32] (rows MQ floats apart) = tiles 0-3.
+[[gnu::always_inline]] inline void store_accumulators(float* out) {
+  _tile_stored(0, out, MQ * 4);
+  _tile_stored(1, out + 16, MQ * 4);
+  _tile_stored(2, out + 16 * MQ, MQ * 4);
+  _tile_stored(3, out + 16 * MQ + 16, MQ * 4);
+}
+
 // st[r, :] = k[j0 + r] . q[:] for keys r < nk (rounded up to 32; the rows
 // past nk are zero keys or keys some other query sees), [kKeys, MQ] float32.
 void score_tiles(const uint16_t* kb, const uint16_t* qb, int64_t j0, int64_t nk, const Layout& lay, float* st) {
@@ -206,25 +231,13 @@ void score_tiles(const uint16_t* kb, const uint16_t* qb, int64_t j0, int64_t nk,
   for (int64_t r0 = 0; r0 < nk; r0 += 32) {
     const uint16_t* k0 = kb + (j0 + r0) / 16 * lay.d_steps * 512;
     const uint16_t* k1 = k0 + lay.d_steps * 512;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (int64_t t = 0; t < lay.d_steps; ++t) {
       _tile_loadd(4, k0 + t * 512, 64);
       _tile_loadd(5, k1 + t * 512, 64);
-      _tile_loadd(6, qb + t * 1024, 64);
-      _tile_loadd(7, qb + t * 1024 + 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      multiply_accumulate(qb + t * 1024);
     }
-    float* s = st + r0 * MQ;
-    _tile_stored(0, s, MQ * 4);
-    _tile_stored(1, s + 16, MQ * 4);
-    _tile_stored(2, s + 16 * MQ, MQ * 4);
-    _tile_stored(3, s + 16 * MQ + 16, MQ * 4);
+    store_accumulators(st + r0 * MQ);
   }
   __asm__ volatile("" ::: "memory");
 }
@@ -236,34 +249,15 @@ void value_tiles(const uint16_t* vb, const uint16_t* pb, int64_t j0, int64_t nk,
   const int64_t steps = (nk + 31) / 32;
   __asm__ volatile("" ::: "memory");
   for (int64_t g = 0; g < lay.dv_groups; g += 2) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (int64_t t = 0; t < steps; ++t) {
       const uint16_t* v0 = vb + ((j0 / 32 + t) * lay.dv_groups + g) * 512;
       _tile_loadd(4, v0, 64);
       _tile_loadd(5, v0 + 512, 64);
-      _tile_loadd(6, pb + t * 1024, 64);
-      _tile_loadd(7, pb + t * 1024 + 512, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      if constexpr (kSplitWeights) {
-        _tile_loadd(6, pb + kLo + t * 1024, 64);
-        _tile_loadd(7, pb + kLo + t * 1024 + 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      multiply_accumulate(pb + t * 1024);
+      if constexpr (kSplitWeights) multiply_accumulate(pb + kLo + t * 1024);
     }
-    float* o = ob + g * 16 * MQ;
-    _tile_stored(0, o, MQ * 4);
-    _tile_stored(1, o + 16, MQ * 4);
-    _tile_stored(2, o + 16 * MQ, MQ * 4);
-    _tile_stored(3, o + 16 * MQ + 16, MQ * 4);
+    store_accumulators(ob + g * 16 * MQ);
   }
   __asm__ volatile("" ::: "memory");
 }

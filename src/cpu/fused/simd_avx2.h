@@ -1,4 +1,5 @@
-// src/cpu/fused/simd_avx2.h: the fused kernel's vector type for AVX2 + FMA.
+// src/cpu/fused/simd_avx2.h: the fused kernel's vector type for AVX2 + FMA
+// (the decode kernel and the GEMM micro-kernel use it too).
 //
 // Include only inside a `#pragma GCC target("avx2,fma")` region (see
 // fused_avx2.cpp).
@@ -6,18 +7,22 @@
 
 #include <immintrin.h>
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Avx2 {
+struct Avx2 : cpu::Avx2Registers {
   using Reg = __m256;
-  static constexpr int kLanes = 8;
-  static constexpr int kRegisters = 16;  // ymm0..ymm15
   static constexpr const char* kName = "avx2";
 
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Reg x) { _mm256_storeu_ps(p, x); }
+  // p 32-byte aligned (the GEMM's packed panels and tiles).
+  static Reg load_aligned(const float* p) { return _mm256_load_ps(p); }
+  static void store_aligned(float* p, Reg x) { _mm256_store_ps(p, x); }
+  static Reg broadcast(const float* p) { return _mm256_broadcast_ss(p); }  // *p in every lane
   static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
   static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }

@@ -1,4 +1,5 @@
-// src/cpu/fused/simd_avx512.h: the fused kernel's vector type for AVX-512F.
+// src/cpu/fused/simd_avx512.h: the fused kernel's vector type for AVX-512F
+// (the decode kernel and the GEMM micro-kernel use it too).
 //
 // Include only inside a `#pragma GCC target` region that enables avx512f (see
 // fused_avx512.cpp): these functions use AVX-512 intrinsics and must not be
@@ -7,18 +8,22 @@
 
 #include <immintrin.h>
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Avx512 {
+struct Avx512 : cpu::Avx512Registers {
   using Reg = __m512;
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;  // zmm0..zmm31
   static constexpr const char* kName = "avx512";
 
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  // p 64-byte aligned (the GEMM's packed panels and tiles).
+  static Reg load_aligned(const float* p) { return _mm512_load_ps(p); }
+  static void store_aligned(float* p, Reg x) { _mm512_store_ps(p, x); }
+  static Reg broadcast(const float* p) { return _mm512_set1_ps(*p); }  // *p in every lane
   static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
   static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }

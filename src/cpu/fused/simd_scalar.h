@@ -5,14 +5,14 @@
 
 #include <cmath>
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Scalar4 {
+struct Scalar4 : cpu::SseRegisters {  // kRegisters: for the traits' budget
   struct Reg {
     float v[4];
   };
-  static constexpr int kLanes = 4;
-  static constexpr int kRegisters = 16;  // xmm0..xmm15, for the traits' budget
   static constexpr const char* kName = "scalar";
 
   template <class F>

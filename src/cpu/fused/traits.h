@@ -21,11 +21,11 @@
 // None of these depends on the thread count, so the results do not either.
 #pragma once
 
+#include "cpu/isa/registers.h"
+
 namespace mha::kernels::fused {
 
-struct Avx512Tiles {
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;
+struct Avx512Tiles : cpu::Avx512Registers {
   // 6 x 4 = 24 accumulators + 4 operands + 1 broadcast = 29 of 32 zmm: 64
   // queries per chunk, so each key or value element loaded feeds 64 lanes.
   // Measured (one thread, d = 64, K = 512 / 4096, in % of OpenBLAS sgemm):
@@ -39,18 +39,14 @@ struct Avx512Tiles {
   static constexpr int kKeyTile = 48;
 };
 
-struct Avx2Tiles {
-  static constexpr int kLanes = 8;
-  static constexpr int kRegisters = 16;
+struct Avx2Tiles : cpu::Avx2Registers {
   // 6 x 2 = 12 accumulators + 2 operands + 1 broadcast = 15 of 16 ymm.
   static constexpr int kQueryVectors = 2;
   static constexpr int kBlockRows = 6;
   static constexpr int kKeyTile = 48;
 };
 
-struct Scalar4Tiles {
-  static constexpr int kLanes = 4;
-  static constexpr int kRegisters = 16;
+struct Scalar4Tiles : cpu::SseRegisters {
   static constexpr int kQueryVectors = 2;
   static constexpr int kBlockRows = 4;
   static constexpr int kKeyTile = 32;
@@ -58,7 +54,7 @@ struct Scalar4Tiles {
 
 template <class T>
 constexpr bool tiles_are_valid() {
-  static_assert(T::kBlockRows * T::kQueryVectors + T::kQueryVectors + 1 <= T::kRegisters,
+  static_assert(cpu::fits_registers<T>(T::kBlockRows, T::kQueryVectors),
                 "the micro-kernel's accumulators, operands and broadcast must fit the register file");
   static_assert(T::kKeyTile % T::kBlockRows == 0,
                 "a full key tile must split into whole micro-kernel blocks");

@@ -8,51 +8,14 @@
 
 #define MHA_ISA_TARGET "avx2,fma"
 #include "cpu/isa/target_begin.h"
+#include "cpu/fused/simd_avx2.h"
 #include "cpu/gemm/gemm_impl.h"
+#include "cpu/gemm/micro_kernel.h"
 
 namespace mha::cpu::gemm_kernels {
 namespace {
 
-struct Avx2Micro {
-  using Tiles = Avx2Tiles;
-  static constexpr const char* kName = "avx2";
-  static constexpr int MR = Tiles::MR;
-  static_assert(Tiles::NR == 16, "two ymm per row");
-
-  static inline void accumulate(int64_t kc, const float* a, const float* b, __m256 (&lo)[MR],
-                                __m256 (&hi)[MR]) {
-    for (int i = 0; i < MR; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < kc; ++k) {
-      const __m256 b0 = _mm256_load_ps(b);
-      const __m256 b1 = _mm256_load_ps(b + 8);
-      for (int i = 0; i < MR; ++i) {
-        const __m256 ai = _mm256_broadcast_ss(a + i);
-        lo[i] = _mm256_fmadd_ps(ai, b0, lo[i]);
-        hi[i] = _mm256_fmadd_ps(ai, b1, hi[i]);
-      }
-      a += MR;
-      b += 16;
-    }
-  }
-
-  static inline __m256 update(__m256 acc, float alpha, float beta, const float* c) {
-    const __m256 r = alpha == 1.0f ? acc : _mm256_mul_ps(_mm256_set1_ps(alpha), acc);
-    if (beta == 0.0f) return r;
-    if (beta == 1.0f) return _mm256_add_ps(_mm256_loadu_ps(c), r);
-    return _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(c), r);
-  }
-
-  static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha,
-                   float beta) {
-    __m256 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
-    for (int i = 0; i < MR; ++i) {
-      float* row = c + i * ldc;
-      _mm256_storeu_ps(row, update(lo[i], alpha, beta, row));
-      _mm256_storeu_ps(row + 8, update(hi[i], alpha, beta, row + 8));
-    }
-  }
-
+struct Avx2Micro : TwoVectorMicro<kernels::fused::Avx2, Avx2Tiles> {
   // Panel rows k = 0..kc of 16 columns: dst[k*16 + j] = src[j][k]; 8 x 8
   // blocks transposed in registers, the last block's k past kc masked off.
   // Rows j >= nr are zeros: a half of them all is stored as zeros.
@@ -87,15 +50,6 @@ struct Avx2Micro {
             _mm256_store_ps(dst + (k0 + 4 + c) * 16 + 8 * half, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
         }
       }
-    }
-  }
-
-  static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {
-    __m256 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
-    for (int i = 0; i < MR; ++i) {
-      _mm256_store_ps(acc + i * 16, lo[i]);
-      _mm256_store_ps(acc + i * 16 + 8, hi[i]);
     }
   }
 };

@@ -8,54 +8,14 @@
 
 #define MHA_ISA_TARGET "avx512f,avx2,fma"
 #include "cpu/isa/target_begin.h"
+#include "cpu/fused/simd_avx512.h"
 #include "cpu/gemm/gemm_impl.h"
+#include "cpu/gemm/micro_kernel.h"
 
 namespace mha::cpu::gemm_kernels {
 namespace {
 
-struct Avx512Micro {
-  using Tiles = Avx512Tiles;
-  static constexpr const char* kName = "avx512";
-  static constexpr int MR = Tiles::MR;
-  static_assert(Tiles::NR == 32, "two zmm per row");
-
-  // acc[i] (+)= sum_k a[k*MR + i] * b[k*32 .. k*32+31], for rows i < R
-  // (each row's sums are the same whatever R is).
-  template <int R = MR>
-  static inline void accumulate(int64_t kc, const float* a, const float* b, __m512 (&lo)[MR],
-                                __m512 (&hi)[MR]) {
-    for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kc; ++k) {
-      const __m512 b0 = _mm512_load_ps(b);
-      const __m512 b1 = _mm512_load_ps(b + 16);
-      for (int i = 0; i < R; ++i) {
-        const __m512 ai = _mm512_set1_ps(a[i]);
-        lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
-        hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
-      }
-      a += MR;
-      b += 32;
-    }
-  }
-
-  static inline __m512 update(__m512 acc, float alpha, float beta, const float* c) {
-    const __m512 r = alpha == 1.0f ? acc : _mm512_mul_ps(_mm512_set1_ps(alpha), acc);
-    if (beta == 0.0f) return r;
-    if (beta == 1.0f) return _mm512_add_ps(_mm512_loadu_ps(c), r);
-    return _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(c), r);
-  }
-
-  static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha,
-                   float beta) {
-    __m512 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
-    for (int i = 0; i < MR; ++i) {
-      float* row = c + i * ldc;
-      _mm512_storeu_ps(row, update(lo[i], alpha, beta, row));
-      _mm512_storeu_ps(row + 16, update(hi[i], alpha, beta, row + 16));
-    }
-  }
-
+struct Avx512Micro : TwoVectorMicro<kernels::fused::Avx512, Avx512Tiles> {
   // An edge tile: rows [0, mr), columns [0, nr) of the micro-tile, through
   // masked loads and stores (the same arithmetic as a whole tile).
   //
@@ -129,15 +89,6 @@ struct Avx512Micro {
           }
         }
       }
-    }
-  }
-
-  static void tile_to(int64_t kc, const float* a, const float* b, float* acc) {
-    __m512 lo[MR], hi[MR];
-    accumulate(kc, a, b, lo, hi);
-    for (int i = 0; i < MR; ++i) {
-      _mm512_store_ps(acc + i * 32, lo[i]);
-      _mm512_store_ps(acc + i * 32 + 16, hi[i]);
     }
   }
 };

@@ -9,9 +9,9 @@
 //    projections of padded batch rows are one product per row, all reading
 //    the same weight); each packing is made on every thread, a few column
 //    panels at a time (packing reads the whole matrix from memory).
-// 2. A right-hand matrix that serves at most Backend::max_unpacked_rows()
+// 2. A right-hand matrix that serves at most backend.max_unpacked_rows
 //    rows in all is never packed whole: its products run a few panels per
-//    job, each job passing all their rows (Backend::run_unpacked; the same
+//    job, each job passing all their rows (backend.run_unpacked; the same
 //    bits as the packed path).
 // 3. The other products are cut into row blocks of gemm_row_block(total
 //    rows of the batch): fixed by the shapes, so a product that padding cut
@@ -20,16 +20,6 @@
 // 4. Jobs run largest first on `team` threads, so that the threads finish
 //    together; the order changes no block's result.
 //
-//   struct Backend {
-//     using Pack = ...;                                     // packed op(B)
-//     static int64_t max_unpacked_rows();
-//     static int64_t panel_width();                         // columns per panel
-//     static std::unique_ptr<Pack> make(int64_t K, int64_t N);
-//     static void pack(Pack&, const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1);
-//     static void run_packed(const GemmBlock& block, const Pack&);
-//     static void run_unpacked(const GemmBlock* g, int64_t count, const float* const* rows,
-//                              int64_t panel0, int64_t panel1);
-//   };
 #pragma once
 
 #include <algorithm>
@@ -43,13 +33,35 @@
 
 namespace mha::cpu {
 
+// The team for `products`: the one rule (core/parallel.h) on their
+// multiply-adds scaled down by `speed`, how many times a plain loop's work
+// the backend's kernels do in the same time.
+inline int gemm_team(const std::vector<GemmBlock>& products, double speed, int threads) {
+  double work = 0;
+  for (const GemmBlock& g : products)
+    work += static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
+  return core::worth_a_team(work / speed) ? threads : 1;
+}
+
+// A backend: its kernels and the shape of its packing. Pack is its packed
+// op(B): Pack(K, N), panels(), and pack(trans_b, B, ldb, panel0, panel1,
+// rows) packing panels [panel0, panel1).
+template <class Pack>
+struct GemmBackend {
+  int64_t max_unpacked_rows;  // step 2
+  int64_t panel_width;        // columns per panel
+  void (*run_packed)(const GemmBlock& block, const Pack& b);
+  void (*run_unpacked)(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
+                       int64_t panel1);
+};
+
 // products[i] reads B rows at b_rows[i] (stacked weights) or as its B, ldb,
 // or, where given(i) is not null, the packing given(i); shares_b(x, y):
 // products x and y read the same right-hand matrix.
-template <class Backend, class SharesB, class Given>
-void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector<std::vector<const float*>>& b_rows,
-                       const SharesB& shares_b, const Given& given, int team) {
-  using Pack = typename Backend::Pack;
+template <class Pack, class SharesB, class Given>
+void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmBlock>& products,
+                       const std::vector<std::vector<const float*>>& b_rows, const SharesB& shares_b,
+                       const Given& given, int team) {
   const auto rows_ptr = [&](size_t i) { return b_rows[i].empty() ? nullptr : b_rows[i].data(); };
   std::vector<size_t> pack_of(products.size());
   std::vector<size_t> firsts;  // the product each packing is made from
@@ -76,16 +88,17 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
   constexpr int64_t kPanelsPerJob = 4;
   for (size_t p = 0; p < firsts.size(); ++p) {
     if ((packs[p] = given(firsts[p]))) continue;
-    if (rows_of[p] <= Backend::max_unpacked_rows()) continue;
+    if (rows_of[p] <= backend.max_unpacked_rows) continue;
     const GemmBlock& g = products[firsts[p]];
-    made[p] = Backend::make(g.K, g.N);
+    made[p] = std::make_unique<Pack>(g.K, g.N);
     packs[p] = made[p].get();
     for (int64_t j = 0; j < made[p]->panels(); j += kPanelsPerJob)
       pack_jobs.push_back({p, j, std::min(j + kPanelsPerJob, made[p]->panels())});
   }
   core::parallel_for(static_cast<int64_t>(pack_jobs.size()), team, [&](int64_t i) {
     const PackJob& j = pack_jobs[static_cast<size_t>(i)];
-    Backend::pack(*made[j.pack], products[firsts[j.pack]], rows_ptr(firsts[j.pack]), j.panel0, j.panel1);
+    const GemmBlock& g = products[firsts[j.pack]];
+    made[j.pack]->pack(g.trans_b, g.B, g.ldb, j.panel0, j.panel1, rows_ptr(firsts[j.pack]));
   });
 
   // A row block against a packed B, or (b null) the columns [panel0, panel1)
@@ -96,9 +109,8 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
     const std::vector<GemmBlock>* group;
     const float* const* rows;
     int64_t panel0, panel1;
-    double work() const {
+    double work(int64_t w) const {  // w: the backend's panel width
       if (b) return static_cast<double>(block.M) * static_cast<double>(block.N) * static_cast<double>(block.K);
-      const int64_t w = Backend::panel_width();
       const int64_t cols = std::min(block.N, panel1 * w) - panel0 * w;
       double rows = 0;
       for (const GemmBlock& g : *group) rows += static_cast<double>(g.M);
@@ -109,7 +121,7 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
   std::vector<std::vector<GemmBlock>> groups(firsts.size());  // products of each unpacked B, in batch order
   for (size_t i = 0; i < products.size(); ++i)
     if (!packs[pack_of[i]]) groups[pack_of[i]].push_back(products[i]);
-  const int64_t w = Backend::panel_width();
+  const int64_t w = backend.panel_width;
   for (size_t p = 0; p < firsts.size(); ++p) {
     if (packs[p]) continue;
     const GemmBlock& g = products[firsts[p]];
@@ -130,12 +142,12 @@ void run_gemm_schedule(const std::vector<GemmBlock>& products, const std::vector
       jobs.push_back({b, packs[pack_of[i]], nullptr, nullptr, 0, 0});
     }
   }
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.work() > b.work(); });
+  std::stable_sort(jobs.begin(), jobs.end(), [w](const Job& a, const Job& b) { return a.work(w) > b.work(w); });
   const int64_t n = static_cast<int64_t>(jobs.size());
   core::parallel_for(n, static_cast<int>(std::min<int64_t>(team, n)), [&](int64_t i) {
     const Job& j = jobs[static_cast<size_t>(i)];
-    if (j.b) Backend::run_packed(j.block, *j.b);
-    else Backend::run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
+    if (j.b) backend.run_packed(j.block, *j.b);
+    else backend.run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
   });
 }
 

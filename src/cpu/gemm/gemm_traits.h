@@ -21,29 +21,25 @@
 // B is a strided gather, ~0.6 ns per element).
 #pragma once
 
+#include "cpu/isa/registers.h"
+
 namespace mha::cpu::gemm_kernels {
 
-struct Avx512Tiles {
-  static constexpr int kLanes = 16;
-  static constexpr int kRegisters = 32;
+struct Avx512Tiles : Avx512Registers {
   static constexpr int MR = 12;   // rows of C per micro-tile
   static constexpr int NR = 32;   // columns: two zmm
   static constexpr int KC = 256;  // the KC x NR panel of B: 32 KiB, in L1
   static constexpr int MC = 192;  // the MC x KC block of A: 192 KiB, in L2
 };
 
-struct Avx2Tiles {
-  static constexpr int kLanes = 8;
-  static constexpr int kRegisters = 16;
+struct Avx2Tiles : Avx2Registers {
   static constexpr int MR = 6;
   static constexpr int NR = 16;   // two ymm; 12 accumulators
   static constexpr int KC = 256;  // 16 KiB panel of B
   static constexpr int MC = 96;
 };
 
-struct ScalarTiles {
-  static constexpr int kLanes = 4;  // what the compiler makes of the loops (SSE)
-  static constexpr int kRegisters = 16;
+struct ScalarTiles : SseRegisters {
   static constexpr int MR = 4;
   static constexpr int NR = 8;
   static constexpr int KC = 256;
@@ -53,7 +49,7 @@ struct ScalarTiles {
 template <class T>
 constexpr bool tiles_are_valid() {
   static_assert(T::NR % T::kLanes == 0, "a micro-tile row is whole vectors");
-  static_assert(T::MR * (T::NR / T::kLanes) + T::NR / T::kLanes + 1 <= T::kRegisters,
+  static_assert(fits_registers<T>(T::MR, T::NR / T::kLanes),
                 "accumulators, B operands and the broadcast must fit the register file");
   static_assert(T::MC % T::MR == 0, "an A block is whole row panels");
   static_assert(T::KC * T::NR * 4 <= 48 * 1024, "a B panel must fit L1");

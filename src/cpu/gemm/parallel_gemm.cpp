@@ -104,38 +104,16 @@ void GemmBatch::run_dots(int threads) const {
   }
 }
 
-namespace {
-
-// The float32 product's packing and kernels (gemm_schedule.h).
-struct Float32Gemm {
-  using Pack = PackedB;
-  static int64_t max_unpacked_rows() { return gemm_unpacked_max_rows(); }
-  static int64_t panel_width() { return gemm_panel_width(); }
-  static std::unique_ptr<Pack> make(int64_t K, int64_t N) { return std::make_unique<PackedB>(K, N); }
-  static void pack(Pack& b, const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1) {
-    b.pack(g.trans_b, g.B, g.ldb, panel0, panel1, rows);
-  }
-  static void run_packed(const GemmBlock& g, const Pack& b) { gemm_packed(g, b); }
-  static void run_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
-                           int64_t panel1) {
-    gemm_unpacked(g, count, rows, panel0, panel1);
-  }
-};
-
-}  // namespace
-
 void GemmBatch::run_float32(int threads) const {
   if (products_.empty()) return;
-  // The one rule (core/parallel.h), on the products' multiply-adds scaled
-  // down 10x: the micro-kernels do ~10x the work of a plain loop in the same
-  // time, so products below 2e6 run on the calling thread (the d2l
+  // The micro-kernels do ~10x the work of a plain loop in the same time, so
+  // products below 2e6 multiply-adds run on the calling thread (the d2l
   // chapter's toy shape: 2e5).
   constexpr double kFloat32Speed = 10;
-  double work = 0;
-  for (const GemmBlock& g : products_) work += static_cast<double>(g.M) * g.N * g.K;
-  const int team = core::worth_a_team(work / kFloat32Speed) ? threads : 1;
-  run_gemm_schedule<Float32Gemm>(
-      products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
+  const int team = gemm_team(products_, kFloat32Speed, threads);
+  const GemmBackend<PackedB> float32{gemm_unpacked_max_rows(), gemm_panel_width(), gemm_packed, gemm_unpacked};
+  run_gemm_schedule(
+      float32, products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
       [this](size_t i) { return packed_[i] ? packed_[i]->panels.get() : nullptr; }, team);
 }
 

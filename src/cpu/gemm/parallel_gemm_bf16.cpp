@@ -28,46 +28,23 @@ void GemmBatch::run_bfloat16(int threads) const {
   else run_bfloat16_portable(threads);
 }
 
-namespace {
-
-// The AMX product's packing and kernels (gemm_schedule.h).
-struct AmxGemm {
-  using Pack = PackedBf16B;
-  static int64_t max_unpacked_rows() { return 32; }
-  static int64_t panel_width() { return PackedBf16B::kPanel; }
-  static std::unique_ptr<Pack> make(int64_t K, int64_t N) { return std::make_unique<PackedBf16B>(K, N); }
-  static void pack(Pack& b, const GemmBlock& g, const float* const* rows, int64_t panel0, int64_t panel1) {
-    b.pack(g.trans_b, g.B, g.ldb, panel0, panel1, rows);
-  }
-  static void run_packed(const GemmBlock& g, const Pack& b) { gemm_amx_packed(g, b); }
-  static void run_unpacked(const GemmBlock* g, int64_t count, const float* const* rows, int64_t panel0,
-                           int64_t panel1) {
-    gemm_amx_unpacked(g, count, rows, panel0, panel1);
-  }
-};
-
-}  // namespace
-
 void GemmBatch::run_bfloat16_amx(int threads) const {
-  // The one rule (core/parallel.h), as in run_float32; the tiles make a
-  // product ~4x faster again, hence 40x (products below 8e6 multiply-adds
-  // run on the calling thread).
+  // As in run_float32; the tiles make a product ~4x faster again, hence 40x
+  // (products below 8e6 multiply-adds run on the calling thread).
   constexpr double kAmxSpeed = 40;
-  double work = 0;
-  for (const GemmBlock& g : products_)
-    work += static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
-  const int team = core::worth_a_team(work / kAmxSpeed) ? threads : 1;
+  const int team = gemm_team(products_, kAmxSpeed, threads);
 
   // Each distinct right-hand matrix rounded and packed once (gemm_schedule.h);
-  // one that serves at most 32 rows in all (AmxGemm) is never packed
+  // one that serves at most 32 rows in all (`amx` below) is never packed
   // whole (gemm_amx_unpacked: each job packs its panels into a thread-local
   // buffer as its rows pass them; the same bits). On the loaded machine,
   // best of 10 samples, unpacked against packed: the toy call 27.5 / 23.0
   // GFLOP/s, 8 x 2304 x 768 36.5 / 23.0, 1 x 768 x 768 3.3 / 3.9 at 1 thread
   // and 7.0 / 4.1 at 2 (its panels split over threads): mostly noise, but
   // it never copies a whole weight for one row.
-  run_gemm_schedule<AmxGemm>(
-      products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
+  const GemmBackend<PackedBf16B> amx{32, PackedBf16B::kPanel, gemm_amx_packed, gemm_amx_unpacked};
+  run_gemm_schedule(
+      amx, products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
       [this](size_t i) { return packed_[i] ? packed_[i]->tiles.get() : nullptr; }, team);
 }
 

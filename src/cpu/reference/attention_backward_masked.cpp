@@ -1,11 +1,12 @@
 // The reference backward of attention with every mask option and grouped
 // heads (cpu/reference/attention_backward_masked.h has the formulas). Everything in
-// double, the weights recomputed from q and k by the forward's rules spelled
-// out again here, one line per rule.
+// double, the weights recomputed from q and k by the forward reference's
+// rules (cpu/reference/masked_score.h).
 #include <cmath>
 #include <vector>
 
 #include "cpu/reference/attention_backward_masked.h"
+#include "cpu/reference/masked_score.h"
 
 namespace mha::kernels {
 
@@ -29,38 +30,19 @@ void attention_backward_masked_reference(const AttentionForward& p, const Tensor
       const uint64_t base = static_cast<uint64_t>((b * H + h) * Q * K);
       // P: the forward's weights, and which pairs take part.
       for (int64_t i = 0; i < Q; ++i) {
-        const float len = p.length(b, i);
-        double row_max = -INFINITY;
-        int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
-        for (int64_t j = 0; j < K; ++j) {
-          double dot = 0.0;
-          for (int64_t c = 0; c < d; ++c)
-            dot += static_cast<double>(p.q.ptr(b, h, i)[c]) * p.k.ptr(b, hk, j)[c];
-          double s = dot / scale;
-          if (m.key_bias) s += m.bias_row(b, K)[j];
-          if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
-          bool k_ok = static_cast<float>(j) < len;
-          if (m.key_keep && !m.keep_row(b, K)[j]) k_ok = false;
-          if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) k_ok = false;
-          if (j > m.causal_last_key(i, Q, K)) k_ok = false;
-          if (!k_ok) s = m.fill_value();
-          kept += k_ok;
-          if (k_ok && s != -INFINITY) ++live;
-          keep[i * K + j] = k_ok;
-          P[i * K + j] = s;
-          row_max = std::fmax(row_max, s);
-          M[i * K + j] = p.dropout.multiplier(base + i * K + j);
-        }
-        // The forward's rule (attention_reference.cpp): the policy when no key
-        // is kept or every score of the row is -inf.
-        empty[i] = kept == 0 || (live == 0 && (kept == K || m.fill == MaskFill::NegInf));
+        const reference::ScoreRow<double> row =
+            reference::masked_scores(p, b, h, i, P.data() + i * K, keep.data() + i * K);
+        for (int64_t j = 0; j < K; ++j) M[i * K + j] = p.dropout.multiplier(base + i * K + j);
+        // The forward's rule: the policy when no key is kept or every score of
+        // the row is -inf.
+        empty[i] = row.fully_masked;
         if (empty[i]) {
           const double w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0 / K : 0.0;
           for (int64_t j = 0; j < K; ++j) P[i * K + j] = w;
           continue;
         }
         double sum = 0.0;
-        for (int64_t j = 0; j < K; ++j) sum += (P[i * K + j] = std::exp(P[i * K + j] - row_max));
+        for (int64_t j = 0; j < K; ++j) sum += (P[i * K + j] = std::exp(P[i * K + j] - row.max));
         for (int64_t j = 0; j < K; ++j) P[i * K + j] /= sum;
       }
       // grad_v[hk][j] += sum_i P[i,j] M[i,j] dO[i];  dS as in the header.

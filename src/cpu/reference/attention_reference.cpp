@@ -6,42 +6,22 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/reference/masked_score.h"
 #include "cpu/reference/reference.h"
-#include "cpu/blas/attention_blas.h"
 
 namespace mha::kernels {
 
 void attention_forward_reference(const AttentionForward& p) {
-  const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
+  const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), dv = p.dv();
   std::vector<float> w(static_cast<size_t>(K));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = p.kv_head(h);  // grouped heads share k and v
       for (int64_t i = 0; i < Q; ++i) {
         const MaskOptions& m = p.masks;
-        const float* q = p.q.ptr(b, h, i);
-        const float len = p.length(b, i);
         // scores = q . k / sqrt(d) (+ additive masks); masked keys get the fill.
-        float row_max = -INFINITY;
-        int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
-        for (int64_t j = 0; j < K; ++j) {
-          const float* k = p.k.ptr(b, hk, j);
-          double dot = 0.0;
-          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
-          float s = static_cast<float>(dot) / p.scale_divisor;
-          if (m.key_bias) s += m.bias_row(b, K)[j];
-          if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
-          bool keep = static_cast<float>(j) < len;
-          if (m.key_keep && !m.keep_row(b, K)[j]) keep = false;
-          if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
-          if (j > m.causal_last_key(i, Q, K)) keep = false;
-          if (!keep) s = m.fill_value();
-          kept += keep;
-          live += keep && s != -INFINITY;
-          w[j] = s;
-          row_max = std::fmax(row_max, s);
-        }
-        if (kept == 0 || (live == 0 && (kept == K || m.fill_value() == -INFINITY))) {
+        const reference::ScoreRow<float> row = reference::masked_scores(p, b, h, i, w.data(), nullptr);
+        if (row.fully_masked) {
           // No key takes part, or every score of the row is -inf: the
           // caller's policy, never exp(-inf - -inf) = NaN. When kept keys
           // score -inf but masked keys hold the d2l chapter's finite fill, the
@@ -54,7 +34,7 @@ void attention_forward_reference(const AttentionForward& p) {
         } else {
           double sum = 0.0;
           for (int64_t j = 0; j < K; ++j) {
-            w[j] = std::exp(w[j] - row_max);
+            w[j] = std::exp(w[j] - row.max);
             sum += w[j];
           }
           for (int64_t j = 0; j < K; ++j) w[j] = static_cast<float>(w[j] / sum);
