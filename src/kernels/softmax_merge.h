@@ -3,7 +3,7 @@
 //
 // A block b of keys gives, per query row, its normalised output O_b (the
 // weighted sum of its values) and the fused kernel's statistics of its
-// scores (kernels/params.h, base 2, no additive mask): m_b =
+// scores (kernels/params.h, SoftmaxStats: base 2, no additive mask): m_b =
 // max_k t_k and s_b = sum_k 2^(t_k - m_b). The softmax over all blocks is
 //   M = max_b m_b,   S = sum_b s_b 2^(m_b - M),
 //   O = sum_b (s_b 2^(m_b - M) / S) O_b,
@@ -13,9 +13,12 @@
 // in any block keeps M = -inf, and its caller applies the fully-masked
 // policy (uniform weights over every key, or zeros).
 //
-// merge_block folds blocks in one at a time into a running (acc, M, S) with
-// acc = sum_b s_b 2^(m_b - M) O_b (unnormalised); finish divides. The
-// blocks' order is fixed by the caller, so the result is too.
+// merge_block (or merge_partial, for a block whose output is not yet
+// divided by s_b) folds blocks in one at a time into a running (acc, M, S)
+// with acc = sum_b s_b 2^(m_b - M) O_b (unnormalised); finish_row divides.
+// The blocks' order is fixed by the caller, so the result is too. Used by
+// the ring over ranks (dist/ring_attention.cpp) and the decode kernel's
+// split-K chunks (cpu/decode/decode.cpp).
 #pragma once
 
 #include <cmath>
@@ -30,15 +33,32 @@ struct SoftmaxMergeRow {
   float& S;
 };
 
-// Folds block (out:[width], m_b, s_b) into `row`.
-inline void merge_block(SoftmaxMergeRow row, const float* out, float m_b, float s_b, int64_t width) {
+namespace detail {
+// acc = acc 2^(M_old - M) + block 2^(m_b - M) * block_scale, S likewise.
+inline void merge_scaled(SoftmaxMergeRow row, const float* block, float block_scale, float m_b, float s_b,
+                         int64_t width) {
   if (m_b == -INFINITY) return;  // no live key in this block
   const float M = row.M > m_b ? row.M : m_b;
   const float keep = row.M == -INFINITY ? 0.0f : std::exp2(row.M - M);  // rescales what is there
-  const float add = s_b * std::exp2(m_b - M);
-  for (int64_t x = 0; x < width; ++x) row.acc[x] = row.acc[x] * keep + out[x] * add;
-  row.S = row.S * keep + add;
+  const float grow = std::exp2(m_b - M);
+  const float add = block_scale * grow;
+  for (int64_t x = 0; x < width; ++x) row.acc[x] = row.acc[x] * keep + block[x] * add;
+  row.S = row.S * keep + s_b * grow;
   row.M = M;
+}
+}  // namespace detail
+
+// Folds block (out:[width] normalised, m_b, s_b) into `row` (the ring: each
+// block is a whole fused-kernel call, which normalises its output).
+inline void merge_block(SoftmaxMergeRow row, const float* out, float m_b, float s_b, int64_t width) {
+  detail::merge_scaled(row, out, s_b, m_b, s_b, width);
+}
+
+// Folds block (acc_b:[width] = sum_k 2^(t_k - m_b) v_k, not normalised,
+// m_b, s_b) into `row` (split-K: the decode kernel's chunks leave their
+// sums unnormalised, saving a division per chunk).
+inline void merge_partial(SoftmaxMergeRow row, const float* acc_b, float m_b, float s_b, int64_t width) {
+  detail::merge_scaled(row, acc_b, 1.0f, m_b, s_b, width);
 }
 
 // acc /= S for a row with a live key (M > -inf); returns false (acc left

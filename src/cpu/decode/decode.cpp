@@ -26,6 +26,7 @@
 #include "cpu/isa/have_x86.h"
 #include "cpu/decode/decode.h"
 #include "kernels/params.h"
+#include "kernels/softmax_merge.h"
 #include "kernels/validate.h"
 #include "mha/error.h"
 #include "mha/threads.h"
@@ -60,34 +61,23 @@ void fully_masked_row(const DecodeParams& p, int64_t b, int64_t g, float* out) {
   for (int64_t x = 0; x < dv; ++x) out[x] /= static_cast<float>(K);
 }
 
-// out[r, :] for the R rows of (b, g) from its chunks' partials, in chunk order.
+// out[r, :] for the R rows of (b, g) from its chunks' partials, in chunk
+// order, by the one split-K merge (kernels/softmax_merge.h).
 void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const float* partials) {
   const DecodeParams& p = *job.p;
   const int64_t G = p.group(), R = job.rows(), S = job.partial_stride(), dv = p.dv;
   for (int64_t r = 0; r < R; ++r) {
     float* out = p.out + first.b * p.out_stride_b + (first.g * G + r / p.Qn) * p.out_stride_h +
                  (r % p.Qn) * p.out_stride_i;
-    if (n_chunks == 0) {  // no keys: the output is 0 (kernels/params.h)
-      std::fill(out, out + dv, 0.0f);
-      continue;
-    }
-    float M = -INFINITY;
-    for (int64_t c = 0; c < n_chunks; ++c) M = std::max(M, partials[(c * R + r) * S]);
-    if (M == -INFINITY) {  // every key dropped out (-inf fill or bias): the fully-masked policy
-      fully_masked_row(p, first.b, first.g, out);
-      continue;
-    }
-    float sum = 0.0f;
+    std::fill(out, out + dv, 0.0f);  // no keys: the output is 0 (kernels/params.h, DecodeParams)
+    float row_max = -INFINITY, row_sum = 0.0f;
+    const SoftmaxMergeRow row{out, row_max, row_sum};
     for (int64_t c = 0; c < n_chunks; ++c) {
       const float* part = partials + (c * R + r) * S;
-      sum += part[1] * std::exp2(part[0] - M);
+      merge_partial(row, part + 2, part[0], part[1], dv);
     }
-    for (int64_t x = 0; x < dv; ++x) out[x] = 0.0f;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const float* part = partials + (c * R + r) * S;
-      const float f = std::exp2(part[0] - M) / sum;
-      for (int64_t x = 0; x < dv; ++x) out[x] += part[2 + x] * f;
-    }
+    // Every key dropped out (-inf fill or bias): the fully-masked policy.
+    if (!finish_row(row, dv) && n_chunks > 0) fully_masked_row(p, first.b, first.g, out);
   }
 }
 

@@ -147,3 +147,58 @@ INSTANTIATE_TEST_SUITE_P(EveryIsa, SoftmaxMergeTest,
 
 }  // namespace
 }  // namespace mha::kernels
+
+namespace mha::kernels {
+namespace {
+
+// Split-K's form: blocks given as unnormalised sums (merge_partial) merge to
+// the softmax over all keys written out in double, whatever the order of
+// the blocks' maxima; a block with no live key (m = -inf) adds nothing, and
+// a row with none anywhere is reported to the caller (finish_row false).
+TEST(SoftmaxMerge, PartialSumsEqualTheWholeSoftmax) {
+  Generator gen(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t width = 1 + trial % 9, blocks = 1 + trial % 5;
+    std::vector<std::vector<double>> scores(static_cast<size_t>(blocks));
+    std::vector<std::vector<std::vector<double>>> values(static_cast<size_t>(blocks));
+    std::vector<float> acc(static_cast<size_t>(width), 0.0f);
+    float M = -INFINITY, S = 0.0f;
+    const SoftmaxMergeRow row{acc.data(), M, S};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n = (trial + b) % 4;  // 0: a block without keys
+      std::vector<float> part(static_cast<size_t>(width), 0.0f);
+      float m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[b].push_back(20.0 * gen.uniform(-1.0f, 1.0f) + 10.0 * b);
+        m = std::max(m, static_cast<float>(scores[b].back()));
+        values[b].emplace_back();
+        for (int64_t x = 0; x < width; ++x) values[b].back().push_back(gen.uniform(-1.0f, 1.0f));
+      }
+      float s = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = std::exp2(static_cast<float>(scores[b][j]) - m);
+        s += w;
+        for (int64_t x = 0; x < width; ++x) part[x] += w * static_cast<float>(values[b][j][x]);
+      }
+      merge_partial(row, part.data(), m, s, width);
+    }
+    double mx = -INFINITY, sum = 0;
+    for (const auto& sc : scores)
+      for (double t : sc) mx = std::max(mx, t);
+    std::vector<double> want(static_cast<size_t>(width), 0.0);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (size_t j = 0; j < scores[b].size(); ++j) {
+        const double w = std::exp2(scores[b][j] - mx);
+        sum += w;
+        for (int64_t x = 0; x < width; ++x) want[x] += w * values[b][j][x];
+      }
+    const bool live = finish_row(row, width);
+    ASSERT_EQ(live, sum > 0) << "trial " << trial;
+    if (!live) continue;
+    for (int64_t x = 0; x < width; ++x) EXPECT_NEAR(acc[x], want[x] / sum, 1e-5) << "trial " << trial;
+    EXPECT_NEAR(S * std::exp2(static_cast<double>(M) - mx), sum, 1e-5 * sum);
+  }
+}
+
+}  // namespace
+}  // namespace mha::kernels
