@@ -25,8 +25,8 @@
 // ratio. x read: the step's time over cache bytes / stream GB/s (1.0: the
 // step runs at memory speed). work KiB: the kernel's working memory besides
 // the cache at the case's threads (kernels::decode_working_bytes).
-#include "core/bf16.h"
 #include "bench_decode.h"
+#include "core/bf16.h"
 
 #include <unistd.h>
 

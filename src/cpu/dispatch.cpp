@@ -59,7 +59,7 @@ void attention_weights(const AttentionWeightsParams& p) {
 }
 
 bool decode_runs_fused(const DecodeParams& p) {
-  // The switch point (kernels/params.h): see the measurements above
+  // The switch point (cpu/decode/decode.h): see the measurements above
   // kDecodeFusedMinQueries.
   if (p.Qn < decode_fused_min_queries(p.dtype)) return false;
   for (int64_t b = 0; b < p.B; ++b)
@@ -72,8 +72,15 @@ void decode_forward(const DecodeParams& p) {  // both kernels validate p themsel
   else decode_attention(p);
 }
 
-int64_t decode_forward_working_bytes(const DecodeParams& p, int threads) {
-  return decode_runs_fused(p) ? decode_fused_working_bytes(p) : decode_working_bytes(p, threads);
+bool decode_runs_fused(const AttentionForward& p) {
+  return decode_runs_fused(decode_params(p, "kernels::decode_runs_fused", /*check=*/false));
+}
+
+void decode_forward(const AttentionForward& p, const char* op) { decode_forward(decode_params(p, op)); }
+
+int64_t decode_forward_working_bytes(const AttentionForward& p, int threads) {
+  const DecodeParams d = decode_params(p, "kernels::decode_forward_working_bytes", /*check=*/false);
+  return decode_runs_fused(d) ? decode_fused_working_bytes(d) : decode_working_bytes(d, threads);
 }
 
 }  // namespace mha::kernels

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/memory.h"
 #include "core/bf16.h"
+#include "core/memory.h"
 #include "cpu/gemm/packed_weight.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "dist/agree.h"

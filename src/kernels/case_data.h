@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/params.h"
 #include "kernels/cases.h"
+#include "kernels/params.h"
 #include "mha/random.h"
 #include "mha/tensor.h"
 

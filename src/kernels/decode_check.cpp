@@ -1,5 +1,6 @@
-// Validation of DecodeParams at the decode kernels' edge: every message names
-// the operation, the argument, the value seen and the value wanted.
+// Validation of a cached call at the decode kernels' edge, and its flat
+// form (DecodeParams) made from the forward: every message names the
+// operation, the argument, the value seen and the value wanted.
 #include "kernels/params.h"
 #include "kernels/validate.h"
 #include "mha/error.h"
@@ -15,6 +16,9 @@ void check_decode_params(const DecodeParams& p, const char* op) {
          "; wanted a positive number of query heads that is a multiple of the cache's");
   if (!(p.scale_divisor > 0.0f))
     fail(op, "scale_divisor: ", p.scale_divisor, "; wanted a positive number (sqrt(d))");
+  if (p.chunk_keys < 0 || p.chunk_keys % kDecodeTile != 0)
+    fail(op, "chunk_keys: ", p.chunk_keys, "; wanted 0 (the kernel's choice) or a positive multiple of ",
+         kDecodeTile, " keys");
   if (p.B == 0) return;
   if (!p.q || !p.k || !p.v || !p.out || !p.lengths)
     fail(op, "a null pointer among q, k, v, out, lengths; wanted all set for B = ", p.B);
@@ -50,6 +54,57 @@ void check_decode_params(const DecodeParams& p, const char* op) {
       fail(op, "lengths[", b, "]: ", n, " keys cannot hold the ", p.Qn,
            " new ones of a causal step; wanted 0 or at least Qn = ", p.Qn);
   }
+}
+
+DecodeParams decode_params(const AttentionForward& p, const char* op, bool check) {
+  const TensorView* views[] = {&p.q, &p.k, &p.v, &p.out};
+  const char* names[] = {"q", "k", "v", "out"};
+  for (int x = 0; x < 4; ++x)
+    if (views[x]->rank != 4)
+      fail(op, names[x], ": rank ", views[x]->rank, "; wanted 4 ([B,H,Q,d], the cache [B,Hkv,capacity,d])");
+  if (!p.cache.active())  // read by every use
+    fail(op, "cache.lengths: null; wanted a cached call (the keys each row of the cache holds)");
+  const bool bf16 = p.cache.dtype == CacheDtype::BF16;
+  if (check && (bf16 != (p.cache.k_bf16 != nullptr && p.cache.v_bf16 != nullptr) || (bf16 && (p.k.data || p.v.data))))
+    fail(op, "cache: ", bf16 ? "bfloat16" : "float32", " storage with ", p.cache.k_bf16 ? "" : "no ",
+         "bfloat16 keys and ", p.k.data ? "" : "no ",
+         "float32 keys; wanted the pointers of its dtype only (k_bf16 and v_bf16 for BF16, k.data and v.data for F32)");
+  DecodeParams d;
+  d.B = p.q.shape[0], d.Hq = p.q.shape[1], d.Qn = p.q.shape[2], d.d = p.q.shape[3];
+  d.Hkv = p.k.shape[1], d.capacity = p.k.shape[2], d.dv = p.v.shape[3];
+  d.q = p.q.data;
+  d.q_stride_b = p.q.stride[0], d.q_stride_h = p.q.stride[1], d.q_stride_i = p.q.stride[2];
+  d.k = bf16 ? static_cast<const void*>(p.cache.k_bf16) : p.k.data;
+  d.v = bf16 ? static_cast<const void*>(p.cache.v_bf16) : p.v.data;
+  d.k_stride_b = p.k.stride[0], d.k_stride_h = p.k.stride[1], d.k_stride_j = p.k.stride[2];
+  d.v_stride_b = p.v.stride[0], d.v_stride_h = p.v.stride[1], d.v_stride_j = p.v.stride[2];
+  d.dtype = p.cache.dtype;
+  d.out = p.out.data;
+  d.out_stride_b = p.out.stride[0], d.out_stride_h = p.out.stride[1], d.out_stride_i = p.out.stride[2];
+  d.lengths = p.cache.lengths;
+  d.scale_divisor = p.scale_divisor;
+  d.length_kind = p.length_kind;
+  d.lens = p.lens;
+  d.masks = p.masks;
+  d.chunk_keys = p.cache.chunk_keys;
+  if (!check) return d;
+  // What a cached call cannot carry: the fused kernel's saves, dropout and
+  // the bfloat16 products are the uncached forward's (the modules never set
+  // them here).
+  if (p.weights || !p.stats.empty() || p.dropout.active() || p.read_all_keys)
+    fail(op, "a cached call with ", p.weights ? "weights" : !p.stats.empty() ? "statistics" : p.dropout.active() ? "dropout" : "read_all_keys",
+         "; wanted none of weights, statistics, dropout and read_all_keys (only the uncached forward takes them)");
+  if (p.q.stride[3] != 1 || p.k.stride[3] != 1 || p.v.stride[3] != 1 || p.out.stride[3] != 1)
+    fail(op, "strides: an innermost stride other than 1; wanted every view's rows contiguous");
+  if (p.k.shape[0] != d.B || p.v.shape[0] != d.B || p.v.shape[1] != d.Hkv || p.v.shape[2] != d.capacity ||
+      p.k.shape[3] != d.d || p.out.shape[0] != d.B || p.out.shape[1] != d.Hq || p.out.shape[2] != d.Qn ||
+      p.out.shape[3] != d.dv)
+    fail(op, "shapes: k (", p.k.shape[0], ", ", p.k.shape[1], ", ", p.k.shape[2], ", ", p.k.shape[3], "), v (",
+         p.v.shape[0], ", ", p.v.shape[1], ", ", p.v.shape[2], ", ", p.v.shape[3], "), out (", p.out.shape[0], ", ",
+         p.out.shape[1], ", ", p.out.shape[2], ", ", p.out.shape[3], ") for q (", d.B, ", ", d.Hq, ", ", d.Qn, ", ", d.d,
+         "); wanted k (B, Hkv, capacity, d), v (B, Hkv, capacity, dv), out (B, H, Q, dv)");
+  check_decode_params(d, op);
+  return d;
 }
 
 }  // namespace mha::kernels

@@ -45,21 +45,23 @@ void attention_backward(AttentionKernel kernel, const AttentionBackward& p);
 // pairs, from the statistics in p.fwd.stats (required).
 void attention_weights(const AttentionWeightsParams& p);
 
-// Whether decode_forward(p) runs the fused kernel (decode_attention_fused):
-// a prefill of at least decode_fused_min_queries(p.dtype) new queries over
-// rows of at most kFusedMaxKeys keys. Reads p.Qn, p.dtype and p.lengths only.
-bool decode_runs_fused(const DecodeParams& p);
-
+// A cached call: p.cache set (kernels/params.h, KeyCache),
 // q:[B,Hq,Qn,d] over the cache k:[B,Hkv,capacity,d] v:[B,Hkv,capacity,dv]
-// with lengths:[B] -> out:[B,Hq,Qn,dv] (kernels/params.h): the
-// decode kernel at the fused kernel's instruction set, or, for long
-// prefills (decode_runs_fused), the fused kernel on the cache, whatever
-// AttentionKernel a module has chosen (the others have no cached form). The
-// modules' cached calls (nn/cached_attention.h) come this way.
-void decode_forward(const DecodeParams& p);
+// with cache.lengths:[B] -> out:[B,Hq,Qn,dv]: the decode kernel at the
+// fused kernel's instruction set, or, for long prefills (decode_runs_fused),
+// the fused kernel on the cache, whatever AttentionKernel a module has
+// chosen (the others have no cached form). Checks p first (decode_params,
+// every build; `op` names the caller in its errors). The modules' cached
+// calls (nn/cached_attention.h) come this way.
+void decode_forward(const AttentionForward& p, const char* op = "kernels::decode_forward");
+// Whether decode_forward(p) runs the fused kernel (decode_attention_fused):
+// a prefill of at least decode_fused_min_queries(p.cache.dtype) new queries
+// over rows of at most kFusedMaxKeys keys. Reads shapes and lengths only.
+bool decode_runs_fused(const AttentionForward& p);
 // Bytes of working memory decode_forward(p) allocates at `threads` threads
-// (for the kernel it chooses).
-int64_t decode_forward_working_bytes(const DecodeParams& p, int threads);
+// (for the kernel it chooses). Reads the views' shapes and strides, the
+// cache's lengths and dtype only: the pointers may be unset.
+int64_t decode_forward_working_bytes(const AttentionForward& p, int threads);
 
 // Fills p.length_kind / p.lens from a validated ValidLens.
 inline void set_lengths(AttentionForward& p, const ValidLens& lens) {

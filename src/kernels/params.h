@@ -5,9 +5,11 @@
 // its users' inputs once, fills one of them and calls kernels/dispatch.h,
 // which checks the struct (kernels/validate.h, every build) and runs a
 // kernel. Here, in order: the masks (MaskOptions), dropout, the softmax
-// statistics, the forward (AttentionForward), the backward that contains it
-// (AttentionBackward), the recomputed weights (AttentionWeightsParams) and
-// a cached call (DecodeParams).
+// statistics, a cached call's keys (KeyCache), the forward
+// (AttentionForward: an uncached call, or with `cache` set a cached one),
+// the backward that contains it (AttentionBackward), the recomputed weights
+// (AttentionWeightsParams), and a cached forward's flat form as the decode
+// kernels read it (DecodeParams, made by decode_params()).
 //
 // The forward:
 //   q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> out:[B,h,Q,dv]
@@ -188,6 +190,41 @@ struct SoftmaxStats {
   bool empty() const { return row_max2 == nullptr; }
 };
 
+// ---- A cached call's keys ---------------------------------------------------
+//
+// A forward over a KV cache (incremental decoding): k and v are the cache's
+// storage, capacity = k.shape[2] slots per row, of which row b holds
+// lengths[b] keys; the forward's Q queries are the last Q of them (the new
+// keys already written), so query i of row b sits at position
+// lengths[b] - Q + i. kernels::decode_forward takes it (the decode kernel's
+// split-K chunks, or the fused kernel for long prefills); DecodeParams below
+// is the flat form the decode kernels read.
+
+// The number format of a cache's storage: float32, or bfloat16 (the upper
+// 16 bits of a float32, core/bf16.h).
+enum class CacheDtype { F32, BF16 };
+
+// The decode kernel's split-K chunks are whole tiles of this many keys.
+inline constexpr int64_t kDecodeTile = 32;
+
+struct KeyCache {
+  // [B]: how many keys row b holds (each in [0, capacity]); null: the call
+  // is not a cached one.
+  const int64_t* lengths = nullptr;
+  CacheDtype dtype = CacheDtype::F32;
+  // dtype BF16: the cache's bits, at k's and v's shapes and strides (whose
+  // float data pointers are then null).
+  const uint16_t* k_bf16 = nullptr;
+  const uint16_t* v_bf16 = nullptr;
+  // Keys per split-K chunk of the decode kernel: 0 (its choice,
+  // decode_chunk_keys) or a positive multiple of kDecodeTile. The chunking
+  // fixes the order of the sums, so a given value gives the same bits at
+  // any thread count.
+  int64_t chunk_keys = 0;
+
+  bool active() const { return lengths != nullptr; }
+};
+
 // ---- The forward ------------------------------------------------------------
 
 struct AttentionForward {
@@ -222,6 +259,11 @@ struct AttentionForward {
   // bfloat16 parts (2^-16 relative). The weights, their statistics and the
   // backward's gradients stay float32.
   Precision precision = Precision::Float32;
+
+  // Set: a cached call (KeyCache above); k and v then span the cache's
+  // capacity and each row's keys are its cache.lengths[b] first slots. Only
+  // kernels::decode_forward takes it; attention_forward refuses it.
+  KeyCache cache;
 
   int64_t B() const { return q.shape[0]; }
   int64_t H() const { return q.shape[1]; }
@@ -334,10 +376,11 @@ struct AttentionWeightsParams {
   float* out = nullptr;             // [rows, heads, Q, K] contiguous
 };
 
-// ---- A cached call (incremental decoding) -----------------------------------
+// ---- A cached call, flat (incremental decoding) -----------------------------
 //
-// A few new queries attending over many cached keys (the decode kernel's and
-// the fused kernel's cached form, chosen by kernels::decode_forward).
+// A few new queries attending over many cached keys: the cached
+// AttentionForward's fields spelled out as the decode kernels read them
+// (decode_params() makes it; tests and `mha bench` fill it directly).
 //
 //   q:[B,Hq,Qn,d] k_cache:[B,Hkv,capacity,d] v_cache:[B,Hkv,capacity,dv]
 //   lengths:[B] -> out:[B,Hq,Qn,dv]
@@ -377,8 +420,6 @@ struct AttentionWeightsParams {
 // Storage: the cache is float32 or bfloat16 (the upper 16 bits of a float32,
 // rounded to nearest even by to_bf16); the math is float32 either way.
 
-enum class CacheDtype { F32, BF16 };
-
 // The default masks of a cached call: causal within the new block.
 inline MaskOptions causal_masks() {
   MaskOptions m;
@@ -413,6 +454,9 @@ struct DecodeParams {
   // (key_stride_b >= every length), key j of row b at b * key_stride_b + j;
   // fill and fully_masked. Pair masks are not taken (checked).
   MaskOptions masks = causal_masks();
+  // Keys per split-K chunk: 0 (decode_chunk_keys chooses) or a positive
+  // multiple of kDecodeTile (KeyCache::chunk_keys).
+  int64_t chunk_keys = 0;
 
   int64_t group() const { return Hq / Hkv; }  // query heads per cache head
   // Query i's valid length in row b of K keys: keys j < valid_len(b, K, i)
@@ -436,6 +480,14 @@ struct DecodeParams {
     out_stride_i = dv, out_stride_h = Qn * dv, out_stride_b = Hq * Qn * dv;
   }
 };
+
+// The flat form of a cached forward (p.cache.active()): the same call, the
+// views' pointers and strides spelled out. With `check`, the one validation
+// of a cached call: throws mha::Error naming `op` for anything a decode
+// kernel cannot take (check_decode_params, kernels/validate.h, included).
+// Without, only the views' ranks and the lengths are checked: enough to size
+// a call whose pointers are not set yet (decode_forward_working_bytes).
+DecodeParams decode_params(const AttentionForward& p, const char* op, bool check = true);
 
 // n[b*Q + q] = #{k < K : float(k) < length(b, q)}: how many keys query q of
 // row b sees (K when unmasked). K must be at most 2^24.

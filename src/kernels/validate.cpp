@@ -39,6 +39,7 @@ std::string check_shape(const char* name, const TensorView& t, int64_t a, int64_
 
 // q, k, v (v optional), lengths, scale, dropout, masks and statistics.
 std::string check_inputs(const AttentionForward& p, bool need_v) {
+  if (p.cache.active()) return "cache.lengths: set (a cached call); wanted null here: kernels::decode_forward takes cached calls";
   if (std::string why = check_view("q", p.q); !why.empty()) return why;
   if (std::string why = check_view("k", p.k); !why.empty()) return why;
   const int64_t B = p.B(), H = p.H(), Hkv = p.Hkv(), K = p.K(), d = p.d();

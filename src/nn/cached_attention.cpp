@@ -7,7 +7,6 @@
 
 #include "core/memory.h"
 #include "kernels/dispatch.h"
-#include "kernels/validate.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 #include "nn/projections.h"
@@ -34,9 +33,13 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
 
   // The decode kernel's view of the call; the lengths it reads are the ones
   // after this call's append (the new keys are the last n of each row).
-  kernels::DecodeParams p;
+  kernels::AttentionForward p;
   CacheAccess::point(cache, p);
-  p.Hq = H, p.Qn = n;
+  p.masks = kernels::causal_masks();
+  // q and out: (B, H, n, d) views, set once projected (sized here for the plan).
+  p.q.rank = p.out.rank = 4;
+  p.q.shape[0] = p.out.shape[0] = B, p.q.shape[1] = p.out.shape[1] = H;
+  p.q.shape[2] = p.out.shape[2] = n, p.q.shape[3] = p.out.shape[3] = d;
   p.scale_divisor = std::sqrt(static_cast<float>(d));
   if (!call.valid_lens.is_none()) {
     p.length_kind = call.valid_lens.kind() == ValidLens::Kind::PerBatch ? kernels::LengthKind::PerBatch
@@ -50,7 +53,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   p.masks.fully_masked = call.fully_masked;
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
-  p.lengths = lengths.data();
+  p.cache.lengths = lengths.data();
 
   // Everything the call allocates, before anything is.
   core::MemoryPlan plan(call.op);
@@ -78,14 +81,12 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   if (precision == Precision::BFloat16) round_to_bf16(proj);
   Tensor concat({B * n, E});
   const TensorView out = layout.heads(concat.data(), n, H, d, E);
-  p.q = proj.q.data;
-  p.q_stride_b = proj.q.stride[0], p.q_stride_h = proj.q.stride[1], p.q_stride_i = proj.q.stride[2];
-  p.out = out.data;
-  p.out_stride_b = out.stride[0], p.out_stride_h = out.stride[1], p.out_stride_i = out.stride[2];
-  kernels::check_decode_params(p, call.op);  // before the cache changes
+  p.q = proj.q;
+  p.out = out;
+  (void)kernels::decode_params(p, call.op);  // checked before the cache changes
   CacheAccess::write(cache, proj.k, proj.v);
   CacheAccess::point(cache, p);  // the lengths now count the new positions
-  kernels::decode_forward(p);
+  kernels::decode_forward(p, call.op);
 
   // Head gates, then W_o, as the engine's forward.
   apply_head_gates(concat, layers.head_gates, H, d);

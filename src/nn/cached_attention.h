@@ -18,8 +18,8 @@
 #include "kernels/params.h"
 #include "mha/kv_cache.h"
 #include "mha/masks.h"
-#include "mha/valid_lens.h"
 #include "mha/tensor.h"
+#include "mha/valid_lens.h"
 #include "nn/attention_engine.h"
 #include "nn/kv_cache.h"
 

@@ -179,21 +179,28 @@ void CacheAccess::write(KVCache& c, const TensorView& k, const TensorView& v) {
   for (int64_t& len : c.lengths_) len += n;
 }
 
-void CacheAccess::point(const KVCache& c, kernels::DecodeParams& p) {
-  p.B = c.B_, p.Hkv = c.Hkv_, p.d = c.d_, p.dv = c.d_, p.capacity = c.capacity_;
+void CacheAccess::point(const KVCache& c, kernels::AttentionForward& p) {
+  auto view = [&](float* data) {
+    TensorView t;
+    t.data = data, t.rank = 4;
+    t.shape[0] = c.B_, t.shape[1] = c.Hkv_, t.shape[2] = c.capacity_, t.shape[3] = c.d_;
+    t.stride[0] = c.Hkv_ * c.capacity_ * c.d_, t.stride[1] = c.capacity_ * c.d_, t.stride[2] = c.d_, t.stride[3] = 1;
+    return t;
+  };
   const int64_t half = c.B_ * c.Hkv_ * c.capacity_ * c.d_;  // the values start here
+  p.cache = {};
   if (c.dtype_ == KVCacheDtype::BFloat16) {
-    p.dtype = kernels::CacheDtype::BF16;
-    p.k = c.bf16_.data();
-    p.v = c.bf16_.data() + half;
+    p.cache.dtype = kernels::CacheDtype::BF16;
+    p.cache.k_bf16 = c.bf16_.data();
+    p.cache.v_bf16 = c.bf16_.data() + half;
+    p.k = view(nullptr), p.v = view(nullptr);
   } else {
-    p.dtype = kernels::CacheDtype::F32;
-    p.k = c.f32_.data();
-    p.v = c.f32_.data() + half;
+    // The float32 views point into storage the call only reads (const_cast:
+    // TensorView's data is not const).
+    float* f32 = const_cast<float*>(c.f32_.data());
+    p.k = view(f32), p.v = view(f32 + half);
   }
-  p.k_stride_j = c.d_, p.k_stride_h = c.capacity_ * c.d_, p.k_stride_b = c.Hkv_ * c.capacity_ * c.d_;
-  p.v_stride_j = p.k_stride_j, p.v_stride_h = p.k_stride_h, p.v_stride_b = p.k_stride_b;
-  p.lengths = c.lengths_.data();
+  p.cache.lengths = c.lengths_.data();
 }
 
 }  // namespace nn

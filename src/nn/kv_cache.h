@@ -31,9 +31,9 @@ struct CacheAccess {
   // k, v: (B, Hkv, n, d) head views -> written after each row's length, the
   // lengths advanced by n. Sizes already checked.
   static void write(KVCache& cache, const TensorView& k, const TensorView& v);
-  // The cache's keys and values and lengths in p (k, v, strides, dtype,
-  // capacity, Hkv, d, dv, lengths, B).
-  static void point(const KVCache& cache, kernels::DecodeParams& p);
+  // The cache's keys and values in p.k, p.v ([B,Hkv,capacity,d] views of
+  // its storage) and p.cache (dtype, bfloat16 storage, lengths).
+  static void point(const KVCache& cache, kernels::AttentionForward& p);
 };
 
 }  // namespace mha::nn

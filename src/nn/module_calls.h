@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "kernels/params.h"
-#include "mha/detail/published.h"
 #include "mha/attention.h"
+#include "mha/detail/published.h"
 #include "mha/masks.h"
 #include "mha/precision.h"
 #include "mha/rotary.h"

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <memory>
 
-#include "core/parallel.h"
 #include "core/bf16.h"
+#include "core/parallel.h"
 #include "cpu/gemm/packed_weight.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "mha/threads.h"

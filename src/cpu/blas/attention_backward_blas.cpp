@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/blas/attention_blas.h"
 #include "cpu/blas/blas.h"
 #include "cpu/reference/reference.h"
-#include "cpu/blas/attention_blas.h"
-#include "mha/threads.h"
 #include "kernels/masked_row.h"
+#include "mha/threads.h"
 
 namespace mha::kernels {
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/blas/attention_blas.h"
 #include "cpu/blas/blas.h"
 #include "cpu/reference/reference.h"
-#include "cpu/blas/attention_blas.h"
 #include "kernels/masked_row.h"
 #include "mha/threads.h"
 

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/decode/decode.h"
 #include "cpu/decode/decode_job.h"
 #include "cpu/isa/have_x86.h"
-#include "cpu/decode/decode.h"
 #include "kernels/params.h"
 #include "kernels/softmax_merge.h"
 #include "kernels/validate.h"
@@ -84,6 +84,7 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
 }  // namespace
 
 int64_t decode_chunk_keys(const DecodeParams& p) {
+  if (p.chunk_keys > 0) return p.chunk_keys;
   double key_rows = 0;  // keys summed over batch rows and cache heads
   for (int64_t b = 0; b < p.B; ++b) key_rows += static_cast<double>(p.lengths[b]) * p.Hkv;
   const auto wanted = static_cast<int64_t>(std::ceil(key_rows / kDecodeMaxChunks));

@@ -39,6 +39,13 @@ void decode_attention_fused(const DecodeParams& p);
 // head when a head is larger), 0 for float32 caches.
 int64_t decode_fused_working_bytes(const DecodeParams& p);
 
+// The decode kernels' choice for a flat call (kernels::decode_forward
+// makes p from a cached AttentionForward and calls these): the fused kernel
+// for a prefill of at least decode_fused_min_queries(p.dtype) new queries
+// over rows of at most kFusedMaxKeys keys, the decode kernel otherwise.
+bool decode_runs_fused(const DecodeParams& p);
+void decode_forward(const DecodeParams& p);
+
 // kernels::decode_forward runs decode_attention_fused for calls of at least
 // this many new queries (and rows of at most kFusedMaxKeys keys), the decode
 // kernel below. Measured with `mha bench --prefill --quick --threads 1`
@@ -65,8 +72,8 @@ inline int64_t decode_fused_min_queries(CacheDtype dtype) {
 
 // Keys per chunk: at least kDecodeMinChunk, and large enough that a call
 // makes at most about kDecodeMaxChunks chunks (bounding the partials'
-// memory); a multiple of kDecodeTile.
-inline constexpr int64_t kDecodeTile = 32;
+// memory); a multiple of kDecodeTile (kernels/params.h). A call that sets
+// p.chunk_keys gets that.
 inline constexpr int64_t kDecodeMinChunk = 512;
 inline constexpr int64_t kDecodeMaxChunks = 512;
 int64_t decode_chunk_keys(const DecodeParams& p);

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/fused/attention_fused.h"
 #include "cpu/decode/decode.h"
+#include "cpu/fused/attention_fused.h"
 #include "kernels/params.h"
 #include "kernels/validate.h"
 #include "mha/threads.h"

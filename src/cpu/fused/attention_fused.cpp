@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "cpu/isa/have_x86.h"
 #include "cpu/fused/attention_amx.h"
-#include "cpu/fused/fused_job.h"
 #include "cpu/fused/attention_fused.h"
+#include "cpu/fused/fused_job.h"
+#include "cpu/isa/have_x86.h"
 #include "mha/error.h"
 #include "mha/threads.h"
 

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <vector>
 
-#include "core/parallel.h"
 #include "core/bf16.h"
+#include "core/parallel.h"
 #include "mha/threads.h"
 
 namespace mha::cpu {

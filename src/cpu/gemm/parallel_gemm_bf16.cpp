@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/parallel.h"
 #include "core/bf16.h"
+#include "core/parallel.h"
 #include "cpu/gemm/gemm_amx.h"
 #include "cpu/gemm/gemm_schedule.h"
 #include "cpu/gemm/packed_weight.h"

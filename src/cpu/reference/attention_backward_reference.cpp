@@ -5,9 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/reference/reference.h"
 #include "cpu/blas/attention_blas.h"
 #include "cpu/reference/attention_backward_masked.h"
+#include "cpu/reference/reference.h"
 
 namespace mha::kernels {
 

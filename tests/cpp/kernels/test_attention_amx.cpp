@@ -12,12 +12,12 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/reference/reference.h"
-#include "cpu/blas/attention_blas.h"
 #include "core/bf16.h"
+#include "cpu/blas/attention_blas.h"
 #include "cpu/fused/attention_amx.h"
 #include "cpu/fused/isa.h"
 #include "cpu/gemm/gemm_amx.h"
+#include "cpu/reference/reference.h"
 #include "harness.h"
 #include "kernels/case_data.h"
 #include "kernels/dispatch.h"

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "cpu/reference/reference.h"
 #include "cpu/blas/attention_blas.h"
+#include "cpu/reference/reference.h"
 #include "kernels/case_data.h"
 
 namespace mha::kernels {

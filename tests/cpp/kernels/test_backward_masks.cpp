@@ -6,13 +6,13 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/reference/reference.h"
 #include "cpu/blas/attention_blas.h"
-#include "harness.h"
-#include "kernels/params.h"
 #include "cpu/reference/attention_backward_masked.h"
+#include "cpu/reference/reference.h"
+#include "harness.h"
 #include "kernels/case_data.h"
 #include "kernels/dispatch.h"
+#include "kernels/params.h"
 #include "mha/error.h"
 #include "test_util.h"
 

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "core/bf16.h"
-#include "cpu/reference/reference.h"
 #include "cpu/blas/attention_blas.h"
-#include "cpu/fused/attention_fused.h"
 #include "cpu/decode/decode.h"
-#include "kernels/params.h"
+#include "cpu/fused/attention_fused.h"
+#include "cpu/reference/reference.h"
 #include "kernels/dispatch.h"
+#include "kernels/params.h"
 #include "mha/error.h"
 #include "mha/random.h"
 #include "mha/threads.h"
@@ -459,6 +459,112 @@ TEST(Decode, BadInputsSayWhatIsWrong) {
   std::vector<uint8_t> keep(16, 1);
   EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.masks.key_keep = keep.data(), p.masks.key_stride_b = 8; }); },
                                 "key_stride_b: 8 for row 1 of 9 keys"));
+}
+
+}  // namespace
+}  // namespace mha::kernels
+
+namespace mha::kernels {
+namespace {
+
+// The cached form of the one forward struct (AttentionForward with
+// cache.lengths set, what the modules fill): kernels::decode_forward gives
+// bit for bit what the flat DecodeParams of the same call gives, for both
+// cache formats, with lengths, key masks and a chosen chunk length (the
+// chunking is then the caller's and the bits still do not depend on the
+// thread count); and the forward entry refuses it.
+TEST(Decode, CachedForwardIsTheFlatCall) {
+  Problem pb({8, 2, 3, 16, 12, {700, 0, 1100}}, 640);
+  const Case& c = pb.c;
+  const int64_t cap = pb.capacity;
+  std::vector<float> lens = {300.5f, 4.0f, 1e9f};
+  std::vector<uint8_t> keep(static_cast<size_t>(pb.B * cap), 1);
+  for (size_t x = 0; x < keep.size(); x += 7) keep[x] = 0;
+  auto view = [](float* data, int64_t n0, int64_t n1, int64_t n2, int64_t n3, int64_t s0, int64_t s1, int64_t s2) {
+    TensorView t;
+    t.data = data, t.rank = 4;
+    t.shape[0] = n0, t.shape[1] = n1, t.shape[2] = n2, t.shape[3] = n3;
+    t.stride[0] = s0, t.stride[1] = s1, t.stride[2] = s2, t.stride[3] = 1;
+    return t;
+  };
+  const int saved = num_threads();
+  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16})
+    for (int64_t chunk : {int64_t{0}, int64_t{96}}) {
+      std::vector<float> flat, cached, cached2;
+      DecodeParams d = pb.params(flat, dtype);
+      d.length_kind = LengthKind::PerBatch, d.lens = lens.data();
+      d.masks.key_keep = keep.data(), d.masks.key_stride_b = cap;
+      d.chunk_keys = chunk;
+      decode_forward(d);
+      for (std::vector<float>* o : {&cached, &cached2}) {
+        set_num_threads(o == &cached ? 1 : 2);
+        o->assign(flat.size(), -7.0f);
+        AttentionForward p;
+        // q as (B, Qn, Hq*d) rows, as Problem lays it out.
+        p.q = view(pb.q.data(), pb.B, c.Hq, c.Qn, c.d, c.Qn * c.Hq * c.d, c.d, c.Hq * c.d);
+        const bool bf16 = dtype == CacheDtype::BF16;
+        p.k = view(bf16 ? nullptr : pb.k.data(), pb.B, c.Hkv, cap, c.d, c.Hkv * cap * c.d, cap * c.d, c.d);
+        p.v = view(bf16 ? nullptr : pb.v.data(), pb.B, c.Hkv, cap, c.dv, c.Hkv * cap * c.dv, cap * c.dv, c.dv);
+        p.out = view(o->data(), pb.B, c.Hq, c.Qn, c.dv, c.Hq * c.Qn * c.dv, c.Qn * c.dv, c.dv);
+        p.cache.lengths = c.lengths.data();
+        p.cache.dtype = dtype;
+        if (bf16) p.cache.k_bf16 = pb.k16.data(), p.cache.v_bf16 = pb.v16.data();
+        p.cache.chunk_keys = chunk;
+        p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+        p.length_kind = LengthKind::PerBatch, p.lens = lens.data();
+        p.masks = causal_masks();
+        p.masks.key_keep = keep.data(), p.masks.key_stride_b = cap;
+        decode_forward(p);
+        EXPECT_TRUE(test::throws_with([&] { (void)attention_forward(AttentionKernel::Fused, p); },
+                                      "cache.lengths: set (a cached call)"));
+      }
+      set_num_threads(saved);
+      const std::string what = std::string(dtype == CacheDtype::BF16 ? "bf16" : "f32") + " chunk " + std::to_string(chunk);
+      ASSERT_EQ(0, std::memcmp(cached.data(), flat.data(), flat.size() * sizeof(float))) << what;
+      ASSERT_EQ(0, std::memcmp(cached2.data(), flat.data(), flat.size() * sizeof(float))) << what << " at 2 threads";
+    }
+}
+
+TEST(Decode, CachedForwardBadInputsSayWhatIsWrong) {
+  Problem pb({4, 2, 4, 8, 8, {6, 9}}, 500);
+  const Case& c = pb.c;
+  const int64_t cap = pb.capacity;
+  std::vector<float> o(static_cast<size_t>(pb.B * c.Hq * c.Qn * c.dv));
+  auto run = [&](auto edit) {
+    AttentionForward p;
+    auto view = [](float* data, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+      TensorView t;
+      t.data = data, t.rank = 4;
+      t.shape[0] = n0, t.shape[1] = n1, t.shape[2] = n2, t.shape[3] = n3;
+      t.stride[3] = 1, t.stride[2] = n3, t.stride[1] = n2 * n3, t.stride[0] = n1 * n2 * n3;
+      return t;
+    };
+    p.q = view(pb.q.data(), pb.B, c.Hq, c.Qn, c.d);
+    p.k = view(pb.k.data(), pb.B, c.Hkv, cap, c.d);
+    p.v = view(pb.v.data(), pb.B, c.Hkv, cap, c.dv);
+    p.out = view(o.data(), pb.B, c.Hq, c.Qn, c.dv);
+    p.cache.lengths = c.lengths.data();
+    p.masks = causal_masks();
+    edit(p);
+    decode_forward(p, "test");
+  };
+  run([](AttentionForward&) {});  // the unedited call runs
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.chunk_keys = 40; }); },
+                                "[test] chunk_keys: 40; wanted 0 (the kernel's choice) or a positive multiple of 32"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.rank = 3; }); }, "[test] k: rank 3; wanted 4"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.lengths = nullptr; }); },
+                                "[test] cache.lengths: null; wanted a cached call"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.dtype = CacheDtype::BF16; }); },
+                                "[test] cache: bfloat16 storage with no bfloat16 keys"));
+  float w = 0;
+  EXPECT_TRUE(test::throws_with([&] { run([&](AttentionForward& p) { p.weights = &w; }); },
+                                "[test] a cached call with weights; wanted none of weights"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.v.shape[2] = 3; }); },
+                                "[test] shapes: k (2, 2, 14, 8), v (2, 2, 3, 8)"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.out.stride[3] = 2; }); },
+                                "[test] strides: an innermost stride other than 1"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
+                                "[test] heads: q has 4 heads and the cache 3"));
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/reference/reference.h"
 #include "cpu/blas/attention_blas.h"
 #include "cpu/fused/attention_fused.h"
+#include "cpu/reference/reference.h"
 #include "harness.h"
 #include "kernels/case_data.h"
 #include "mha/threads.h"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cpu/blas/blas.h"
-#include "cpu/gemm/gemm.h"
 #include "cpu/gemm/few_rows.h"
+#include "cpu/gemm/gemm.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "gemm_operands.h"
 #include "mha/random.h"

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <optional>
 
-#include "kernels/params.h"
 #include "kernels/dispatch.h"
+#include "kernels/params.h"
 #include "mha/error.h"
 #include "test_util.h"
 
