@@ -51,8 +51,8 @@ enum class MaskFill {
 //
 // Every kernel reads it (reference, BLAS, fused, AMX, decode, and the ring's
 // blocks through the fused one), and asks it, not its own copy of the rule,
-// for the causal limit (causal_last_key) and a row's key masks (keep_row,
-// bias_row).
+// for the range of keys a query may see (first_key, last_key) and a
+// row's key masks (keep_row, bias_row).
 struct MaskOptions {
   // Boolean masks read 1 = takes part; additive masks add to the scaled score.
   const uint8_t* key_keep = nullptr;   // [B,K], rows key_stride_b apart
@@ -74,7 +74,16 @@ struct MaskOptions {
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   float fill_value() const { return fill == MaskFill::Seed ? kMaskFill : -__builtin_inff(); }
-  // The last key query i of Q may see among K under `causal` (K-1: all).
+  // The keys query i (of Q, among K keys) may see: [first_key, last_key].
+  // Every kernel masks a key outside it exactly as a key past the causal
+  // limit (the fill, or dropped under -inf); the fused kernels skip key
+  // tiles wholly outside it, so a narrow range costs little whatever K is.
+  // first_key may be below 0 (from the first key) and above last_key (none).
+  int64_t first_key(int64_t /*i*/, int64_t /*Q*/, int64_t /*K*/) const { return 0; }
+  int64_t last_key(int64_t i, int64_t Q, int64_t K) const { return causal_last_key(i, Q, K); }
+  // Whether first_key or last_key bound any query's keys.
+  bool bounds_keys() const { return causal != Causal::None; }
+  // The last key query i of Q may see among K under `causal` alone (K-1: all).
   int64_t causal_last_key(int64_t i, int64_t Q, int64_t K) const {
     switch (causal) {
       case Causal::None: return K - 1;

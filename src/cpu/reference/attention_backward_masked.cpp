@@ -42,7 +42,8 @@ void attention_backward_masked_reference(const AttentionForward& p, const Tensor
           bool k_ok = static_cast<float>(j) < len;
           if (m.key_keep && !m.keep_row(b, K)[j]) k_ok = false;
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) k_ok = false;
-          if (j > m.causal_last_key(i, Q, K)) k_ok = false;
+          if (j > m.last_key(i, Q, K)) k_ok = false;
+          if (j < m.first_key(i, Q, K)) k_ok = false;
           if (!k_ok) s = m.fill_value();
           kept += k_ok;
           if (k_ok && s != -INFINITY) ++live;

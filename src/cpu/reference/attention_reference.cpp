@@ -33,7 +33,8 @@ void attention_forward_reference(const AttentionForward& p) {
           bool keep = static_cast<float>(j) < len;
           if (m.key_keep && !m.keep_row(b, K)[j]) keep = false;
           if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
-          if (j > m.causal_last_key(i, Q, K)) keep = false;
+          if (j > m.last_key(i, Q, K)) keep = false;
+          if (j < m.first_key(i, Q, K)) keep = false;
           if (!keep) s = m.fill_value();
           kept += keep;
           live += keep && s != -INFINITY;
