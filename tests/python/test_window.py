@@ -164,3 +164,31 @@ def test_a_window_wider_than_the_keys_changes_nothing_and_width_zero_is_the_diag
         want = np.zeros((5, 7))
         want[np.arange(5), np.arange(5) + 2] = 1.0
         np.testing.assert_allclose(w, np.broadcast_to(want, w.shape), atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [(0, 0), (2, -1), (-1, 1), (1, 3), (50, 0)])
+def test_appended_keys_stay_visible_and_the_window_counts_the_given_keys(window, one_torch_thread):
+    """With bias_k / bias_v and add_zero_attn the appended keys are always
+    visible (PyTorch pads attn_mask with 'takes part' for them) and the
+    window is aligned on the S given keys, as causal is."""
+    torch.manual_seed(11)
+    B, L, S, E, h = 2, 5, 7, 8, 2
+    t = torch.nn.MultiheadAttention(E, h, add_bias_kv=True, add_zero_attn=True, batch_first=True)
+    q, k, v = (torch.randn(B, n, E, requires_grad=True) for n in (L, S, S))
+    attn = torch.zeros(L, S).masked_fill(torch.from_numpy(~band(L, S, *window)), -np.inf)
+    want, want_w = t(q, k, v, attn_mask=attn, need_weights=True, average_attn_weights=False)
+    G = torch.randn(want.shape)
+    want.backward(G)
+    state = {n: p.detach().numpy() for n, p in t.state_dict().items()}
+    for kernel in KERNELS:
+        ours = mha.TorchMultiheadAttention.from_state_dict(state, h, batch_first=True, add_zero_attn=True)
+        ours.kernel = kernel
+        ours.train()
+        out, w = ours(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), need_weights=True,
+                      average_attn_weights=False, window=window)
+        close(out, want.detach().numpy(), 1e-5)
+        close(w, want_w.detach().numpy(), 1e-5)
+        (gq, gk, gv), params = ours.backward(G.numpy())
+        largest = input_gradient_scale((q, k, v))
+        for got, x in zip((gq, gk, gv), (q, k, v)):
+            close(got, x.grad.numpy(), 2e-5, like=largest)
