@@ -195,10 +195,9 @@ struct BackwardKernel {
     const int64_t Q = sh.Q, K = p.K();
     const MaskJob& mj = job.mask;
     const bool tile_mask = mj.tile_mask[b] != 0;
-    Reg nfv[U], lov[U], mv[U], lv[U], Dv[U], pmv[U];
+    Reg nfv[U], mv[U], lv[U], Dv[U], pmv[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + i0 + v * L);
-      lov[v] = V::load(s.lo + i0 + v * L);
       mv[v] = V::load(s.m + i0 + v * L);
       lv[v] = V::load(s.linv + i0 + v * L);
       Dv[v] = V::load(s.D + i0 + v * L);
@@ -210,7 +209,7 @@ struct BackwardKernel {
     // row's masked keys carry weight), the policy's weight in fully masked
     // rows.
     const bool mask = kv.masks(j0, nk);
-    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv, lov,
+    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv, s.lo + i0,
                                   V::set1(job.c2), fill, s.pt, nullptr);
     if (tile_mask) F::mask_tile(mj, b, h, i0, mq, K, j0, nk, s.nf_int + i0, s.lo_int + i0, s.pt, nullptr, s.kt);
     for (int64_t r = 0; r < nk; ++r)
@@ -221,7 +220,7 @@ struct BackwardKernel {
         V::store(x, w);
       }
     // dP^T = v_J dO^T (times M below).
-    F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv, lov,
+    F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv, s.lo + i0,
                                   V::set1(1.0f), fill, s.dst, nullptr);
     const bool drop = p.fwd.dropout.active();
     if (drop) {
@@ -247,11 +246,11 @@ struct BackwardKernel {
         float* x = s.dst + r * MQ + v * L;
         const Reg pt = V::load(s.pt + r * MQ + v * L);
         Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
-        if (mask) ds = V::select_lt(jv, lov[v], zero, V::select_lt(jv, nfv[v], ds, zero));
+        if (mask) ds = V::select_lt(jv, V::load(s.lo + i0 + v * L), zero, V::select_lt(jv, nfv[v], ds, zero));
         if (tile_mask) ds = V::select_lt(one_half, V::load(s.kt + r * MQ + v * L), ds, zero);
         if (single) {
           const Reg weighted_mask = V::select_lt(zero, V::load(s.w + i0 + v * L), ds, zero);
-          ds = V::select_lt(one_and_half, V::sub(nfv[v], lov[v]), ds, weighted_mask);
+          ds = V::select_lt(one_and_half, V::sub(nfv[v], V::load(s.lo + i0 + v * L)), ds, weighted_mask);
         }
         if (any_policy) ds = V::select_lt(one_half, pmv[v], zero, ds);
         V::store(x, ds);
