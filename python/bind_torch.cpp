@@ -137,7 +137,7 @@ const char* kOptionsDoc = R"doc(
 // TorchMultiheadAttention's __call__ (with_context: forward_with_context's).
 py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& query, const py::object& key, const py::object& value,
             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-            bool average_attn_weights, const py::object& is_causal, bool with_context) {
+            bool average_attn_weights, const py::object& is_causal, const py::object& window, bool with_context) {
   const char* op = "TorchMultiheadAttention.forward";
   // One array passed twice is one tensor, so that the module projects it
   // once (self-attention: one product for the packed in_proj) and it is
@@ -153,6 +153,7 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
   call.need_weights = need_weights;
   call.average_attn_weights = average_attn_weights;
   call.causal = to_causal(is_causal, op);
+  call.window = mha::python::to_window(window, op);
   call.keep_context = with_context;
   mha::TorchMhaResult r;
   {
@@ -169,12 +170,23 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
 namespace mha::python {
 
 mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask,
-                             const py::object& is_causal, const char* op) {
+                             const py::object& is_causal, const py::object& window, const char* op) {
   mha::CallMasks masks;
   masks.key_padding_mask = to_mask(key_padding_mask, op, "key_padding_mask", Convention::TorchMha, false);
   masks.attn_mask = to_mask(attn_mask, op, "attn_mask", Convention::TorchMha, true);
   masks.causal = to_causal(is_causal, op);
+  masks.window = to_window(window, op);
   return masks;
+}
+
+mha::Window to_window(const py::object& window, const char* op) {
+  if (window.is_none()) return {};
+  const bool pair = (py::isinstance<py::tuple>(window) || py::isinstance<py::list>(window)) && py::len(window) == 2;
+  auto integer = [](const py::handle& x) { return py::isinstance<py::int_>(x) && !py::isinstance<py::bool_>(x); };
+  if (!pair || !integer(window[py::int_(0)]) || !integer(window[py::int_(1)]))
+    fail(kType, op, "window: ", std::string(py::repr(window)),
+         " is not None or a pair (left, right) of integers (-1: unbounded)");
+  return {window[py::int_(0)].cast<int64_t>(), window[py::int_(1)].cast<int64_t>()};
 }
 
 }  // namespace mha::python
@@ -276,7 +288,10 @@ A boolean mask array means True = masked out (PyTorch's nn.MultiheadAttention
 convention); a floating one is added to the scores; an mha.Mask carries its own
 meaning. is_causal=True applies torch.ones(L, S).tril() (mha.Causal.TOP_LEFT)
 and always combines with attn_mask; is_causal may also be an mha.Causal.
-Rows with every key masked get fully_masked_rows, never NaN.
+window=(left, right) (keyword) is a sliding window as FlashAttention's
+window_size, aligned to the bottom right: query i sees key j iff
+i + S - L - left <= j <= i + S - L + right, -1 unbounded; it combines with
+every mask. Rows with every key masked get fully_masked_rows, never NaN.
 )doc")
       .def_static(
           "from_state_dict",
@@ -310,23 +325,27 @@ Rows with every key masked get fully_masked_rows, never NaN.
       .def(
           "__call__",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
-             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal) {
-            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, false);
+             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
+             const py::object& window) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, false);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
-          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false,
+          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
+          py::arg("window") = py::none(),
           "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
-          " average_attn_weights=True, is_causal=False) -> (output, weights or None)")
+          " average_attn_weights=True, is_causal=False, *, window=None) -> (output, weights or None)")
       .def(
           "forward_with_context",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
-             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal) {
-            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, true);
+             const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
+             const py::object& window) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, true);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
-          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false,
+          py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
+          py::arg("window") = py::none(),
           "The same call, returning (output, weights or None, context): the call's mha.ForwardContext,\n"
           "from which its weights and (training mode) its backward come.")
       .def("state_dict", [](const TMHA& s) {

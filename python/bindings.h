@@ -14,9 +14,12 @@ namespace py = pybind11;
 
 // nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
 // arrays read as PyTorch reads them (True = masked out), floats as additive,
-// is_causal as True/False or an mha.Causal.
+// is_causal as True/False or an mha.Causal, window as None or (left, right).
 CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,
-                        const char* op);
+                        const py::object& window, const char* op);
+// window=None (no window) or a pair (left, right) of integers (mha/masks.h
+// Window; the values are checked by the module).
+Window to_window(const py::object& window, const char* op);
 
 // Each binding file's part of mha._core, in the order module.cpp calls them.
 void add_plot_bindings(py::module_& m);   // plot_bindings.cpp: heatmaps, PNG

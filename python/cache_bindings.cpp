@@ -25,7 +25,7 @@ namespace py = pybind11;
 namespace {
 
 Mask key_padding_mask_of(const py::object& obj, const char* op) {
-  return to_call_masks(obj, py::none(), py::bool_(false), op).key_padding_mask;
+  return to_call_masks(obj, py::none(), py::bool_(false), py::none(), op).key_padding_mask;
 }
 
 KVCacheDtype to_dtype(const std::string& s, const char* op) {

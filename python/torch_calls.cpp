@@ -228,7 +228,7 @@ void bind_torch_calls(py::module_& core) {
         std::vector<Tensor> spare = state->take();
         Inputs in;
         read_inputs(in, query, key, value, op, names, &spare);
-        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, op);
+        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, py::none(), op);
         TorchMhaCall call;
         call.key_padding_mask = masks.key_padding_mask;
         call.attn_mask = masks.attn_mask;

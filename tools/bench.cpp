@@ -318,7 +318,8 @@ void add_bench_command(CLI::App& app) {
   // would run), and --no-memory, which only the main part measures.
   std::vector<CLI::Option*> parts = {
       cmd->add_flag("--masks", opt->masks,
-                    "Only the mask rows: causal and key padding masks against none, fused kernel and modules"),
+                    "Only the mask rows: causal and key padding masks against none, fused kernel and modules;"
+                    " a causal sliding window against full causal, kernel alone"),
       cmd->add_flag("--decode", opt->decode,
                     "Only the decode kernel: few queries over a KV cache, against the time to read the cache once"),
       cmd->add_flag("--prefill", opt->prefill,

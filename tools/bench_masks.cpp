@@ -1,5 +1,6 @@
-// `mha bench --masks`: what causal and key padding masks save in the fused
-// kernel, which skips the key tiles past each query's last visible key.
+// `mha bench --masks`: what causal, key padding and sliding-window masks
+// save in the fused kernel, which skips the key tiles outside each query's
+// visible keys.
 //
 // Two levels, each timed with and without the mask in one run:
 // - the attention kernel alone (kernels::attention_forward on (B, h,
@@ -9,7 +10,9 @@
 //   BLAS kernel (which materialises every score: what a masked call ran on
 //   before the fused kernel honoured masks).
 // ms: median wall time after a warm-up call; ratio: masked / unmasked time
-// of the same kernel.
+// of the same kernel. The window row compares a causal sliding window of 256
+// keys before each query (window (256, 0)) with full causal attention (its
+// "none" column), kernel alone.
 #include "bench_masks.h"
 #include "bench_progress.h"
 
@@ -66,7 +69,7 @@ std::vector<uint8_t> padding_keep(int64_t B, int64_t K) {
   return keep;
 }
 
-enum class MaskKind { None, Causal, Padding };
+enum class MaskKind { None, Causal, Padding, CausalWindow };
 
 // The kernel alone on (B, h, L, d) self-attention views: the shared kernel
 // case (kernels/cases.h) of this shape and mask, its buffers drawn by
@@ -77,7 +80,8 @@ double kernel_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, At
   c.family = "bench";
   c.B = B, c.H = c.Hkv = h, c.Q = c.K = L, c.d = c.dv = D / h;
   c.fill = kernels::MaskFill::NegInf;  // as PyTorch's masks
-  if (kind == MaskKind::Causal) c.causal = Causal::TopLeft;
+  if (kind == MaskKind::Causal || kind == MaskKind::CausalWindow) c.causal = Causal::TopLeft;
+  if (kind == MaskKind::CausalWindow) c.window_left = 256, c.window_right = 0;
   if (kind == MaskKind::Padding) {
     c.key_keep = true;
     c.key_keep_values = padding_keep(B, L);
@@ -154,6 +158,13 @@ void run_mask_bench(const std::vector<int>& threads, double budget) {
       std::printf("%-28s %-26s %3d %10s %10s %7.3f\n", c.name, "masked: Fused / Blas module", t, "",
                   "", m1 / b1);
     }
+    const char* name = "B1 L16384 D256 h4 win(256,0)";
+    bench_progress("threads=" + std::to_string(t) + " " + name);
+    const double causal = kernel_time(1, 16384, 256, 4, MaskKind::Causal, AttentionKernel::Fused, budget);
+    const double window = kernel_time(1, 16384, 256, 4, MaskKind::CausalWindow, AttentionKernel::Fused, budget);
+    bench_progress_done();
+    std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", name, "fused kernel, none=causal", t, causal * 1e3,
+                window * 1e3, window / causal);
   }
   set_num_threads(saved);
 }

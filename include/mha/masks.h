@@ -35,6 +35,21 @@ namespace mha {
 //                                                     a cache of K - Q keys)
 enum class Causal { None, TopLeft, BottomRight };
 
+// A sliding window over the keys (local attention), as FlashAttention's
+// window_size and aligned to the bottom right as it is: query i of Q sees
+// key j of K iff
+//   i + K - Q - left <= j <= i + K - Q + right,
+// -1 leaving that side unbounded. {-1, -1} (the default) is no window;
+// {w, 0} is the last w + 1 keys up to each query's diagonal (Mistral's
+// sliding window of w + 1 with causal). It intersects causal and every
+// other mask. Each side must be >= -1 (mha::Error otherwise).
+struct Window {
+  int64_t left = -1;   // keys before the diagonal a query sees (-1: all)
+  int64_t right = -1;  // keys after the diagonal a query sees (-1: all)
+  // Whether either side bounds anything.
+  bool any() const { return left != -1 || right != -1; }
+};
+
 // What a row gets when every key of it is masked (by any mask, or by an
 // additive -inf on every key). Never NaN, in either case.
 enum class FullyMaskedRows {
@@ -114,6 +129,7 @@ void check_mask_shape(const char* op, const char* arg, const Mask& mask, const S
 //   key_padding_mask (B, K): which keys of each row take part (or a bias)
 //   attn_mask (Q, K) or (B*h, Q, K): which (query, key) pairs (or a bias)
 //   causal: TopLeft (PyTorch's is_causal) or BottomRight
+//   window: a sliding window {left, right} (Window)
 // With any of them set, masked scores become -inf (the key drops out, valid
 // lengths included), and a row with no live key gets `fully_masked_rows`
 // (Uniform: weights 1/K, as the chapter's lengths give a row of length 0).
@@ -124,6 +140,8 @@ struct CallMasks {
   Mask attn_mask;
   // Causal masking (TopLeft is PyTorch's is_causal=True).
   Causal causal = Causal::None;
+  // A sliding window (none by default).
+  Window window;
   // What a row left without a live key gets.
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::Uniform;
 };

@@ -62,6 +62,8 @@ struct CaseData {
       m.pair_stride_b = c.H * c.Q * c.K;
     }
     m.causal = c.causal;
+    m.window_left = c.window_left;
+    m.window_right = c.window_right;
     m.fill = c.fill;
     m.fully_masked = c.fully_masked;
     return p;

@@ -38,6 +38,7 @@ struct Case {
   bool pair_per_head = false;               // pair masks (B*H, Q, K) instead of a broadcast (Q, K)
   std::vector<uint8_t> key_keep_values;     // [B,K]; empty: drawn (when key_keep)
   Causal causal = Causal::None;
+  int64_t window_left = -1, window_right = -1;  // MaskOptions' sliding window; -1: unbounded
   MaskFill fill = MaskFill::Seed;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
   float dropout = 0.0f;
@@ -46,8 +47,8 @@ struct Case {
 
   bool grouped() const { return Hkv != H; }
   bool any_mask() const {
-    return key_keep || key_bias || pair_keep || pair_bias || causal != Causal::None ||
-           fill != MaskFill::Seed || fully_masked != FullyMaskedRows::Uniform;
+    return key_keep || key_bias || pair_keep || pair_bias || causal != Causal::None || window_left >= 0 ||
+           window_right >= 0 || fill != MaskFill::Seed || fully_masked != FullyMaskedRows::Uniform;
   }
   std::string name() const {
     std::ostringstream s;  // not a chain of std::string +: GCC 12 warns (-Wrestrict) on those
@@ -60,6 +61,7 @@ struct Case {
     if (pair_bias) s << " pair_bias";
     if ((pair_keep || pair_bias) && pair_per_head) s << "/head";
     if (causal != Causal::None) s << (causal == Causal::TopLeft ? " causal/tl" : " causal/br");
+    if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
     if (fill == MaskFill::NegInf) s << " -inf";
     if (fully_masked == FullyMaskedRows::Zeros) s << " zeros";
     if (dropout > 0) s << " p" << dropout;
@@ -245,6 +247,43 @@ inline std::vector<Case> random_cases(uint64_t seed, int n) {
     c.input_range = 2.0f;
     c.seed = g.next();
     cases.push_back(c);
+  }
+  return cases;
+}
+
+// random_cases(seed, n) with a sliding window on each: left only, right
+// only or both sides, each side 0, a few keys, about half the keys, or wider
+// than both axes; a third of the cases on long axes (several key tiles of
+// every instruction set, so that whole tiles fall outside the windows), a
+// quarter with no other mask but the window (the fused kernel's path
+// without a masking pass), causal a third of the time.
+inline std::vector<Case> window_cases(uint64_t seed, int n) {
+  std::vector<Case> cases = random_cases(seed, n);
+  Generator g(seed ^ 0x77696e646f77ull);
+  for (Case& c : cases) {
+    c.family = "window";
+    if (g.below(3) == 0) {
+      c.Q = 100 + static_cast<int64_t>(g.below(200));
+      c.K = 200 + static_cast<int64_t>(g.below(300));
+      c.B = 1 + static_cast<int64_t>(g.below(2));
+    }
+    if (g.below(4) == 0) {
+      c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false;
+      c.length_kind = LengthKind::None;
+    }
+    c.causal = g.below(3) == 0 ? (g.below(2) ? Causal::TopLeft : Causal::BottomRight) : Causal::None;
+    auto side = [&]() -> int64_t {
+      switch (g.below(5)) {
+        case 0: return 0;
+        case 1: return 1 + static_cast<int64_t>(g.below(5));
+        case 2: return static_cast<int64_t>(g.below(static_cast<uint64_t>(c.K / 2 + 1)));
+        case 3: return c.K + c.Q + static_cast<int64_t>(g.below(5));  // wider than both axes
+        default: return 10 + static_cast<int64_t>(g.below(60));
+      }
+    };
+    const uint64_t sides = g.below(3);  // left only, right only, both
+    c.window_left = sides == 1 ? -1 : side();
+    c.window_right = sides == 0 ? -1 : side();
   }
   return cases;
 }

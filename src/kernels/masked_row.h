@@ -14,10 +14,11 @@
 namespace mha::kernels {
 
 // Whether key j takes part for query i of (b, h): the valid length `len`
-// (float(j) < len, the d2l chapter's comparison), the boolean masks and causality.
+// (float(j) < len, the d2l chapter's comparison), the boolean masks and the
+// range [first_key, last_key].
 inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i, int64_t j,
                        int64_t Q, int64_t K) {
-  return static_cast<float>(j) < len && j <= m.causal_last_key(i, Q, K) &&
+  return static_cast<float>(j) < len && j >= m.first_key(i, Q, K) && j <= m.last_key(i, Q, K) &&
          (!m.key_keep || m.keep_row(b, K)[j]) &&
          (!m.pair_keep || m.pair_keep[m.pair_offset(b, h, i, K) + j]);
 }
@@ -28,7 +29,8 @@ inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, in
 // masked row (its weights do not depend on the scores: no gradient flows).
 inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divisor, int64_t b,
                                int64_t h, int64_t i, int64_t Q, int64_t K, float* row) {
-  const int64_t last = m.causal_last_key(i, Q, K);  // keys after it are masked
+  const int64_t first = m.first_key(i, Q, K);  // keys before it are masked
+  const int64_t last = m.last_key(i, Q, K);    // keys after it are masked
   const uint8_t* key_keep = m.keep_row(b, K);
   const float* key_bias = m.bias_row(b, K);
   const uint8_t* pair_keep = m.pair_keep ? m.pair_keep + m.pair_offset(b, h, i, K) : nullptr;
@@ -41,7 +43,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
     if (key_bias) x += key_bias[j];
     if (pair_bias) x += pair_bias[j];
     // float(j) < len is the d2l chapter's comparison (a length 2.5 keeps key 2).
-    const bool keep = static_cast<float>(j) < len && j <= last &&
+    const bool keep = static_cast<float>(j) < len && j >= first && j <= last &&
                       (!key_keep || key_keep[j]) && (!pair_keep || pair_keep[j]);
     if (!keep) x = fill;
     kept += keep;

@@ -26,6 +26,7 @@
 //   query head h reads kv head h / (H / Hkv) (Hkv = 1: multi-query);
 // - in `masks` (MaskOptions): boolean masks (1 = the key takes part) and
 //   additive masks per key [B,K] or per (query, key) pair, causal masking,
+//   a sliding window,
 //   the fill of masked scores (the chapter's -1e6, or -inf: the key drops out)
 //   and the policy for rows in which no key is live (uniform or zeros).
 #pragma once
@@ -58,8 +59,8 @@ enum class MaskFill {
 //
 // Every kernel reads it (reference, BLAS, fused, AMX, decode, and the ring's
 // blocks through the fused one), and asks it, not its own copy of the rule,
-// for the causal limit (causal_last_key) and a row's key masks (keep_row,
-// bias_row).
+// for the range of keys a query may see (first_key, last_key) and a
+// row's key masks (keep_row, bias_row).
 struct MaskOptions {
   // Boolean masks read 1 = takes part; additive masks add to the scaled score.
   const uint8_t* key_keep = nullptr;   // [B,K], rows key_stride_b apart
@@ -74,6 +75,12 @@ struct MaskOptions {
   const float* pair_bias = nullptr;
   int64_t pair_stride_b = 0, pair_stride_h = 0;
   Causal causal = Causal::None;
+  // A sliding window (FlashAttention's window_size), aligned to the bottom
+  // right as its causal is: query i sees key j iff
+  //   i + K - Q - window_left <= j <= i + K - Q + window_right,
+  // -1 leaving that side unbounded (>= -1, kernels/validate.h). It
+  // intersects causal and the other masks; (-1, 0) is BottomRight causal.
+  int64_t window_left = -1, window_right = -1;
   MaskFill fill = MaskFill::Seed;
   // A row is fully masked when no key takes part, or when every score of
   // the row is -inf (kept keys scoring -inf and no masked key holding the
@@ -81,7 +88,24 @@ struct MaskOptions {
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   float fill_value() const { return fill == MaskFill::Seed ? kMaskFill : -__builtin_inff(); }
-  // The last key query i of Q may see among K under `causal` (K-1: all).
+  // The keys query i (of Q, among K keys) may see: [first_key, last_key].
+  // Every kernel masks a key outside it exactly as a key past the causal
+  // limit (the fill, or dropped under -inf); the fused kernels skip key
+  // tiles wholly outside it, so a narrow range costs little whatever K is.
+  // first_key may be below 0 (from the first key) and above last_key (none).
+  // (A side of at least K (left) or Q (right) bounds nothing: compared
+  // first, so that no sum overflows.)
+  int64_t first_key(int64_t i, int64_t Q, int64_t K) const {
+    return window_left >= 0 && window_left < K ? i + K - Q - window_left : 0;
+  }
+  int64_t last_key(int64_t i, int64_t Q, int64_t K) const {
+    const int64_t last = causal_last_key(i, Q, K);
+    if (window_right < 0 || window_right >= Q) return last;
+    return i + K - Q + window_right < last ? i + K - Q + window_right : last;
+  }
+  // Whether first_key or last_key bound any query's keys.
+  bool bounds_keys() const { return causal != Causal::None || window_left >= 0 || window_right >= 0; }
+  // The last key query i of Q may see among K under `causal` alone (K-1: all).
   int64_t causal_last_key(int64_t i, int64_t Q, int64_t K) const {
     switch (causal) {
       case Causal::None: return K - 1;

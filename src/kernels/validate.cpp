@@ -59,6 +59,9 @@ std::string check_inputs(const AttentionForward& p, bool need_v) {
     return "stats: one of row_max2 and row_sum is set, the other null";
   if ((p.masks.pair_keep || p.masks.pair_bias) && (p.masks.pair_stride_b < 0 || p.masks.pair_stride_h < 0))
     return "masks: negative pair strides";
+  if (p.masks.window_left < -1 || p.masks.window_right < -1)
+    return "masks.window: (" + std::to_string(p.masks.window_left) + ", " + std::to_string(p.masks.window_right) +
+           "), wanted each side >= 0, or -1 for unbounded";
   return {};
 }
 

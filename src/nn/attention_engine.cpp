@@ -25,6 +25,8 @@ kernels::MaskOptions AttentionMasks::options() const {
   m.pair_stride_b = pair_stride_b;
   m.pair_stride_h = pair_stride_h;
   m.causal = causal;
+  m.window_left = window.left;
+  m.window_right = window.right;
   m.fill = neg_inf_fill ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
   m.fully_masked = fully_masked;
   return m;

@@ -67,12 +67,13 @@ struct AttentionMasks {
   std::vector<float> key_bias, pair_bias;    // [B,Kt]; [slices,Q,Kt]
   int64_t pair_stride_b = 0, pair_stride_h = 0;
   Causal causal = Causal::None;
+  Window window;  // over the K given keys (the kernel's keys when Kt == K)
   bool neg_inf_fill = false;  // masked scores are -inf (PyTorch) instead of -1e6 (the d2l chapter)
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   bool any() const {
     return !key_keep.empty() || !pair_keep.empty() || !key_bias.empty() || !pair_bias.empty() ||
-           causal != Causal::None;
+           causal != Causal::None || window.any();
   }
   // The kernel's view, pointing into the vectors above.
   kernels::MaskOptions options() const;

@@ -37,9 +37,12 @@ void check_mask_sum(const char* op, const Mask& kpm, const Mask& am, int64_t K) 
 }  // namespace
 
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
-                           FullyMaskedRows policy, const MaskGeometry& g) {
+                           const Window& window, FullyMaskedRows policy, const MaskGeometry& g) {
   const Mask& kpm = key_padding_mask;
   const Mask& am = attn_mask;
+  if (window.left < -1 || window.right < -1)
+    fail(op, "window: (", window.left, ", ", window.right,
+         ") has a side below -1; wanted each side >= 0 keys, or -1 for unbounded");
   check_mask_shape(op, "key_padding_mask", kpm, g.batched ? Shape{g.B, g.K} : Shape{g.K});
   const bool am3 = am.dim() == 3;
   if (!am.is_none() && am.dim() != 2 && !am3)
@@ -51,7 +54,7 @@ AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const M
   AttentionMasks m;
   // The fill and the policy only matter where something masks; leaving them
   // at their defaults otherwise lets a kernel without them run the plain case.
-  if (!kpm.is_none() || !am.is_none() || causal != Causal::None) {
+  if (!kpm.is_none() || !am.is_none() || causal != Causal::None || window.any()) {
     m.neg_inf_fill = true;
     m.fully_masked = policy;
   }
@@ -64,22 +67,28 @@ AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const M
   }
   if (am.is_keep()) m.pair_keep = pad_last_axis<uint8_t>(am.keep_data(), slices * g.Q, g.K, g.Kt, 1);
   if (am.is_additive()) m.pair_bias = pad_last_axis<float>(am.bias_data(), slices * g.Q, g.K, g.Kt, 0.0f);
-  if (g.Kt == g.K || causal == Causal::None) {
+  if (g.Kt == g.K || (causal == Causal::None && !window.any())) {
     m.causal = causal;
+    m.window = window;
     return m;
   }
-  // The kernel's causal limit would count the appended keys, so the causal
-  // pattern over the K given keys joins the pair mask instead.
+  // The kernel's causal limit and window would count the appended keys, so
+  // the pattern over the K given keys joins the pair mask instead.
   if (am.is_none()) m.pair_keep.assign(static_cast<size_t>(g.Q * g.Kt), 1);
-  kernels::MaskOptions rule;  // the causal limit over the K given keys, as every kernel computes it
+  kernels::MaskOptions rule;  // the key range over the K given keys, as every kernel computes it
   rule.causal = causal;
+  rule.window_left = window.left;
+  rule.window_right = window.right;
   for (int64_t s = 0; s < slices; ++s)
-    for (int64_t i = 0; i < g.Q; ++i)
-      for (int64_t j = std::max<int64_t>(0, rule.causal_last_key(i, g.Q, g.K) + 1); j < g.K; ++j) {
+    for (int64_t i = 0; i < g.Q; ++i) {
+      const int64_t first = rule.first_key(i, g.Q, g.K), last = rule.last_key(i, g.Q, g.K);
+      for (int64_t j = 0; j < g.K; ++j) {
+        if (j >= first && j <= last) continue;
         const size_t at = static_cast<size_t>((s * g.Q + i) * g.Kt + j);
         if (!m.pair_bias.empty()) m.pair_bias[at] = -INFINITY;  // drops out under the -inf fill
         else m.pair_keep[at] = 0;
       }
+    }
   return m;
 }
 

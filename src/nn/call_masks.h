@@ -4,6 +4,7 @@
 //   key_padding_mask (B, K) [(K,) unbatched], boolean or additive
 //   attn_mask (Q, K) or (B*h, Q, K) [(h, Q, K) unbatched], boolean or additive
 //   causal: TopLeft (PyTorch's is_causal) or BottomRight
+//   window: a sliding window over the K given keys (mha/masks.h Window)
 //     -> AttentionMasks over Kt >= K keys (appended keys always take part)
 //
 // The fill (-inf) and the policy for rows with no live key are set only when
@@ -23,8 +24,8 @@ struct MaskGeometry {
 };
 
 // Throws mha::Error (naming `op` and the mask) for a mask of the wrong shape,
-// or additive masks whose finite entries sum to +inf.
+// additive masks whose finite entries sum to +inf, or a window side below -1.
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
-                           FullyMaskedRows policy, const MaskGeometry& g);
+                           const Window& window, FullyMaskedRows policy, const MaskGeometry& g);
 
 }  // namespace mha::nn

@@ -92,7 +92,7 @@ RowPlan plan_rows(const ValidLens& lens, const AttentionMasks& masks, const RowL
   const bool policy_uniform = !masks.neg_inf_fill || masks.fully_masked == FullyMaskedRows::Uniform;
   // Masks that can leave a query without a live key whatever the limit says.
   const bool other_masks = !masks.pair_keep.empty() || !masks.key_bias.empty() || !masks.pair_bias.empty() ||
-                           masks.causal != Causal::None;
+                           masks.causal != Causal::None || masks.window.any();
   if (!lens.is_none()) {
     kernels::AttentionForward p;
     kernels::set_lengths(p, lens);

@@ -296,6 +296,8 @@ PY = {
     "py.mask_array": lambda t: tmha_call(key_padding_mask=[[True], [True, False]]),
     "py.mask_dtype": lambda t: tmha_call(key_padding_mask=np.zeros((2, 6), np.int32)),
     "py.is_causal": lambda t: tmha_call(is_causal="yes"),
+    "py.window": lambda t: tmha_call(window="wide"),
+    "tmha.window": lambda t: tmha_call(window=(-2, 0)),
     # AttentionModel, cross_entropy, OffsetPairTask
     "model.vocab_size": lambda t: small_model(vocab_size=0),
     "model.num_classes": lambda t: small_model(num_classes=-1),

@@ -33,7 +33,7 @@ namespace {
 // Whether p uses a mask option (grouped heads alone change no weight).
 bool uses_masks(const AttentionBackward& p) {
   const MaskOptions& m = p.fwd.masks;
-  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.causal != Causal::None ||
+  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.bounds_keys() ||
          m.fill != MaskFill::Seed || m.fully_masked != FullyMaskedRows::Uniform;
 }
 

@@ -85,7 +85,7 @@ constexpr int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 // Where each array of a thread's scratch lives (floats, each 64-byte aligned).
 struct Layout {
   int64_t d_steps, dv_groups, key_rows;  // d / 32, dv / 16 (even), rows padded to kKeys
-  size_t slice, qb, pb, st, ob, ot, m, l, nf, kept, vsum, kb, vb, total;
+  size_t slice, qb, pb, st, ob, ot, m, l, nf, lo, kept, vsum, kb, vb, total;
   Layout(int64_t d, int64_t dv, int64_t rows) {
     d_steps = up(d, 32) / 32;
     dv_groups = up(dv, 32) / 16;
@@ -105,6 +105,7 @@ struct Layout {
     m = take(MQ);
     l = take(MQ);
     nf = take(MQ);
+    lo = take(MQ);
     kept = take(MQ);
     vsum = take(dv);
     kb = take(key_rows * d_steps * 16);               // [key group][d step] 16 keys x 32 bf16
@@ -287,11 +288,11 @@ inline __m512i hi_pairs(__m512 a, __m512 b) {
 // queries of vector v (base 2, natural scores scaled by log2 e as the fused
 // kernel does), as bf16 pairs into pb (zero from nk to the next multiple of
 // 32). `st` holds the tile's S^T; with kRaw they are the raw dots,
-// scaled here by c2 in one rounding, keys past a lane's limit (when `limit`)
-// at weight 0. Returns the sum of the float32 weights.
+// scaled here by c2 in one rounding, keys outside a lane's range [lo, n)
+// (when `limit`) at weight 0. Returns the sum of the float32 weights.
 template <bool kNat, bool kRaw>
-__m512 weights_to_tiles(const float* st, int v, int64_t j0, int64_t nk, bool limit, __m512 nfv, __m512 c2v,
-                        __m512 m_safe, uint16_t* pb) {
+__m512 weights_to_tiles(const float* st, int v, int64_t j0, int64_t nk, bool limit, __m512 nfv, __m512 lov,
+                        __m512 c2v, __m512 m_safe, uint16_t* pb) {
   __m512 sum = V::zero();
   const __m512 neg_inf = V::set1(-__builtin_inff());
   for (int64_t r = 0; r < up(nk, 32); r += 2) {
@@ -303,7 +304,10 @@ __m512 weights_to_tiles(const float* st, int v, int64_t j0, int64_t nk, bool lim
       __m512 t;
       if constexpr (kRaw) {
         t = Base::to_base2<kNat>(_mm512_fmsub_ps(x, c2v, m_safe));
-        if (limit) t = V::select_lt(V::set1(static_cast<float>(j0 + r + u)), nfv, t, neg_inf);
+        if (limit) {
+          const __m512 jv = V::set1(static_cast<float>(j0 + r + u));
+          t = V::select_lt(jv, lov, neg_inf, V::select_lt(jv, nfv, t, neg_inf));
+        }
       } else {
         t = Base::to_base2<kNat>(V::sub(x, m_safe));
       }
@@ -342,6 +346,7 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   s.m = scratch + lay.m;
   s.l = scratch + lay.l;
   s.nf = scratch + lay.nf;
+  s.lo = scratch + lay.lo;
   s.kept = scratch + lay.kept;
   s.vsum = scratch + lay.vsum;
   const MaskJob& mj = job.mask;
@@ -352,19 +357,20 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   cpu::amx::configure_tiles();
   pack_queries(p.q, b, h, i0, mq, d, lay, qb);
   const int32_t* n_valid = job.n_valid + b * Q + i0;
-  int64_t kv_min;
-  int64_t kv_end = Base::load_lengths(n_valid, mq, s.nf, &kv_min);
-  for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i];
-  if (job.read_all && job.read_all[b]) kv_end = K;
+  const int32_t* first = job.first + b * Q + i0;
+  Base::Bounds kv = Base::load_bounds(n_valid, first, mq, s.nf, s.lo);
+  for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i] - s.lo[i];
+  if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0;
   if (*slice != b * Hkv + hk + 1) {
     const int64_t rows = job.kv_rows[b];
     pack_keys(p.k.ptr(b, hk), p.k.stride[2], rows, d, lay, kb);
     pack_values(p.v.ptr(b, hk), p.v.stride[2], rows, dv, lay, vb);
     *slice = b * Hkv + hk + 1;
   }
-  __m512 nfv[2], m[2], l[2];
+  __m512 nfv[2], lov[2], m[2], l[2];
   for (int v = 0; v < 2; ++v) {
     nfv[v] = V::load(s.nf + v * 16);
+    lov[v] = V::load(s.lo + v * 16);
     m[v] = V::set1(-__builtin_inff());
     l[v] = V::zero();
   }
@@ -372,10 +378,10 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   const __m512 c2v = V::set1(job.c2), neg_inf = V::set1(-__builtin_inff());
   const __m512 lowest = V::set1(-__FLT_MAX__), zero = V::zero();
 
-  for (int64_t j0 = 0; j0 < kv_end; j0 += kKeys) {
-    const int64_t nk = std::min(kKeys, kv_end - j0);
+  for (int64_t j0 = kv.start(kKeys); j0 < kv.end; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, kv.end - j0);
     score_tiles(kb, qb, j0, nk, lay, st);
-    const bool limit = j0 + nk > kv_min;
+    const bool limit = kv.masks(j0, nk);
     __m512 mx[2] = {neg_inf, neg_inf};
     if (!tile_mask) {
       // The row max over raw dots (keys past a lane's limit left out), then
@@ -385,7 +391,7 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
         const __m512 jv = V::set1(static_cast<float>(j0 + r));
         for (int v = 0; v < 2; ++v) {
           const __m512 x = V::load(st + r * MQ + v * 16);
-          mx[v] = V::max(mx[v], limit ? V::select_lt(jv, nfv[v], x, neg_inf) : x);
+          mx[v] = V::max(mx[v], limit ? V::select_lt(jv, lov[v], neg_inf, V::select_lt(jv, nfv[v], x, neg_inf)) : x);
         }
       }
       for (int v = 0; v < 2; ++v) mx[v] = V::mul(mx[v], c2v);
@@ -398,11 +404,11 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
         for (int v = 0; v < 2; ++v) {
           float* x = st + r * MQ + v * 16;
           __m512 t = V::mul(V::load(x), c2v);
-          if (limit) t = V::select_lt(jv, nfv[v], t, neg_inf);
+          if (limit) t = V::select_lt(jv, lov[v], neg_inf, V::select_lt(jv, nfv[v], t, neg_inf));
           V::store(x, t);
         }
       }
-      Base::mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, st, s.kept, nullptr);
+      Base::mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, st, s.kept, nullptr);
       for (int64_t r = 0; r < nk; ++r)
         for (int v = 0; v < 2; ++v) mx[v] = V::max(mx[v], V::load(st + r * MQ + v * 16));
     }
@@ -415,8 +421,8 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
       const __m512 m_safe = V::select_lt(m_new, lowest, zero, m_new);
       corr[v] = V::exp2(Base::to_base2<kNat>(V::sub(m[v], m_safe)));
       m[v] = m_new;
-      const __m512 sum = tile_mask ? weights_to_tiles<kNat, false>(st, v, j0, nk, limit, nfv[v], c2v, m_safe, pb)
-                                   : weights_to_tiles<kNat, true>(st, v, j0, nk, limit, nfv[v], c2v, m_safe, pb);
+      const __m512 sum = tile_mask ? weights_to_tiles<kNat, false>(st, v, j0, nk, limit, nfv[v], lov[v], c2v, m_safe, pb)
+                                   : weights_to_tiles<kNat, true>(st, v, j0, nk, limit, nfv[v], lov[v], c2v, m_safe, pb);
       l[v] = V::fmadd(l[v], corr[v], sum);
     }
     value_tiles(vb, pb, j0, nk, lay, ob);
@@ -433,7 +439,7 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   bool policy[MQ];
   for (int64_t i = 0; i < mq; ++i) policy[i] = Base::fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
   const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index (none here)
-  if (!mj.neg_inf) Base::masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
+  if (!mj.neg_inf) Base::masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
   Base::policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
   Base::write_rows<2>(job, b, h, i0, mq, s.ot, s.m, s.l);

@@ -88,14 +88,18 @@ int64_t max_of(const std::vector<int64_t>& v) {
 // float(k) is exact below 2^24: the kernels compare key indices as floats.
 static_assert(kFusedMaxKeys == int64_t{1} << 24);
 
-// The per-query key limits of the fused kernels (fused_job.h, n_valid):
-// n[b*Q + q] = min(the length count, causal last key + 1, row b's last
-// kept key + 1). `tile_mask[b]` says whether keys below n still need the
-// masking pass: an additive mask, a pair mask, or a key_keep row with a hole
-// below its last kept key (a padding mask, kept keys first, needs none).
+// The per-query key ranges of the fused kernels (fused_job.h, n_valid and
+// first): n[b*Q + q] = min(the length count, causal last key + 1, row b's
+// last kept key + 1), (*first)[b*Q + q] = max(0, first_key), both 0 where
+// the range is empty. `tile_mask[b]` says whether keys in the range still
+// need the masking pass: an additive mask, a pair mask, or a key_keep row
+// with a hole below its last kept key (a padding mask, kept keys first,
+// needs none).
 std::vector<int32_t> key_limits(LengthKind kind, const float* lens, const MaskOptions& m,
-                                int64_t B, int64_t Q, int64_t K, std::vector<uint8_t>* tile_mask) {
+                                int64_t B, int64_t Q, int64_t K, std::vector<uint8_t>* tile_mask,
+                                std::vector<int32_t>* first) {
   std::vector<int32_t> n = valid_key_counts(kind, lens, B, Q, K);
+  first->assign(static_cast<size_t>(B * Q), 0);
   const bool any_other = m.key_bias || m.pair_keep || m.pair_bias;
   tile_mask->assign(static_cast<size_t>(B), any_other ? 1 : 0);
   for (int64_t b = 0; b < B; ++b) {
@@ -109,9 +113,12 @@ std::vector<int32_t> key_limits(LengthKind kind, const float* lens, const MaskOp
         if (!keep[j]) (*tile_mask)[static_cast<size_t>(b)] = 1;
     }
     for (int64_t q = 0; q < Q; ++q) {
-      const int64_t limit = std::min(last, m.causal_last_key(q, Q, K)) + 1;
+      const int64_t limit = std::min(last, m.last_key(q, Q, K)) + 1;
       int32_t& x = n[static_cast<size_t>(b * Q + q)];
       x = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(x, limit)));
+      const int64_t f = std::max<int64_t>(0, m.first_key(q, Q, K));
+      if (f >= x) x = 0;  // no key in range: the kernels see n = 0 (and first 0)
+      else (*first)[static_cast<size_t>(b * Q + q)] = static_cast<int32_t>(f);
     }
   }
   return n;
@@ -174,7 +181,8 @@ void attention_forward_fused(const AttentionForward& p) {
   assert(K <= kFusedMaxKeys);
   const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
-  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask);
+  std::vector<int32_t> first;
+  const std::vector<int32_t> n_valid = key_limits(p.length_kind, p.lens, p.masks, B, Q, K, &tile_mask, &first);
 
   // The weights need the statistics; keep them here if the caller did not ask.
   SoftmaxStats stats = p.stats;
@@ -187,6 +195,7 @@ void attention_forward_fused(const AttentionForward& p) {
   fused::ForwardJob job;
   job.p = &p;
   job.n_valid = n_valid.data();
+  job.first = first.data();
   job.row_max2 = stats.row_max2;
   job.row_sum = stats.row_sum;
   job.mask = mask_job(p.masks, K, tile_mask);
@@ -204,7 +213,7 @@ void attention_forward_fused(const AttentionForward& p) {
   job.pack_rows = max_of(kv_rows);
   job.read_all = p.read_all_keys;
   double work = 0;
-  for (int32_t n : n_valid) work += n;
+  for (size_t x = 0; x < n_valid.size(); ++x) work += n_valid[x] - first[x];
   work = work * H * static_cast<double>(d + dv) + static_cast<double>(B * H * Q) * (d + dv);
   if (amx)
     run_chunks(B * H * job.q_tiles, fused::amx_forward_scratch_floats(d, dv, job.pack_rows), work,
@@ -221,6 +230,7 @@ void attention_forward_fused(const AttentionForward& p) {
     w.q = p.q;
     w.k = p.k;
     w.n_valid = n_valid.data();
+    w.first = first.data();
     w.row_max2 = stats.row_max2;
     w.row_sum = stats.row_sum;
     w.c2 = job.c2;
@@ -241,12 +251,14 @@ void attention_weights_fused(const AttentionWeightsParams& p) {
   const int64_t B = f.B(), Q = f.Q(), K = f.K(), d = f.d();
   assert(K <= kFusedMaxKeys);
   std::vector<uint8_t> tile_mask;
-  const std::vector<int32_t> n_valid = key_limits(f.length_kind, f.lens, f.masks, B, Q, K, &tile_mask);
+  std::vector<int32_t> first;
+  const std::vector<int32_t> n_valid = key_limits(f.length_kind, f.lens, f.masks, B, Q, K, &tile_mask, &first);
   fused::WeightsJob w;
   w.mask = mask_job(f.masks, K, tile_mask);
   w.q = f.q;
   w.k = f.k;
   w.n_valid = n_valid.data();
+  w.first = first.data();
   w.row_max2 = f.stats.row_max2;
   w.row_sum = f.stats.row_sum;
   w.c2 = (w.mask.natural ? 1.0f : kLog2e) / f.scale_divisor;
@@ -267,12 +279,15 @@ void attention_backward_fused(const AttentionBackward& p) {
   assert(K <= kFusedMaxKeys && p.fwd.out.data && !p.fwd.stats.empty());
   const IsaKernels& isa = kernels_for(g_isa.get());
   std::vector<uint8_t> tile_mask;
-  const std::vector<int32_t> n_valid = key_limits(p.fwd.length_kind, p.fwd.lens, p.fwd.masks, B, Q, K, &tile_mask);
+  std::vector<int32_t> first;
+  const std::vector<int32_t> n_valid =
+      key_limits(p.fwd.length_kind, p.fwd.lens, p.fwd.masks, B, Q, K, &tile_mask, &first);
   const std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   fused::BackwardJob job;
   job.mask = mask_job(p.fwd.masks, K, tile_mask);
   job.p = &p;
   job.n_valid = n_valid.data();
+  job.first = first.data();
   job.row_max2 = p.fwd.stats.row_max2;
   job.row_sum = p.fwd.stats.row_sum;
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.fwd.scale_divisor;

@@ -10,7 +10,8 @@
 // chunk, with the forward's statistics (row_max2 m, row_sum l;
 // kernels/params.h) and key limits n (fused_job.h):
 //   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
-//   for each key tile J below the longest n, for each query tile I:
+//   for each key tile J below the longest n, for each query tile I that
+//   sees a key of J (some query's range [f, n) meets J, or masked keys carry weight):
 //     P^T  = 2^(S^T - m) / l                   S^T as in the forward, with its masking pass;
 //                                              the policy's weight in fully masked rows
 //     dP^T = (v_J dO_I^T) * M                  M: dropout multipliers
@@ -47,8 +48,8 @@ struct BackwardKernel {
     float *qr, *dor;  // [qpad, dpad], [qpad, dvpad]
     float *kr, *vr;   // [rows, dpad], [rows, dvpad]
     float* dq;        // [qpad, dpad]
-    float *D, *m, *linv, *nf, *w, *pm;  // [qpad] each; w: weight of a masked key, pm: 1 in a fully masked row
-    int32_t* nf_int;                    // [qpad] the key limits
+    float *D, *m, *linv, *nf, *lo, *w, *pm;  // [qpad] each; w: weight of a masked key, pm: 1 in a fully masked row
+    int32_t *nf_int, *lo_int;                // [qpad] the key limits, the first keys
     float *pt, *dst, *mt, *kt;          // [NK, MQ]: P^T, dS^T, dropout multipliers, kept keys
     float* dvj;                         // [dvpad]: the tail's value gradient
     float *dk, *dv;                     // [rows, dpad], [rows, dvpad]: grad_k, grad_v of the kv head
@@ -56,7 +57,7 @@ struct BackwardKernel {
   static size_t scratch_floats(const Shape& s) {
     const int64_t n = 16 + up(s.d * s.qpad, 16) + up(s.dv * s.qpad, 16) + s.qpad * s.dpad +
                       s.qpad * s.dvpad + up(s.rows * s.dpad, 16) + up(s.rows * s.dvpad, 16) +
-                      s.qpad * s.dpad + 7 * s.qpad + 4 * NK * MQ + s.dvpad + up(s.rows * s.dpad, 16) +
+                      s.qpad * s.dpad + 9 * s.qpad + 4 * NK * MQ + s.dvpad + up(s.rows * s.dpad, 16) +
                       up(s.rows * s.dvpad, 16);
     return static_cast<size_t>(n);
   }
@@ -74,9 +75,11 @@ struct BackwardKernel {
     r.m = p; p += s.qpad;
     r.linv = p; p += s.qpad;
     r.nf = p; p += s.qpad;
+    r.lo = p; p += s.qpad;
     r.w = p; p += s.qpad;
     r.pm = p; p += s.qpad;
     r.nf_int = reinterpret_cast<int32_t*>(p); p += s.qpad;
+    r.lo_int = reinterpret_cast<int32_t*>(p); p += s.qpad;
     r.pt = p; p += NK * MQ;
     r.dst = p; p += NK * MQ;
     r.mt = p; p += NK * MQ;
@@ -158,10 +161,37 @@ struct BackwardKernel {
         for (int64_t r = n; r < tpad; ++r) dT[c * tpad + r] = 0.0f;
   }
 
+  // The key ranges of queries [i0, i0 + mq) (F::Bounds), the fewest keys in
+  // one query's range, and whether some query's masked keys carry weight or
+  // it is fully masked.
+  struct Range : F::Bounds {
+    int64_t single = INT64_MAX;
+    bool weighted_mask = false, any_policy = false;
+  };
+  static Range range_of(const Scratch& s, int64_t i0, int64_t mq) {
+    Range r;
+    r.end = 0;
+    r.shortest = INT64_MAX;
+    r.first = INT64_MAX;
+    r.first_max = 0;
+    for (int64_t i = i0; i < i0 + mq; ++i) {
+      const int64_t n = s.nf_int[i], f = s.lo_int[i];
+      r.end = F::lmax(r.end, n);
+      r.shortest = F::lmin(r.shortest, n);
+      if (n > f) r.first = F::lmin(r.first, f);
+      r.first_max = F::lmax(r.first_max, f);
+      r.single = F::lmin(r.single, n - f);
+      r.weighted_mask = r.weighted_mask || s.w[i] != 0.0f;
+      r.any_policy = r.any_policy || s.pm[i] != 0.0f;
+    }
+    if (r.first == INT64_MAX) r.first = 0;
+    return r;
+  }
+
   template <int U, bool kNat>
   static void tile(const AttentionBackward& p, const BackwardJob& job, const Shape& sh,
                    const Scratch& s, int64_t b, int64_t h, int64_t j0, int64_t nk, int64_t i0,
-                   int64_t mq, int64_t kv_min, bool any_policy, float* dkj, float* dvj) {
+                   int64_t mq, const Range& kv, bool any_policy, float* dkj, float* dvj) {
     const int64_t Q = sh.Q, K = p.K();
     const MaskJob& mj = job.mask;
     const bool tile_mask = mj.tile_mask[b] != 0;
@@ -178,10 +208,10 @@ struct BackwardKernel {
     // P^T = 2^(S^T - m) / l, masked keys at the fill (weight 0 unless the
     // row's masked keys carry weight), the policy's weight in fully masked
     // rows.
-    const bool mask = j0 + nk > kv_min;
-    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv,
+    const bool mask = kv.masks(j0, nk);
+    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv, s.lo + i0,
                                   V::set1(job.c2), fill, s.pt, nullptr);
-    if (tile_mask) F::mask_tile(mj, b, h, i0, mq, K, j0, nk, s.nf_int + i0, s.pt, nullptr, s.kt);
+    if (tile_mask) F::mask_tile(mj, b, h, i0, mq, K, j0, nk, s.nf_int + i0, s.lo_int + i0, s.pt, nullptr, s.kt);
     for (int64_t r = 0; r < nk; ++r)
       for (int v = 0; v < U; ++v) {
         float* x = s.pt + r * MQ + v * L;
@@ -190,7 +220,7 @@ struct BackwardKernel {
         V::store(x, w);
       }
     // dP^T = v_J dO^T (times M below).
-    F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv,
+    F::template qk_tile<U, false>(s.vr, sh.dvpad, sh.dv, s.doT + i0, sh.qpad, j0, nk, false, nfv, s.lo + i0,
                                   V::set1(1.0f), fill, s.dst, nullptr);
     const bool drop = p.fwd.dropout.active();
     if (drop) {
@@ -208,18 +238,19 @@ struct BackwardKernel {
     // is 1 whatever its score, so the exact gradient is 0 (dP - D would
     // leave float32 rounding).
     const Reg inv_scale = V::set1(1.0f / p.fwd.scale_divisor), one_and_half = V::set1(1.5f);
-    const bool single = kv_min <= 1 && !p.stats_span_more_keys;
+    // (kv.single: the fewest keys in a lane's range, read below as n - f.)
+    const bool single = kv.single <= 1 && !p.stats_span_more_keys;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
       for (int v = 0; v < U; ++v) {
         float* x = s.dst + r * MQ + v * L;
         const Reg pt = V::load(s.pt + r * MQ + v * L);
         Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
-        if (mask) ds = V::select_lt(jv, nfv[v], ds, zero);
+        if (mask) ds = V::select_lt(jv, V::load(s.lo + i0 + v * L), zero, V::select_lt(jv, nfv[v], ds, zero));
         if (tile_mask) ds = V::select_lt(one_half, V::load(s.kt + r * MQ + v * L), ds, zero);
         if (single) {
           const Reg weighted_mask = V::select_lt(zero, V::load(s.w + i0 + v * L), ds, zero);
-          ds = V::select_lt(one_and_half, nfv[v], ds, weighted_mask);
+          ds = V::select_lt(one_and_half, V::sub(nfv[v], V::load(s.lo + i0 + v * L)), ds, weighted_mask);
         }
         if (any_policy) ds = V::select_lt(one_half, pmv[v], zero, ds);
         V::store(x, ds);
@@ -265,7 +296,11 @@ struct BackwardKernel {
       for (int64_t c = 0; c < dv; ++c) gv[c] = 0.0f;
     }
     const int32_t* n_valid = job.n_valid + b * Q;
-    for (int64_t i = 0; i < sh.qpad; ++i) s.nf_int[i] = i < Q ? n_valid[i] : 0;
+    const int32_t* first = job.first + b * Q;
+    for (int64_t i = 0; i < sh.qpad; ++i) {
+      s.nf_int[i] = i < Q ? n_valid[i] : 0;
+      s.lo_int[i] = i < Q ? first[i] : 0;
+    }
 
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hk * G + g;
@@ -293,6 +328,7 @@ struct BackwardKernel {
         s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
         s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
         s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
+        s.lo[i] = real ? static_cast<float>(first[i]) : 0.0f;
         // The weight of a key past the row's limit: 0 under the -inf fill,
         // else 0 unless the row's max is near the fill.
         float w = 0.0f;
@@ -306,17 +342,11 @@ struct BackwardKernel {
         const int64_t nk = F::lmin(NK, rows - j0);
         for (int64_t i0 = 0; i0 < Q; i0 += MQ) {
           const int64_t mq = F::lmin(MQ, Q - i0);
-          int64_t kv_end = 0, kv_min = INT64_MAX;
-          bool weighted_mask = false, any_policy = false;
-          for (int64_t i = 0; i < mq; ++i) {
-            kv_end = F::lmax(kv_end, n_valid[i0 + i]);
-            kv_min = F::lmin(kv_min, n_valid[i0 + i]);
-            weighted_mask = weighted_mask || s.w[i0 + i] != 0.0f;
-            any_policy = any_policy || s.pm[i0 + i] != 0.0f;
-          }
-          if (j0 >= kv_end && !weighted_mask) continue;  // every key here masked, weight 0
+          const Range kv = range_of(s, i0, mq);
+          // Every key here masked, at weight 0.
+          if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
           F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
-            tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv_min, any_policy,
+            tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv, kv.any_policy,
                                            s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
           });
         }

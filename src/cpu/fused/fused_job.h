@@ -14,9 +14,9 @@ namespace mha::kernels::fused {
 
 // The mask options as the tile kernels read them (kernels/params.h
 // MaskOptions). Causality, lengths and each row's last kept key are already
-// folded into the per-query key limit n_valid; keys inside it still need the
-// masking pass when `tile_mask[b]` is set (a key_keep with holes, a bias, a
-// pair mask).
+// folded into the per-query key limit n_valid, and MaskOptions::first_key
+// into `first`; keys inside [first, n_valid) still need the masking pass when
+// `tile_mask[b]` is set (a key_keep with holes, a bias, a pair mask).
 struct MaskJob {
   const MaskOptions* m = nullptr;      // never null in a job
   const uint8_t* tile_mask = nullptr;  // [B]: 1 when row b's keys below n need the masking pass
@@ -40,6 +40,9 @@ struct ForwardJob {
   // #{k < K : float(k) < length(b, q)}, its causal limit + 1 and row b's
   // last kept key (key_keep) + 1. Keys past it are masked.
   const int32_t* n_valid = nullptr;
+  // [B,Q]: the first key query q may see (MaskOptions::first_key, at least
+  // 0); keys before it are masked. first < n_valid, or both are 0 (no key).
+  const int32_t* first = nullptr;
   float* row_max2 = nullptr;         // [B,h,Q] or null
   float* row_sum = nullptr;          // [B,h,Q] or null
   float c2 = 0.0f;                   // log2(e) / scale_divisor
@@ -55,6 +58,7 @@ struct ForwardJob {
 struct WeightsJob {
   TensorView q, k;                   // [B,h,Q,d], [B,hkv,K,d]
   const int32_t* n_valid = nullptr;  // [B,Q]: per-query key limit, as in ForwardJob
+  const int32_t* first = nullptr;    // [B,Q]: per-query first key, as in ForwardJob
   const float* row_max2 = nullptr;   // [B,h,Q]
   const float* row_sum = nullptr;    // [B,h,Q]
   float c2 = 0.0f;
@@ -74,6 +78,7 @@ struct WeightsJob {
 struct BackwardJob {
   const AttentionBackward* p = nullptr;
   const int32_t* n_valid = nullptr;   // [B,Q]
+  const int32_t* first = nullptr;     // [B,Q], as in ForwardJob
   const float* row_max2 = nullptr;    // [B,h,Q] from the fused forward
   const float* row_sum = nullptr;     // [B,h,Q]
   float c2 = 0.0f;                    // log2(e) / scale_divisor

@@ -13,20 +13,22 @@
 //   k, v rows of (b, kv head of h) below the longest key limit n
 //                                                   packed once per thread and slice
 //   Q^T[c, i]  = q[b, h, i0 + i, c]                 packed once per chunk
-//   for each key tile [j0, j0 + NK) below the tile's largest length:
-//     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf if j >= n[i]
+//   for each key tile [j0, j0 + NK) from the one holding the tile's
+//   smallest first key f to its largest key limit n:
+//     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf unless f[i] <= j < n[i]
 //     (masking pass, only for rows with boolean holes or additive masks:
 //      S^T[j, i] += bias on kept keys, the fill on masked ones; a call with
 //      an additive mask keeps natural scores, MaskJob::natural)
 //     m_new = max(m, max_j S^T[j, i]);  c = 2^(m - m_new)
 //     P^T = 2^(S^T - m_new);  l = l * c + sum_j P^T;  P^T *= dropout
 //     O^T[:, i] = O^T[:, i] * c + v^T P^T
-//   masked keys with non-zero weight (valid length 0): added in closed form
+//   masked keys [0, f) and [n, K) with non-zero weight (valid length 0): added in closed form
 //   fully masked rows (kernels/masked_row.h): the policy, marked row_max2 = -inf
 //   out[b, h, i0 + i] = O^T[:, i] / l;   row_max2 = m, row_sum = l
 // n (ForwardJob::n_valid) folds lengths, causality and the last kept key in,
-// so the tiles past every query's n are never computed: causal and padding
-// masks skip whole tiles.
+// and f (ForwardJob::first) the first key a query may see, so the tiles past
+// every query's n or before every query's f are never computed: causal,
+// padding and window masks skip whole tiles.
 // The order of every sum is fixed by the tiling alone, so the result does not
 // depend on which thread runs the chunk.
 
@@ -62,10 +64,11 @@ struct Kernel {
     float* vsum;     // [dv]       masked-key value sum (closed-form tail)
     float* kp;       // [rows, d]  the slice's key rows, packed
     float* vp;       // [rows, dv] the slice's value rows, packed
+    float* lo;       // [MQ]       first key, as float (last: the arrays above keep their offsets)
   };
   static size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
     return static_cast<size_t>(16 + round16(d * MQ) + round16(NK * MQ) + round16(dv * MQ) +
-                               4 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
+                               5 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
   }
   static Scratch carve(float* s, int64_t d, int64_t dv, int64_t rows) {
     Scratch r;
@@ -79,7 +82,8 @@ struct Kernel {
     r.kept = s; s += round16(MQ);
     r.vsum = s; s += round16(dv);
     r.kp = s; s += round16(rows * d);
-    r.vp = s;
+    r.vp = s; s += round16(rows * dv);
+    r.lo = s;
     return r;
   }
 
@@ -119,32 +123,44 @@ struct Kernel {
       for (int64_t i = mq; i < lanes; ++i) qt[c * MQ + i] = 0.0f;
   }
 
-  // nf[i] = valid key count of query i0 + i (0 for lanes past the last
-  // query, which therefore see no key). Returns the largest count of the
-  // tile's queries, and the smallest in `shortest`: key tiles below it need
-  // no masking.
-  static int64_t load_lengths(const int32_t* n_valid, int64_t mq, float* nf, int64_t* shortest) {
-    int64_t kv_end = 0, kv_min = INT64_MAX;
+  // The key range of a query tile, from its queries' ranges [f, n).
+  struct Bounds {
+    int64_t end;         // the largest n: no key at or past it is seen
+    int64_t shortest;    // the smallest n: keys below it need no upper masking
+    int64_t first;       // the smallest f of the queries that see a key: none before it is seen
+    int64_t first_max;   // the largest f: keys at or past it need no lower masking
+    // Whether keys [j0, j0 + nk) need the range compare (some key outside a lane's range).
+    bool masks(int64_t j0, int64_t nk) const { return j0 + nk > shortest || j0 < first_max; }
+    // The key tile of size `tile` to start from.
+    int64_t start(int64_t tile) const { return first / tile * tile; }
+  };
+  // nf[i], lo[i] = key limit n and first key f of query i0 + i (0 for lanes
+  // past the last query, which therefore see no key).
+  static Bounds load_bounds(const int32_t* n_valid, const int32_t* first, int64_t mq, float* nf, float* lo) {
+    Bounds r{0, INT64_MAX, INT64_MAX, 0};
     for (int64_t i = 0; i < MQ; ++i) {
-      const int64_t n = i < mq ? n_valid[i] : 0;
+      const int64_t n = i < mq ? n_valid[i] : 0, f = i < mq ? first[i] : 0;
       nf[i] = static_cast<float>(n);
-      kv_end = lmax(kv_end, n);
-      if (i < mq) kv_min = lmin(kv_min, n);
+      lo[i] = static_cast<float>(f);
+      r.end = lmax(r.end, n);
+      if (i < mq) r.shortest = lmin(r.shortest, n);
+      if (n > f) r.first = lmin(r.first, f);
+      r.first_max = lmax(r.first_max, f);
     }
-    *shortest = kv_min;
-    return kv_end;
+    if (r.first == INT64_MAX) r.first = 0;
+    return r;
   }
 
   // The masking pass over keys [j0, j0 + nk) of S^T, for lanes i < mq and
-  // keys below the lane's key limit n (qk_tile set those past it): a key a
+  // keys in the lane's range [f, n) (qk_tile set those outside it): a key a
   // boolean mask drops scores the fill, a kept one gets its additive masks
   // (there are some only in natural mode, MaskJob::natural, so no scaling).
   // S^T is [key, query], so pair masks are read along
   // their rows, one query at a time. kept[i] += the lane's kept keys; kt,
   // when set, gets 1 on kept keys and 0 elsewhere (every lane of the tile).
   static void mask_tile(const MaskJob& mj, int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t K,
-                        int64_t j0, int64_t nk, const int32_t* n_valid, float* st, float* kept,
-                        float* kt) {
+                        int64_t j0, int64_t nk, const int32_t* n_valid, const int32_t* first,
+                        float* st, float* kept, float* kt) {
     const MaskOptions& m = *mj.m;
     const uint8_t* kk = m.key_keep ? m.keep_row(b, K) + j0 : nullptr;
     const float* kb = m.key_bias ? m.bias_row(b, K) + j0 : nullptr;
@@ -152,12 +168,13 @@ struct Kernel {
       for (int64_t x = 0; x < nk * MQ; ++x) kt[x] = 0.0f;
     for (int64_t i = 0; i < mq; ++i) {
       const int64_t end = lmin(nk, n_valid[i] - j0);  // keys of the tile below n
-      if (end <= 0) continue;
+      const int64_t begin = lmax(0, first[i] - j0);   // and from f
+      if (end <= begin) continue;
       const int64_t off = m.pair_offset(b, h, i0 + i, K) + j0;
       const uint8_t* pk = m.pair_keep ? m.pair_keep + off : nullptr;
       const float* pb = m.pair_bias ? m.pair_bias + off : nullptr;
       float count = 0.0f;
-      for (int64_t r = 0; r < end; ++r) {
+      for (int64_t r = begin; r < end; ++r) {
         const bool keep = (!kk || kk[r]) && (!pk || pk[r]);
         float& x = st[r * MQ + i];
         if (!keep) {
@@ -188,12 +205,14 @@ struct Kernel {
   // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
   // first, then the scale, as the d2l chapter divides the product by sqrt(d): a
   // score that ties with the -1e6 fill in the d2l chapter ties here too), with kMask
-  // keys at or past a lane's length set to `masked`. k0 points at the block's
+  // keys outside a lane's range [lo, n) set to `masked` (lo: [U*L] first
+  // keys as floats, read from memory only here, so that the unmasked path
+  // holds no more registers than before the lower bound existed). k0 points at the block's
   // first key row, ks is the key row stride, j_first that key's index.
   // kTrackMax: mx = max(mx, S^T).
   template <int R, int U, bool kTrackMax, bool kMask>
-  static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, int64_t qs, float j_first,
-                       const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+  [[gnu::always_inline]] static void qk_block(const float* k0, int64_t ks, int64_t d, const float* qt, int64_t qs, float j_first,
+                       const Reg* nfv, const float* lo, Reg c2v, Reg masked, float* st, Reg* mx) {
     Reg acc[R][U];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < U; ++v) acc[r][v] = V::zero();
@@ -209,7 +228,7 @@ struct Kernel {
       const Reg jv = V::set1(j_first + static_cast<float>(r));
       for (int v = 0; v < U; ++v) {
         Reg t = V::mul(acc[r][v], c2v);
-        if constexpr (kMask) t = V::select_lt(jv, nfv[v], t, masked);
+        if constexpr (kMask) t = V::select_lt(jv, V::load(lo + v * L), masked, V::select_lt(jv, nfv[v], t, masked));
         V::store(st + r * MQ + v * L, t);
         if constexpr (kTrackMax) mx[v] = V::max(mx[v], t);
       }
@@ -217,32 +236,37 @@ struct Kernel {
   }
   // The R < MR remainder of a key tile.
   template <int R, int U, bool kTrackMax, bool kMask>
-  static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
-                      int64_t qs, float j_first, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+  [[gnu::always_inline]] static void qk_rows(int rows, const float* k0, int64_t ks, int64_t d, const float* qt,
+                      int64_t qs, float j_first, const Reg* nfv, const float* lo, Reg c2v, Reg masked, float* st,
+                      Reg* mx) {
     if constexpr (R >= 1) {
       if (rows == R)
-        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
-      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, qs, j_first, nfv, c2v, masked, st, mx);
+        return qk_block<R, U, kTrackMax, kMask>(k0, ks, d, qt, qs, j_first, nfv, lo, c2v, masked, st, mx);
+      qk_rows<R - 1, U, kTrackMax, kMask>(rows, k0, ks, d, qt, qs, j_first, nfv, lo, c2v, masked, st, mx);
     }
   }
-  // Keys [j0, j0 + nk) of S^T; `mask` when some lane's length ends before
-  // j0 + nk (else the compare and blend are skipped).
+  // Keys [j0, j0 + nk) of S^T; `mask` when some key is outside some lane's
+  // range [lo, n) (Bounds::masks; else the compares and blends are skipped).
+  // Always inlined (with qk_tile_as, qk_block, qk_rows): where GCC's
+  // heuristics left the forward's score tile out of line, its running max
+  // went through memory every block, 5% of the forward at B1 L4096 d64
+  // (best of 3 alternating runs, one thread, 196-205 against 185-188 ms).
   template <int U, bool kTrackMax>
-  static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0, int64_t nk,
-                      bool mask, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
-    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
-    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, qs, j0, nk, nfv, c2v, masked, st, mx);
+  [[gnu::always_inline]] static void qk_tile(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0, int64_t nk,
+                      bool mask, const Reg* nfv, const float* lo, Reg c2v, Reg masked, float* st, Reg* mx) {
+    if (mask) return qk_tile_as<U, kTrackMax, true>(kb, ks, d, qt, qs, j0, nk, nfv, lo, c2v, masked, st, mx);
+    qk_tile_as<U, kTrackMax, false>(kb, ks, d, qt, qs, j0, nk, nfv, lo, c2v, masked, st, mx);
   }
   template <int U, bool kTrackMax, bool kMask>
-  static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0,
-                         int64_t nk, const Reg* nfv, Reg c2v, Reg masked, float* st, Reg* mx) {
+  [[gnu::always_inline]] static void qk_tile_as(const float* kb, int64_t ks, int64_t d, const float* qt, int64_t qs, int64_t j0,
+                         int64_t nk, const Reg* nfv, const float* lo, Reg c2v, Reg masked, float* st, Reg* mx) {
     int64_t jb = 0;
     for (; jb + MR <= nk; jb += MR)
       qk_block<MR, U, kTrackMax, kMask>(kb + (j0 + jb) * ks, ks, d, qt, qs, static_cast<float>(j0 + jb),
-                                        nfv, c2v, masked, st + jb * MQ, mx);
+                                        nfv, lo, c2v, masked, st + jb * MQ, mx);
     if (jb < nk)
       qk_rows<MR - 1, U, kTrackMax, kMask>(static_cast<int>(nk - jb), kb + (j0 + jb) * ks, ks, d, qt, qs,
-                                           static_cast<float>(j0 + jb), nfv, c2v, masked, st + jb * MQ, mx);
+                                           static_cast<float>(j0 + jb), nfv, lo, c2v, masked, st + jb * MQ, mx);
   }
 
   // R columns of O^T: ot[r, :] = ot[r, :] * corr + sum_j v0[j, r] * P^T[j, :].
@@ -330,11 +354,11 @@ struct Kernel {
 
     pack_queries(p.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
-    int64_t kv_min;
-    int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
-    // Without the masking pass every key below n is kept.
-    for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i];
-    if (job.read_all && job.read_all[b]) kv_end = K;  // masked keys too, at weight 0
+    const int32_t* first = job.first + b * Q + i0;
+    Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
+    // Without the masking pass every key in [f, n) is kept.
+    for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i] - s.lo[i];
+    if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0;  // masked keys too, at weight 0
     Reg nfv[U], m[U], l[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);
@@ -359,17 +383,17 @@ struct Kernel {
     const int64_t ks = d, vs = dv;
     const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index
 
-    for (int64_t j0 = 0; j0 < kv_end; j0 += NK) {
-      const int64_t nk = lmin(NK, kv_end - j0);
+    for (int64_t j0 = kv.start(NK); j0 < kv.end; j0 += NK) {
+      const int64_t nk = lmin(NK, kv.end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
       if (tile_mask) {
-        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
-        mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, s.st, s.kept, nullptr);
+        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
+        mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
         for (int64_t r = 0; r < nk; ++r)
           for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
       } else {
-        qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, j0 + nk > kv_min, nfv, c2v, neg_inf, s.st, mx);
+        qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
       }
       // Online softmax: rescale what came before to the new running max. A
       // lane that has seen no key yet keeps max -inf; it exponentiates
@@ -404,17 +428,17 @@ struct Kernel {
     }
     bool policy[MQ];
     for (int64_t i = 0; i < mq; ++i) policy[i] = fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
-    // Keys past n score the d2l chapter's fill (their weight is 0 under -inf).
+    // Keys outside [f, n) score the d2l chapter's fill (their weight is 0 under -inf).
     if (!mj.neg_inf)
-      masked_tail(p, mj, n_valid, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
+      masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
     policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
     write_rows<U>(job, b, h, i0, mq, s.ot, s.m, s.l);
   }
 
-  // Masked keys [n, K) of a query all score the fill, so their share is
-  // closed-form: weight 2^(fill - m) each, times the sum of their (dropout
-  // scaled) values. Only rows where that weight is not exactly 0 in float32
+  // Masked keys [0, f) and [n, K) of a query all score the fill, so their
+  // share is closed-form: weight 2^(fill - m) each, times the sum of their
+  // (dropout scaled) values. Only rows where that weight is not exactly 0 in float32
   // need it: valid length 0 (uniform weights over all K keys), or scores
   // within 150 (base 2) of the fill.
   // A chunk's epilogue, shared with the AMX forward (attention_amx.cpp):
@@ -447,38 +471,42 @@ struct Kernel {
     }
   }
 
-  static void masked_tail(const AttentionForward& p, const MaskJob& mj, const int32_t* n_valid, int64_t mq,
-                          const float* vb, int64_t vs, uint64_t row0, const bool* policy,
-                          const Scratch& s) {
+  static void masked_tail(const AttentionForward& p, const MaskJob& mj, const int32_t* n_valid,
+                          const int32_t* first, int64_t mq, const float* vb, int64_t vs, uint64_t row0,
+                          const bool* policy, const Scratch& s) {
     const int64_t K = p.K(), dv = p.dv();
-    int64_t cached_n = -1;  // vsum holds the plain sum over [cached_n, K)
+    int64_t cached_f = -1, cached_n = -1;  // vsum holds the plain sum over [0, cached_f) and [cached_n, K)
     for (int64_t i = 0; i < mq; ++i) {
-      const int64_t n = n_valid[i];
-      if (n >= K || policy[i]) continue;
+      const int64_t n = n_valid[i], f = first[i];
+      if ((n >= K && f == 0) || policy[i]) continue;
       const float m = s.m[i];
       if (n > 0 && (m - mj.fill) * mj.unit >= kUnderflow2) continue;
+      const int64_t ranges[4] = {0, f, n, K};
       if (p.dropout.active()) {
         for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
-        for (int64_t j = n; j < K; ++j) {
-          const float mult = p.dropout.multiplier(row0 + i * K + j);
-          if (mult == 0.0f) continue;
-          const float* vr = vb + j * vs;
-          for (int64_t c = 0; c < dv; ++c) s.vsum[c] += mult * vr[c];
-        }
+        for (int x = 0; x < 4; x += 2)  // keys [0, f), then [n, K)
+          for (int64_t j = ranges[x]; j < ranges[x + 1]; ++j) {
+            const float mult = p.dropout.multiplier(row0 + i * K + j);
+            if (mult == 0.0f) continue;
+            const float* vr = vb + j * vs;
+            for (int64_t c = 0; c < dv; ++c) s.vsum[c] += mult * vr[c];
+          }
         cached_n = -1;
-      } else if (n != cached_n) {
+      } else if (n != cached_n || f != cached_f) {
         for (int64_t c = 0; c < dv; ++c) s.vsum[c] = 0.0f;
-        for (int64_t j = n; j < K; ++j) {
-          const float* vr = vb + j * vs;
-          for (int64_t c = 0; c < dv; ++c) s.vsum[c] += vr[c];
-        }
+        for (int x = 0; x < 4; x += 2)  // keys [0, f), then [n, K)
+          for (int64_t j = ranges[x]; j < ranges[x + 1]; ++j) {
+            const float* vr = vb + j * vs;
+            for (int64_t c = 0; c < dv; ++c) s.vsum[c] += vr[c];
+          }
         cached_n = n;
+        cached_f = f;
       }
       const float m_new = m > mj.fill ? m : mj.fill;
       const float corr = std::exp2((m - m_new) * mj.unit);  // 0 when m = -inf (no unmasked key)
       const float w = std::exp2((mj.fill - m_new) * mj.unit);
       s.m[i] = m_new;
-      s.l[i] = s.l[i] * corr + static_cast<float>(K - n) * w;
+      s.l[i] = s.l[i] * corr + static_cast<float>(K - n + f) * w;
       for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] = s.ot[c * MQ + i] * corr + w * s.vsum[c];
     }
   }
@@ -528,8 +556,8 @@ struct Kernel {
 
     pack_queries(job.q, b, h, i0, mq, U * L, d, s.qt);
     const int32_t* n_valid = job.n_valid + b * Q + i0;
-    int64_t kv_min;
-    const int64_t kv_end = load_lengths(n_valid, mq, s.nf, &kv_min);
+    const int32_t* first = job.first + b * Q + i0;
+    const Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
     const int64_t base = (b * H + h) * Q + i0;
     bool policy[MQ];  // fully masked rows (row_max2 = -inf): the policy's weight
     for (int64_t i = 0; i < MQ; ++i) {
@@ -554,12 +582,15 @@ struct Kernel {
     float* out = job.out + pair * Q * K;
     for (int64_t j0 = 0; j0 < K; j0 += NK) {
       const int64_t nk = lmin(NK, K - j0);
-      const int64_t computed = lmax(0, lmin(nk, kv_end - j0));  // keys some lane sees
-      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, computed, j0 + computed > kv_min, nfv, c2v, fill,
-                        s.st, nullptr);
-      if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, computed, n_valid, s.st, s.kept, nullptr);
-      for (int64_t r = computed; r < nk; ++r)
-        for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
+      // Keys [from, computed) of the tile: those some lane sees.
+      const int64_t computed = lmax(0, lmin(nk, kv.end - j0));
+      const int64_t from = lmin(computed, lmax(0, kv.first - j0));
+      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0 + from, computed - from, kv.masks(j0 + from, computed - from),
+                        nfv, s.lo, c2v, fill, s.st + from * MQ, nullptr);
+      if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, computed, n_valid, first, s.st, s.kept, nullptr);
+      for (int64_t r = 0; r < nk; ++r)
+        if (r < from || r >= computed)
+          for (int v = 0; v < U; ++v) V::store(s.st + r * MQ + v * L, fill);
       for (int64_t r = 0; r < nk; ++r)
         for (int v = 0; v < U; ++v) {
           float* x = s.st + r * MQ + v * L;

@@ -17,7 +17,7 @@ namespace {
 // take neither.
 bool beyond_the_chapter(const AttentionBackward& p) {
   const MaskOptions& m = p.fwd.masks;
-  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.causal != Causal::None ||
+  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.bounds_keys() ||
          m.fill != MaskFill::Seed || m.fully_masked != FullyMaskedRows::Uniform || p.Hkv() != p.H();
 }
 

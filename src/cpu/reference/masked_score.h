@@ -32,7 +32,7 @@ T masked_score(const AttentionForward& p, int64_t b, int64_t h, int64_t hk, int6
   keep = static_cast<float>(j) < len;  // the d2l chapter's comparison (a length 2.5 keeps key 2)
   if (m.key_keep && !m.keep_row(b, K)[j]) keep = false;
   if (m.pair_keep && !m.pair_keep[m.pair_offset(b, h, i, K) + j]) keep = false;
-  if (j > m.causal_last_key(i, Q, K)) keep = false;
+  if (j > m.last_key(i, Q, K) || j < m.first_key(i, Q, K)) keep = false;
   if (!keep) s = m.fill_value();
   return s;
 }

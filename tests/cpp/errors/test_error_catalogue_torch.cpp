@@ -94,6 +94,11 @@ Triggers torch_triggers() {
          call.attn_mask = Mask::additive(Tensor({3, 6}, 3e38f));
          torch_call(Q, KV, KV, call);
        }},
+      {"tmha.window", [] {
+         TorchMhaCall call;
+         call.window = {-2, 0};
+         torch_call(Q, KV, KV, call);
+       }},
       {"tmha.overflow", [] { torch_call(Tensor({2, 3, 4}, 1e20f), Tensor({2, 6, 4}, 1e20f), KV); }},
       {"tmha.mask_shape", [] {
          TorchMhaCall call;

@@ -563,6 +563,8 @@ TEST(Decode, CachedForwardBadInputsSayWhatIsWrong) {
                                 "[test] shapes: k (2, 2, 14, 8), v (2, 2, 3, 8)"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.out.stride[3] = 2; }); },
                                 "[test] strides: an innermost stride other than 1"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = 4, p.masks.window_right = 0; }); },
+                                "[test] masks: a sliding window (4, 0); wanted none"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
                                 "[test] heads: q has 4 heads and the cache 3"));
 }

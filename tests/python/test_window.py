@@ -1,0 +1,194 @@
+"""Sliding windows (window=(left, right), FlashAttention's window_size
+convention, aligned to the bottom right: query i of Q sees key j of K iff
+i + K - Q - left <= j <= i + K - Q + right, -1 unbounded) on both numpy
+modules, held to PyTorch 1.13's nn.MultiheadAttention with the same weights
+and the window written as a boolean attn_mask: outputs, per-head weights and
+every gradient (inputs and parameters), on every kernel, with the other
+masks, causality and valid lengths drawn beside it.
+
+Tolerances as test_multihead_masks.py: 1e-5 of the largest magnitude (2e-5
+for gradients)."""
+import numpy as np
+import pytest
+import torch
+
+import mha
+
+from test_multihead_masks import KERNELS, close, draw, torch_masks, torch_module
+from torch_threads import one_torch_thread  # noqa: F401  (fixture)
+
+
+def band(Q, K, left, right):
+    """(Q, K) True where query i sees key j, as the convention reads."""
+    i = np.arange(Q)[:, None]
+    j = np.arange(K)[None, :]
+    diag = i + K - Q
+    return ((left < 0) | (j >= diag - left)) & ((right < 0) | (j <= diag + right))
+
+
+def draw_window(rng, Q, K):
+    def side():
+        return int(rng.choice([-1, 0, 1, 2, 3, K + Q + 2, int(rng.integers(0, K + 1))]))
+    w = (side(), side())
+    while w == (-1, -1):
+        w = (side(), side())
+    return w
+
+
+def window_case(rng):
+    """A case of test_multihead_masks.draw with a window whose every query
+    keeps a key (PyTorch 1.13 gives NaN for a query with none)."""
+    for _ in range(200):
+        c = draw(rng)
+        c["window"] = draw_window(rng, c["Q"], c["K"])
+        attn, kpm = torch_with_window(c)
+        masked = torch.isinf(attn).numpy()
+        if kpm is not None:
+            masked = masked | np.repeat(kpm.numpy()[:, None, :], c["h"], 0)
+        if not masked.all(-1).any():
+            return c
+    raise AssertionError("no case without an empty row")
+
+
+def torch_with_window(c):
+    attn, kpm = torch_masks(c)
+    outside = ~band(c["Q"], c["K"], *c["window"])
+    attn = attn.masked_fill(torch.from_numpy(outside)[None], -np.inf)
+    return attn, kpm
+
+
+def input_gradient_scale(inputs):
+    """The largest input gradient element: the scale of the input gradients.
+    (A window leaves queries few keys, whose gradient then cancels to well
+    under the others' size; float32 rounding is relative to the terms.)"""
+    return np.array([max(float(x.grad.abs().max()) for x in inputs)])
+
+
+def run_torch(c):
+    t = torch_module(c)
+    q, k, v = (torch.from_numpy(c[n]).requires_grad_() for n in ("queries", "keys", "values"))
+    attn, kpm = torch_with_window(c)
+    out, w = t(q, k, v, key_padding_mask=kpm, attn_mask=attn, need_weights=True, average_attn_weights=False)
+    return t, (q, k, v), out, w
+
+
+@pytest.mark.parametrize("index", range(30))
+def test_the_chapters_module_with_a_window_matches_torch(index, one_torch_thread):
+    rng = np.random.default_rng(9300 + index)
+    c = window_case(rng)
+    t, inputs, want, want_w = run_torch(c)
+    G = rng.standard_normal(want.shape).astype(np.float32)
+    want.backward(torch.from_numpy(G))
+    largest = input_gradient_scale(inputs)
+    tg = dict(t.named_parameters())
+    E = c["E"]
+    for kernel in KERNELS:
+        m = mha.MultiHeadAttention(E, c["h"], bias=c["bias"])
+        m.kernel = kernel
+        m.load_state_dict(c["state"])
+        out = m(c["queries"], c["keys"], c["values"], c["lens"], key_padding_mask=c["kpm"],
+                attn_mask=c["am"], is_causal=c["causal"], window=c["window"])
+        close(out, want.detach().numpy(), 1e-5)
+        close(m.attention_weights, want_w.detach().numpy(), 1e-5)
+        (gq, gk, gv), grads = m.backward(G)
+        for got, x in zip((gq, gk, gv), inputs):
+            close(got, x.grad.numpy(), 2e-5, like=largest)
+        if "in_proj_weight" in tg:
+            wq, wk, wv = tg["in_proj_weight"].grad.split(E)
+        else:
+            wq, wk, wv = (tg[f"{n}_proj_weight"].grad for n in "qkv")
+        pairs = (("W_q.weight", wq), ("W_k.weight", wk), ("W_v.weight", wv),
+                 ("W_o.weight", tg["out_proj.weight"].grad))
+        weight_scale = np.array([max(float(g.abs().max()) for _, g in pairs)])
+        for name, want_g in pairs:
+            close(grads[name], want_g.numpy(), 2e-5, like=weight_scale)
+
+
+@pytest.mark.parametrize("index", range(20))
+def test_the_drop_in_with_a_window_matches_torch(index, one_torch_thread):
+    rng = np.random.default_rng(9400 + index)
+    c = window_case(rng)
+    c["lens"] = None  # the drop-in takes PyTorch's masks only
+    if c["Dk"] != c["E"] or c["Dv"] != c["E"]:
+        c["Dk"] = c["Dv"] = c["E"]
+        c["keys"] = c["keys"][..., :c["E"]].copy()
+        c["values"] = c["values"][..., :c["E"]].copy()
+        for n in "kv":
+            c["state"][f"W_{n}.weight"] = c["state"][f"W_{n}.weight"][:, :c["E"]].copy()
+    attn, _ = torch_with_window(c)
+    if torch.isinf(attn).all(-1).any():
+        pytest.skip("a query without keys once the lengths are dropped")
+    t, inputs, want, want_w = run_torch(c)
+    G = rng.standard_normal(want.shape).astype(np.float32)
+    want.backward(torch.from_numpy(G))
+    largest = input_gradient_scale(inputs)
+    state = {k: v.detach().numpy() for k, v in t.state_dict().items()}
+    for kernel in KERNELS:
+        ours = mha.TorchMultiheadAttention.from_state_dict(state, c["h"], batch_first=True)
+        ours.kernel = kernel
+        ours.train()
+        out, w = ours(c["queries"], c["keys"], c["values"], key_padding_mask=c["kpm"], need_weights=True,
+                      attn_mask=c["am"], average_attn_weights=False, is_causal=c["causal"], window=c["window"])
+        close(out, want.detach().numpy(), 1e-5)
+        close(w, want_w.detach().numpy(), 1e-5)
+        (gq, gk, gv), params = ours.backward(G)
+        for got, x in zip((gq, gk, gv), inputs):
+            close(got, x.grad.numpy(), 2e-5, like=largest)
+        close(params["out_proj.weight"], t.out_proj.weight.grad.numpy(), 2e-5)
+
+
+def test_window_sides_are_checked_naming_the_argument():
+    X = np.ones((2, 3, 8), np.float32)
+    m = mha.MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"MultiHeadAttention.forward\] window: \(-2, 0\) has a side below -1"):
+        m(X, X, X, window=(-2, 0))
+    with pytest.raises(TypeError, match=r"window: 3 is not None or a pair"):
+        m(X, X, X, window=3)
+    with pytest.raises(TypeError, match=r"window: \(1, 2, 3\) is not None or a pair"):
+        m(X, X, X, window=(1, 2, 3))
+    assert m.state_dict() == {}  # a refused call changes nothing
+
+
+def test_a_window_wider_than_the_keys_changes_nothing_and_width_zero_is_the_diagonal():
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    Y = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    for kernel in KERNELS:
+        m = mha.MultiHeadAttention(8, 2, seed=3)
+        m.kernel = kernel
+        plain = m(X, Y, Y)
+        np.testing.assert_array_equal(m(X, Y, Y, window=(100, 100)), plain)
+        np.testing.assert_array_equal(m(X, Y, Y, window=(-1, -1)), plain)
+        m(X, Y, Y, window=(0, 0))
+        w = m.attention_weights  # (B, h, Q, K): all weight on key i + K - Q
+        want = np.zeros((5, 7))
+        want[np.arange(5), np.arange(5) + 2] = 1.0
+        np.testing.assert_allclose(w, np.broadcast_to(want, w.shape), atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [(0, 0), (2, -1), (-1, 1), (1, 3), (50, 0)])
+def test_appended_keys_stay_visible_and_the_window_counts_the_given_keys(window, one_torch_thread):
+    """With bias_k / bias_v and add_zero_attn the appended keys are always
+    visible (PyTorch pads attn_mask with 'takes part' for them) and the
+    window is aligned on the S given keys, as causal is."""
+    torch.manual_seed(11)
+    B, L, S, E, h = 2, 5, 7, 8, 2
+    t = torch.nn.MultiheadAttention(E, h, add_bias_kv=True, add_zero_attn=True, batch_first=True)
+    q, k, v = (torch.randn(B, n, E, requires_grad=True) for n in (L, S, S))
+    attn = torch.zeros(L, S).masked_fill(torch.from_numpy(~band(L, S, *window)), -np.inf)
+    want, want_w = t(q, k, v, attn_mask=attn, need_weights=True, average_attn_weights=False)
+    G = torch.randn(want.shape)
+    want.backward(G)
+    state = {n: p.detach().numpy() for n, p in t.state_dict().items()}
+    for kernel in KERNELS:
+        ours = mha.TorchMultiheadAttention.from_state_dict(state, h, batch_first=True, add_zero_attn=True)
+        ours.kernel = kernel
+        ours.train()
+        out, w = ours(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), need_weights=True,
+                      average_attn_weights=False, window=window)
+        close(out, want.detach().numpy(), 1e-5)
+        close(w, want_w.detach().numpy(), 1e-5)
+        (gq, gk, gv), params = ours.backward(G.numpy())
+        largest = input_gradient_scale((q, k, v))
+        for got, x in zip((gq, gk, gv), (q, k, v)):
+            close(got, x.grad.numpy(), 2e-5, like=largest)
