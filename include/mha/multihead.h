@@ -133,8 +133,12 @@ class MultiHeadAttention {
   // takes part iff j < its length and j is not after the query itself; the
   // others get the -1e6 fill (a length of 0 gives uniform weights over the
   // row's keys), as the chapter's decoder loop with these lengths.
+  //   window: a sliding window (mha/masks.h Window) over each row's keys,
+  // new query i at its row's position (cached length + i): it also sees
+  // only keys from that position - window.left on (window.right is moot
+  // beside causality); as an uncached causal call with the window.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
-                 KVCache& cache);
+                 KVCache& cache, const Window& window = {});
 
   // Same as forward(), as the d2l chapter calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,

@@ -159,8 +159,10 @@ class TorchMultiheadAttention {
   // ignored. Boolean (Mask::keep / mask_from_torch_mha) or additive; masked
   // keys drop out (-inf) and a query with no key left gets
   // fully_masked_rows(), as a call without a cache.
+  //   window: a sliding window (mha/masks.h Window) over each row's keys, as
+  // an uncached call with is_causal and the window gives for the new rows.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
-                 const Mask& key_padding_mask = {});
+                 const Mask& key_padding_mask = {}, const Window& window = {});
 
   // The parameters by PyTorch's names, in the layout they were loaded in.
   StateDict state_dict() const;

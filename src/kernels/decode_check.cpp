@@ -43,9 +43,9 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.masks.pair_keep || p.masks.pair_bias)
     fail(op, "masks: a pair mask (per query and key); wanted key masks only (key_keep, key_bias): a cached call "
          "takes nn.MultiheadAttention's key_padding_mask, not attn_mask");
-  if (p.masks.window_left >= 0 || p.masks.window_right >= 0)
-    fail(op, "masks: a sliding window (", p.masks.window_left, ", ", p.masks.window_right,
-         "); wanted none: the decode kernel reads the causal limit only (a cached call takes no window yet)");
+  if (p.masks.window_left < -1 || p.masks.window_right < -1)
+    fail(op, "masks: window (", p.masks.window_left, ", ", p.masks.window_right,
+         "); wanted each side -1 (unbounded) or >= 0");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
     if (p.masks.has_key_mask() && p.masks.key_stride_b < n)

@@ -484,16 +484,19 @@ struct DecodeParams {
 
   int64_t group() const { return Hq / Hkv; }  // query heads per cache head
   // Query i's valid length in row b of K keys: keys j < valid_len(b, K, i)
-  // take part (before key_keep / key_bias), the causal limit and the
-  // chapter's length together.
+  // take part (before key_keep / key_bias), the causal limit, the window's
+  // right side and the chapter's length together.
   int64_t valid_len(int64_t b, int64_t K, int64_t i) const {
-    int64_t n = std::min(K, masks.causal_last_key(i, Qn, K) + 1);
+    int64_t n = std::min(K, masks.last_key(i, Qn, K) + 1);
     if (length_kind == LengthKind::None) return n;
     const float len = lens[length_kind == LengthKind::PerBatch ? b : b * Qn + i];
     // #{j : float(j) < len}; exact for the capacities a cache can have (< 2^24 keys).
     if (len < static_cast<float>(n)) n = len <= 0.0f ? 0 : static_cast<int64_t>(std::ceil(len));
     return n;
   }
+  // Query i's first key in a row of K keys (the window's left side; 0
+  // without one): keys j < first_key(K, i) take no part either.
+  int64_t first_key(int64_t K, int64_t i) const { return std::max<int64_t>(0, masks.first_key(i, Qn, K)); }
   bool causal() const { return masks.causal != Causal::None; }
 
   // Contiguous views of contiguous buffers (strides of a row-major layout).

@@ -9,6 +9,7 @@
 #include "kernels/dispatch.h"
 #include "mha/error.h"
 #include "mha/threads.h"
+#include "nn/call_masks.h"
 #include "nn/projections.h"
 #include "nn/rotary.h"
 
@@ -20,6 +21,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
   CacheAccess::check_call(call.op, cache, call.who, B, n);
   call.valid_lens.check(call.op, B, n);
+  check_window(call.op, call.window);
   const Mask& kpm = call.key_padding_mask;
   int64_t S = 0;  // the key axis a key_padding_mask covers: the longest row after the append
   for (int64_t len : cache.lengths()) S = std::max(S, len + n);
@@ -51,6 +53,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   p.masks.key_stride_b = S;
   p.masks.fill = call.fill;
   p.masks.fully_masked = call.fully_masked;
+  p.masks.window_left = call.window.left, p.masks.window_right = call.window.right;
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
   p.cache.lengths = lengths.data();

@@ -51,6 +51,10 @@ struct CachedCall {
   // Rotary position embeddings (mha/rotary.h): the new positions of row b
   // are numbered from its cached length, and the cache keeps rotated keys.
   Rotary rotary;
+  // A sliding window (mha/masks.h), FlashAttention's convention over each
+  // row's keys (cached, then new), intersected with causality: query i of
+  // the n new ones sits at its row's position K - n + i. Checked here.
+  Window window;
 };
 
 // The call (file comment). Shapes and widths must already be checked against

@@ -36,13 +36,17 @@ void check_mask_sum(const char* op, const Mask& kpm, const Mask& am, int64_t K) 
 
 }  // namespace
 
+void check_window(const char* op, const Window& window) {
+  if (window.left < -1 || window.right < -1)
+    fail(op, "window: (", window.left, ", ", window.right,
+         ") has a side below -1; wanted each side >= 0 keys, or -1 for unbounded");
+}
+
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
                            const Window& window, FullyMaskedRows policy, const MaskGeometry& g) {
   const Mask& kpm = key_padding_mask;
   const Mask& am = attn_mask;
-  if (window.left < -1 || window.right < -1)
-    fail(op, "window: (", window.left, ", ", window.right,
-         ") has a side below -1; wanted each side >= 0 keys, or -1 for unbounded");
+  check_window(op, window);
   check_mask_shape(op, "key_padding_mask", kpm, g.batched ? Shape{g.B, g.K} : Shape{g.K});
   const bool am3 = am.dim() == 3;
   if (!am.is_none() && am.dim() != 2 && !am3)

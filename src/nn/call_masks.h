@@ -23,6 +23,10 @@ struct MaskGeometry {
   int64_t B = 0, Q = 0, K = 0, Kt = 0, H = 0;
 };
 
+// Throws mha::Error naming `op` for a window side below -1 (build_masks and
+// cached calls check with it).
+void check_window(const char* op, const Window& window);
+
 // Throws mha::Error (naming `op` and the mask) for a mask of the wrong shape,
 // additive masks whose finite entries sum to +inf, or a window side below -1.
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,

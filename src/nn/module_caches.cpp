@@ -31,7 +31,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                                   const ValidLens& valid_lens, KVCache& cache) {
+                                   const ValidLens& valid_lens, KVCache& cache, const Window& window) {
   static const char* op = "MultiHeadAttention.forward";
   for (const auto& [t, name, wanted] : {std::tuple{&queries, "queries", "(B, n, Dq)"},
                                         std::tuple{&keys, "keys", "(B, n, Dk)"},
@@ -66,6 +66,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.H = p->num_heads;
   call.out_shape = {B, n, num_hiddens_};
   call.valid_lens = valid_lens;  // checked against (B, n) with the cache
+  call.window = window;
   call.precision = precision_.get();
   call.rotary = rotary();
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
@@ -78,7 +79,7 @@ KVCache TorchMultiheadAttention::kv_cache(int64_t batch_size, int64_t max_len, K
 }
 
 Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
-                                        const Mask& key_padding_mask) {
+                                        const Mask& key_padding_mask, const Window& window) {
   static const char* op = "TorchMultiheadAttention.forward";
   const bool batched = query.dim() == 3;
   if (query.dim() != 2 && query.dim() != 3)
@@ -125,6 +126,7 @@ Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, 
   call.fully_masked = fully_masked_;
   call.precision = precision_;
   call.rotary = rotary_;
+  call.window = window;
   return nn::cached_attention_forward(query, key, value, layers, call, cache);
 }
 

@@ -192,3 +192,62 @@ def test_appended_keys_stay_visible_and_the_window_counts_the_given_keys(window,
         largest = input_gradient_scale((q, k, v))
         for got, x in zip((gq, gk, gv), (q, k, v)):
             close(got, x.grad.numpy(), 2e-5, like=largest)
+
+
+@pytest.mark.parametrize("window", [(0, 0), (1, -1), (3, 0), (5, 2), (40, -1)])
+@pytest.mark.parametrize("module", ["chapter", "drop-in"])
+def test_cached_calls_with_a_window_are_the_uncached_causal_call(window, module, one_torch_thread):
+    """Cached decoding with a window (a prefill, single steps, then a block
+    of three) gives the rows of one uncached causal call with the same window
+    over the whole sequence, whose path test_*_matches_torch hold to torch;
+    ragged rows (one row rewound) keep each row's own positions. float32
+    cache, 1e-5 of the largest output."""
+    rng = np.random.default_rng(sum(window) + 7 * (module == "chapter"))
+    B, E, H, P = 2, 16, 2, 6
+    if module == "chapter":
+        m = mha.MultiHeadAttention(E, H, bias=True, seed=5)
+    else:
+        t = torch.nn.MultiheadAttention(E, H, batch_first=True)
+        m = mha.TorchMultiheadAttention.from_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()},
+                                                        H, batch_first=True)
+    m.eval()
+    steps = [1, 1, 3, 1]
+    cache = m.kv_cache(B, P + sum(steps))
+    X = rng.standard_normal((B, P + sum(steps), E)).astype(np.float32)
+    got = [m(X[:, :P], X[:, :P], X[:, :P], cache=cache, window=window)]
+    cache.truncate(1, P - 2)  # row 1 forgets its last two prompt positions
+    rows1 = list(range(P - 2))
+    rows1_got = [got[0][1, :P - 2]]
+    t = P
+    for n in steps:
+        x = X[:, t:t + n]
+        out = m(x, x, x, cache=cache, window=window)
+        got.append(out)
+        rows1_got.append(out[1])
+        rows1 += list(range(t, t + n))
+        t += n
+
+    def uncached(seq):
+        if module == "chapter":
+            return m(seq, seq, seq, is_causal=True, window=window)
+        return m(seq, seq, seq, need_weights=False, is_causal=True, window=window)[0]
+
+    want0 = uncached(X[:1])[0]
+    got0 = np.concatenate([g[0] for g in got])
+    np.testing.assert_allclose(got0, want0, atol=1e-5 * np.abs(want0).max(), rtol=0)
+    seq1 = X[1:2, rows1]
+    want1 = uncached(seq1)[0]
+    got1 = np.concatenate(rows1_got)
+    np.testing.assert_allclose(got1, want1, atol=1e-5 * np.abs(want1).max(), rtol=0)
+
+
+def test_a_cached_window_side_below_minus_one_is_refused():
+    t = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    m = mha.TorchMultiheadAttention.from_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()},
+                                                    2, batch_first=True)
+    m.eval()
+    cache = m.kv_cache(1, 4)
+    x = np.ones((1, 2, 8), np.float32)
+    with pytest.raises(ValueError, match=r"\[TorchMultiheadAttention.forward\] window: \(-2, 0\) has a side below -1"):
+        m(x, x, x, cache=cache, window=(-2, 0))
+    assert cache.lengths == [0]  # a refused call leaves the cache as it was

@@ -239,8 +239,10 @@ struct DecodeKernel {
             if (keep && !keep[t0 + jj]) sr[jj] = fill2;
             else if (bias) sr[jj] += bias[t0 + jj] * kLog2e;
           }
-        const int64_t valid = p.valid_len(t.b, K, r % Qn);  // causal limit and the chapter's length
+        const int64_t valid = p.valid_len(t.b, K, r % Qn);  // causal limit, window and the chapter's length
         for (int64_t jj = std::max<int64_t>(valid - t0, 0); jj < n; ++jj) sr[jj] = fill2;
+        const int64_t first = p.first_key(K, r % Qn);  // the window's left side
+        for (int64_t jj = 0; jj < std::min(first - t0, n); ++jj) sr[jj] = fill2;
         for (int64_t jj = n; jj < T; ++jj) sr[jj] = -INFINITY;  // past the chunk: weight 0
         Reg mx = V::load(sr);
         for (int64_t jj = L; jj < T; jj += L) mx = V::max(mx, V::load(sr + jj));

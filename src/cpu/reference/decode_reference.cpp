@@ -39,14 +39,14 @@ void decode_attention_reference(const DecodeParams& p) {
           std::fill(out, out + p.dv, 0.0f);
           continue;
         }
-        const int64_t valid = p.valid_len(b, K, i);
+        const int64_t valid = p.valid_len(b, K, i), first = p.first_key(K, i);
         const double fill = p.masks.fill == MaskFill::Seed ? static_cast<double>(kMaskFill) : -INFINITY;
         double row_max = -INFINITY;
         for (int64_t j = 0; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < p.d; ++c)
             dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + j * p.k_stride_j + c);
-          const bool kept = j < valid && (!p.masks.key_keep || p.masks.keep_row(b, K)[j]);
+          const bool kept = j >= first && j < valid && (!p.masks.key_keep || p.masks.keep_row(b, K)[j]);
           w[j] = kept ? dot / p.scale_divisor + (p.masks.key_bias ? p.masks.bias_row(b, K)[j] : 0.0) : fill;
           row_max = std::max(row_max, w[j]);
         }

@@ -233,6 +233,7 @@ struct MaskVariant {
   bool keep, bias;
   MaskFill fill;
   FullyMaskedRows policy;
+  int64_t window_left = -1, window_right = -1;  // a sliding window (none: -1, -1)
 };
 
 TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
@@ -250,6 +251,10 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
       {"boolean padding, zeros", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Zeros},
       {"boolean + additive padding, uniform", LengthKind::None, true, true, MaskFill::NegInf, FullyMaskedRows::Uniform},
       {"additive padding, zeros", LengthKind::None, false, true, MaskFill::NegInf, FullyMaskedRows::Zeros},
+      {"window (3, 0)", LengthKind::None, false, false, MaskFill::Seed, FullyMaskedRows::Uniform, 3, 0},
+      {"window (5, 2), lengths per query", LengthKind::PerQuery, false, false, MaskFill::Seed, FullyMaskedRows::Uniform, 5, 2},
+      {"window (0, 0), boolean padding, zeros", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Zeros, 0, 0},
+      {"window (600, -1), additive padding", LengthKind::None, false, true, MaskFill::NegInf, FullyMaskedRows::Uniform, 600, -1},
   };
   uint64_t seed = 600;
   for (const Case& c : cases)
@@ -283,6 +288,7 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
         p.masks.key_stride_b = S;
         p.masks.fill = mv.fill;
         p.masks.fully_masked = mv.policy;
+        p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
         return p;
       };
       const std::string what = c.name() + " " + mv.name;
@@ -320,6 +326,7 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
         p.masks.key_bias = mv.bias ? bias.data() + b * S : nullptr;
         p.masks.fill = mv.fill;
         p.masks.fully_masked = mv.policy;
+        p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
         attention_forward_fused(p);
         const std::vector<float> mine(got.begin() + b * c.Hq * c.Qn * c.dv, got.begin() + (b + 1) * c.Hq * c.Qn * c.dv);
         expect_close(mine, fused, 1e-5, 1.0, what + " vs attention_forward_fused, row " + std::to_string(b));
@@ -347,6 +354,8 @@ TEST(Decode, FusedPrefillIsTheDecodeKernel) {
       {"lengths per row", LengthKind::PerBatch, false, false, MaskFill::Seed, FullyMaskedRows::Uniform},
       {"boolean + additive padding, zeros", LengthKind::None, true, true, MaskFill::NegInf, FullyMaskedRows::Zeros},
       {"boolean padding, uniform", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Uniform},
+      {"window (16, 0)", LengthKind::None, false, false, MaskFill::Seed, FullyMaskedRows::Uniform, 16, 0},
+      {"window (40, 3), boolean padding, zeros", LengthKind::None, true, false, MaskFill::NegInf, FullyMaskedRows::Zeros, 40, 3},
   };
   uint64_t seed = 900;
   for (const Case& c : cases)
@@ -377,6 +386,7 @@ TEST(Decode, FusedPrefillIsTheDecodeKernel) {
           p.masks.key_stride_b = S;
           p.masks.fill = mv.fill;
           p.masks.fully_masked = mv.policy;
+          p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
           return p;
         };
         std::vector<float> dec, fus, via;
@@ -563,8 +573,8 @@ TEST(Decode, CachedForwardBadInputsSayWhatIsWrong) {
                                 "[test] shapes: k (2, 2, 14, 8), v (2, 2, 3, 8)"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.out.stride[3] = 2; }); },
                                 "[test] strides: an innermost stride other than 1"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = 4, p.masks.window_right = 0; }); },
-                                "[test] masks: a sliding window (4, 0); wanted none"));
+  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = -2, p.masks.window_right = 0; }); },
+                                "[test] masks: window (-2, 0); wanted each side -1 (unbounded) or >= 0"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
                                 "[test] heads: q has 4 heads and the cache 3"));
 }
