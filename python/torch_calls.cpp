@@ -221,18 +221,20 @@ void bind_torch_calls(py::module_& core) {
          const py::object& value, int64_t embed_dim, int64_t num_heads, bool batch_first,
          const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
          bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
-         FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context) {
+         FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
+         const py::object& window) {
         static const char* op = "mha.torch.MultiheadAttention";
         static const char* names[3] = {"query", "key", "value"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
         std::vector<Tensor> spare = state->take();
         Inputs in;
         read_inputs(in, query, key, value, op, names, &spare);
-        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, py::none(), op);
+        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, window, op);
         TorchMhaCall call;
         call.key_padding_mask = masks.key_padding_mask;
         call.attn_mask = masks.attn_mask;
         call.causal = masks.causal;
+        call.window = masks.window;
         call.need_weights = need_weights;
         call.average_attn_weights = average_attn_weights;
         if (num_heads <= 0 || embed_dim % num_heads != 0)
@@ -263,7 +265,7 @@ void bind_torch_calls(py::module_& core) {
       py::arg("embed_dim"), py::arg("num_heads"), py::arg("batch_first"), py::arg("key_padding_mask"),
       py::arg("need_weights"), py::arg("attn_mask"), py::arg("average_attn_weights"), py::arg("is_causal"),
       py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
-      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("window") = py::none(),
       "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
 
   m.def(

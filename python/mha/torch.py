@@ -651,7 +651,7 @@ class MultiheadAttention(nn.Module):
 
     forward(query, key, value, key_padding_mask=None, need_weights=True,
             attn_mask=None, average_attn_weights=True, is_causal=False, *,
-            cache=None, head_mask=None)
+            cache=None, head_mask=None, window=None)
         -> (attn_output, attn_weights or None)
     query (B, L, E) if batch_first else (L, B, E), or unbatched (L, E); key
     (.., S, kdim), value (.., S, vdim); key_padding_mask (B, S) or (S,);
@@ -888,12 +888,15 @@ class MultiheadAttention(nn.Module):
         return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None):
+                average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-        average_attn_weights=True, is_causal=False, *, cache=None) -> (attn_output,
-        attn_weights or None); shapes in the class docstring. With cache= (an mha.KVCache of
-        kv_cache()): the cached call of the n new positions (eval mode, no gradients, causal
-        over the new positions, no attn_mask; key_padding_mask over the cached and new keys),
+        average_attn_weights=True, is_causal=False, *, cache=None, window=None) -> (attn_output,
+        attn_weights or None); shapes in the class docstring. window: None or (left, right), a
+        sliding window as FlashAttention's window_size (query i of L sees key j of S iff
+        i + S - L - left <= j <= i + S - L + right, -1 unbounded), intersected with the other
+        masks. With cache= (an mha.KVCache of kv_cache()): the cached call of the n new
+        positions (eval mode, no gradients, causal over the new positions, no attn_mask;
+        key_padding_mask over the cached and new keys; window over each row's keys),
         -> (attn_output, None)."""
         op = "mha.torch.MultiheadAttention"
         _refuse_tracing(op)
@@ -929,7 +932,7 @@ class MultiheadAttention(nn.Module):
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
             nq, nk, nv = _inputs_numpy(query, key, value)
             mask = _mask_numpy(key_padding_mask, "key_padding_mask")
-            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache))
+            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window))
             if seq_first:
                 out = out.transpose(0, 1)
             return out.to(out_dtype), None
@@ -944,7 +947,7 @@ class MultiheadAttention(nn.Module):
                             kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
                             gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
-                            kept=self._kept(), masks=(key_padding_mask, attn_mask))
+                            kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window)
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -1050,7 +1053,7 @@ def _kept_mask_slices(op, am, kept, num_heads):
 
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None, kept=None, masks=None):
+                 module=None, gates=None, kept=None, masks=None, window=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -1074,7 +1077,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         out, w, context = _calls._torch_mha_forward(
             state, layers, nq, nk, nv,
             embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
-            fully_masked, for_backward, p, drop_key, p > 0.0)
+            fully_masked, for_backward, p, drop_key, p > 0.0, window)
         if context is not None and module is not None:
             module._last_context = context
         last[0] = context
@@ -1091,7 +1094,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         # The weights as a function of query, key and the projections, by torch's ops (their
         # values equal mha's to float32 rounding), so that a loss on them has gradients.
         w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
-                                    masks, is_causal, fully_masked, p, last[0], average, kept)
+                                    masks, is_causal, fully_masked, p, last[0], average, kept, window)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
         w = None if w is None else w.to(out_dtype)
@@ -1295,7 +1298,7 @@ def head_importance(module, loss_fn, method="gradient"):
 
 
 def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
-                            p, context, average, kept):
+                            p, context, average, kept, window=None):
     """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
     torch's ops from the call's query, key and parameters, with the call's masks, fully masked
     policy and mha's dropout mask: what mha returned, now differentiable."""
@@ -1356,11 +1359,20 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
             s = s + padded(a.float(), 0.0)
     causal = is_causal if isinstance(is_causal, _core.Causal) else (
         _core.Causal.TOP_LEFT if is_causal else _core.Causal.NONE)
+    # Causality and the window count the S given keys; the appended ones
+    # (bias_k, add_zero_attn) stay visible, as mha's kernels mask them
+    # (src/nn/call_masks.cpp) and as torch pads attn_mask.
+    i = torch.arange(L)[:, None]
+    j = torch.arange(Kt)[None, :]
+    given = j < S
     if causal != _core.Causal.NONE:
-        i = torch.arange(L)[:, None]
-        j = torch.arange(Kt)[None, :]
-        last_key = i if causal == _core.Causal.TOP_LEFT else i + Kt - L
-        masked = masked | (j > last_key)
+        last_key = i if causal == _core.Causal.TOP_LEFT else i + S - L
+        masked = masked | ((j > last_key) & given)
+    if window is not None:  # bottom-right aligned, FlashAttention's window_size
+        left, right = window
+        diag = i + S - L
+        outside = ((left >= 0) & (j < diag - left)) | ((right >= 0) & (j > diag + right))
+        masked = masked | (outside & given)
     s = s.masked_fill(masked, float("-inf"))
     dead = torch.isneginf(s).all(-1, keepdim=True)
     w = torch.softmax(s.masked_fill(dead, 0.0), -1)

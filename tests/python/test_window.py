@@ -251,3 +251,64 @@ def test_a_cached_window_side_below_minus_one_is_refused():
     with pytest.raises(ValueError, match=r"\[TorchMultiheadAttention.forward\] window: \(-2, 0\) has a side below -1"):
         m(x, x, x, cache=cache, window=(-2, 0))
     assert cache.lengths == [0]  # a refused call leaves the cache as it was
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mha_torch_drop_in_with_a_window_matches_torch(seed, one_torch_thread):
+    """mha.torch.MultiheadAttention(window=...) through autograd against torch's
+    nn.MultiheadAttention with the band as a boolean attn_mask (intersected
+    with causal when drawn): output, differentiable weights, input and
+    parameter gradients, with and without appended keys (bias_k/bias_v,
+    add_zero_attn: the window counts the given keys, as torch pads
+    attn_mask); a window is a keyword of forward, as cache= is."""
+    import mha.torch as mt
+    rng = np.random.default_rng(100 + seed)
+    B, L, S, E, H = int(rng.integers(1, 3)), int(rng.integers(1, 9)), int(rng.integers(1, 11)), 12, 3
+    causal = bool(seed % 2)
+    for _ in range(100):
+        window = draw_window(rng, L, S)
+        keep = band(L, S, *window)
+        if causal:
+            keep &= np.arange(S)[None, :] <= np.arange(L)[:, None]  # is_causal=True: top left, as torch
+        if keep.any(-1).all():
+            break
+    else:
+        pytest.skip("no window keeping a key for every query")
+    torch.manual_seed(seed)
+    appended = seed % 3 == 0  # bias_k/bias_v and a zero key: appended keys stay visible
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=appended, add_zero_attn=appended)
+    ours = mt.MultiheadAttention(E, H, batch_first=True, add_bias_kv=appended, add_zero_attn=appended)
+    ours.load_state_dict(ref.state_dict())
+    q = torch.randn(B, L, E, requires_grad=True)
+    kv = torch.randn(B, S, E, requires_grad=True)
+    q2, kv2 = q.detach().clone().requires_grad_(), kv.detach().clone().requires_grad_()
+    want, want_w = ref(q, kv, kv, attn_mask=torch.from_numpy(~keep), average_attn_weights=False)
+    got, got_w = ours(q2, kv2, kv2, average_attn_weights=False, is_causal=causal, window=window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_w, want_w, atol=1e-5, rtol=0)
+    G = torch.randn_like(want)
+    Gw = torch.randn_like(want_w)
+    ((want * G).sum() + (want_w * Gw).sum()).backward()
+    ((got * G).sum() + (got_w * Gw).sum()).backward()
+    scale = max(float(t.grad.abs().max()) for t in (q, kv))
+    for a, b in ((q2, q), (kv2, kv)):
+        torch.testing.assert_close(a.grad, b.grad, atol=2e-5 * scale, rtol=0)
+    pscale = max(float(p.grad.abs().max()) for p in ref.parameters())
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=2e-5 * pscale, rtol=0, msg=n)
+
+
+def test_mha_torch_cached_calls_take_a_window(one_torch_thread):
+    """mha.torch.MultiheadAttention's cached call with window= gives the rows of
+    its uncached causal call with that window."""
+    import mha.torch as mt
+    torch.manual_seed(3)
+    m = mt.MultiheadAttention(16, 4, batch_first=True).eval()
+    X = torch.randn(2, 9, 16)
+    cache = m.kv_cache(2, 9)
+    with torch.no_grad():
+        want = m(X, X, X, need_weights=False, is_causal=True, window=(2, 0))[0]
+        got = torch.cat([m(X[:, :4], X[:, :4], X[:, :4], cache=cache, window=(2, 0))[0]] +
+                        [m(X[:, t:t + 1], X[:, t:t + 1], X[:, t:t + 1], cache=cache, window=(2, 0))[0]
+                         for t in range(4, 9)], 1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
