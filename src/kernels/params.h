@@ -81,6 +81,28 @@ struct MaskOptions {
   // -1 leaving that side unbounded (>= -1, kernels/validate.h). It
   // intersects causal and the other masks; (-1, 0) is BottomRight causal.
   int64_t window_left = -1, window_right = -1;
+  // Score options (FlashAttention's, ggml's), applied to the scaled score s
+  // of query i, key j, head h, in this order, before the additive masks and
+  // the masks above:
+  // - softcap > 0 (Gemma 2's logit softcapping): s -> softcap * tanh(s / softcap);
+  //   0: off. The backward multiplies dS by 1 - tanh^2.
+  // - alibi_slopes [h] or null (ALiBi, BLOOM/MPT): adds
+  //   -alibi_slopes[h] * |i + K - Q - j| (bottom right, as the window).
+  float softcap = 0.0f;
+  const float* alibi_slopes = nullptr;
+  // Attention sinks [h] or null (gpt-oss): one logit per head that joins
+  // every row's softmax denominator and has no value, so a row's weights sum
+  // to 1 - exp(sink - logsumexp). They are parameters: the backward writes
+  // their gradient (AttentionBackward::grad_sinks).
+  const float* sinks = nullptr;
+  // A packed batch of documents (FlashAttention's varlen cu_seqlens):
+  // [documents + 1] nondecreasing offsets from 0 to Q = K (B = 1); query i
+  // of document [s, e) sees only keys in [s, e), every other option then
+  // applying within the document (positions in a document and in the
+  // packed row differ by the same s for queries and keys). Null: one
+  // document per batch row.
+  const int64_t* doc_offsets = nullptr;
+  int64_t documents = 0;
   MaskFill fill = MaskFill::Seed;
   // A row is fully masked when no key takes part, or when every score of
   // the row is -inf (kept keys scoring -inf and no masked key holding the
@@ -360,6 +382,9 @@ struct AttentionBackward {
 
   // Outputs, overwritten.
   TensorView grad_q, grad_k, grad_v;  // [B,h,Q,d], [B,hkv,K,d], [B,hkv,K,dv]
+  // [h], overwritten, when fwd.masks.sinks is set (required then): dL/d sinks,
+  // -sum over rows and queries of exp(sink - logsumexp) * rowsum(dP * P).
+  float* grad_sinks = nullptr;
 
   // fwd.stats (and fwd.out) are those of a softmax over more keys than this
   // call's: one key block of several, merged by kernels/softmax_merge.h (the
