@@ -447,6 +447,7 @@ CLI = {
     "viz.panels": lambda t: viz_files(t, "--rows", ",".join(["0", "1"] * 7)),
     "viz.no_rows": lambda t: viz_files(t, "--rows", ""),
     "viz.both": lambda t: viz_checkpoint(t, "--heads", "5"),
+    "viz.checkpoint_masks": lambda t: viz_checkpoint(t, "--causal", "top-left"),
     "viz.required": lambda t: [a for a in viz_files(t) if not a.endswith("i.safetensors") and a != "--inputs"],
 }
 for _id, (_key, _value) in CHECKPOINT_CHANGES.items():
