@@ -45,10 +45,8 @@ void run(const RunOptions& opt) {
     fail(kOp, "--head-groups: ", opt.head_groups, " given without --parallel grid, the only split that takes it");
   const Precision precision = parse_precision(kOp, opt.precision);
   if (opt.parallel != Parallel::None) {
-    if (opt.masks.any())
-      fail(kOp, opt.masks.window.empty() ? "--causal" : "--window", ": not taken with --parallel ",
-           "(the ranks run the d2l chapter's valid lengths only); run without --parallel");
-    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups, precision});
+    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups, precision,
+                  opt.masks.call_masks()});
     return;
   }
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"

@@ -354,7 +354,6 @@ CLI = {
     "run.heads_disagree": lambda t: with_recorded_heads(t, {"num_heads": "2"}, 4),
     "run.head_groups": lambda t: files(t) + ["--head-groups", "2"],
     "run.parallel_pruned": lambda t: with_recorded_pruned(t) + ["--parallel", "heads"],
-    "run.parallel_masks": lambda t: files(t) + ["--parallel", "heads", "--window", "2,0"],
     "run.input_dtype": lambda t: files(t, inputs=raw_inputs([("queries", "F64", [1], bytes(8)),
                                                              ("keys", "F32", [1], f32(1)),
                                                              ("values", "F32", [1], f32(1))])),
