@@ -64,11 +64,12 @@ struct Kernel {
     float* vsum;     // [dv]       masked-key value sum (closed-form tail)
     float* kp;       // [rows, d]  the slice's key rows, packed
     float* vp;       // [rows, dv] the slice's value rows, packed
-    float* lo;       // [MQ]       first key, as float (last: the arrays above keep their offsets)
+    float* lo;       // [MQ]       first key, as float (after the arrays above: they keep their offsets)
+    float* pos;      // [MQ]       i + K - Q of each lane's query, as float (ALiBi's diagonal)
   };
   static size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
     return static_cast<size_t>(16 + round16(d * MQ) + round16(NK * MQ) + round16(dv * MQ) +
-                               5 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
+                               6 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
   }
   static Scratch carve(float* s, int64_t d, int64_t dv, int64_t rows) {
     Scratch r;
@@ -83,7 +84,8 @@ struct Kernel {
     r.vsum = s; s += round16(dv);
     r.kp = s; s += round16(rows * d);
     r.vp = s; s += round16(rows * dv);
-    r.lo = s;
+    r.lo = s; s += round16(MQ);
+    r.pos = s;
     return r;
   }
 
@@ -187,6 +189,92 @@ struct Kernel {
         if (kt) kt[r * MQ + i] = keep ? 1.0f : 0.0f;
       }
       if (kept) kept[i] += count;
+    }
+  }
+
+  // tanh(y) lane by lane, as Cephes' tanhf: an odd polynomial for |y| <
+  // 0.625 (relative error ~1e-7, where 1 - e^-2|y| would cancel), above it
+  // (1 - e) / (1 + e) with e = 2^(-2|y| log2 e) <= 0.29 (0 past |y| ~ 43:
+  // tanh = 1), the sign restored.
+  static Reg tanh(Reg y) {
+    const Reg zero = V::zero(), one = V::set1(1.0f);
+    const Reg a = V::max(y, V::sub(zero, y));
+    const Reg e = V::exp2(V::mul(a, V::set1(-2.0f * kLog2e)));
+    const Reg big = V::div(V::sub(one, e), V::add(one, e));
+    const Reg z = V::mul(a, a);
+    Reg p = V::set1(-5.70498872745e-3f);
+    p = V::fmadd(p, z, V::set1(2.06390887954e-2f));
+    p = V::fmadd(p, z, V::set1(-5.37397155531e-2f));
+    p = V::fmadd(p, z, V::set1(1.33314422036e-1f));
+    p = V::fmadd(p, z, V::set1(-3.33332819422e-1f));
+    const Reg small = V::fmadd(V::mul(p, z), a, a);
+    const Reg r = V::select_lt(a, V::set1(0.625f), small, big);
+    return V::select_lt(y, zero, V::sub(zero, r), r);
+  }
+
+  // The score pass (MaskJob::scores) over keys [j0, j0 + nk) of S^T, lanes
+  // the queries whose i + K - Q are pos:[U*L]: in the job's units, the
+  // softcap x -> cap * tanh(x / cap), then ALiBi's -slope_h * |i + K - Q - j|;
+  // then, when `mask`, keys outside a lane's range [lo, n) set to `masked`
+  // (the caller's qk_tile left them unmasked, so that the options never see
+  // a masked value). dcap, when set, gets 1 - tanh^2 ([NK, MQ]: the
+  // backward's chain rule). Runs only when an option is on: a call without
+  // them never enters it.
+  template <int U>
+  static void score_tile(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
+                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+    if (mj.cap > 0.0f) {
+      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+    }
+    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+  }
+  template <int U, bool kCap, bool kAlibi>
+  static void score_tile_as(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
+                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+    const Reg zero = V::zero(), one = V::set1(1.0f);
+    const Reg cap = V::set1(mj.cap), inv_cap = V::set1(kCap ? 1.0f / mj.cap : 0.0f);
+    const Reg neg_slope = V::set1(kAlibi ? -mj.slopes[h] * mj.score_unit : 0.0f);
+    Reg posv[U], lov[U];
+    for (int v = 0; v < U; ++v) {
+      posv[v] = V::load(pos + v * L);
+      lov[v] = V::load(lo + v * L);
+    }
+    for (int64_t r = 0; r < nk; ++r) {
+      const Reg jv = V::set1(static_cast<float>(j0 + r));
+      for (int v = 0; v < U; ++v) {
+        float* x = st + r * MQ + v * L;
+        Reg t = V::load(x);
+        if constexpr (kCap) {
+          const Reg th = tanh(V::mul(t, inv_cap));
+          t = V::mul(cap, th);
+          if (dcap) V::store(dcap + r * MQ + v * L, V::sub(one, V::mul(th, th)));
+        }
+        if constexpr (kAlibi) {
+          const Reg diff = V::sub(posv[v], jv);
+          t = V::fmadd(neg_slope, V::max(diff, V::sub(zero, diff)), t);
+        }
+        if (mask) t = V::select_lt(jv, lov[v], masked, V::select_lt(jv, nfv[v], t, masked));
+        V::store(x, t);
+      }
+    }
+  }
+  // pos[i] = i0 + i + K - Q for every lane of the query tile.
+  static void diagonal(int64_t i0, int64_t Q, int64_t K, float* pos) {
+    for (int64_t i = 0; i < MQ; ++i) pos[i] = static_cast<float>(i0 + i + K - Q);
+  }
+
+  // The head's sink joins the denominator of rows 0 .. mq of the tile, as
+  // one more key with no value: m, l and O^T rescaled to max(m, sink).
+  static void add_sink(const MaskJob& mj, int64_t h, int64_t mq, int64_t dv, const Scratch& s) {
+    const float t = mj.sinks[h] * mj.score_unit;
+    for (int64_t i = 0; i < mq; ++i) {
+      const float m = s.m[i], m_new = m > t ? m : t;
+      const float corr = std::exp2((m - m_new) * mj.unit);  // 0 when m = -inf (no live key)
+      s.m[i] = m_new;
+      s.l[i] = s.l[i] * corr + std::exp2((t - m_new) * mj.unit);
+      if (corr != 1.0f)
+        for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] *= corr;
     }
   }
 
@@ -356,6 +444,7 @@ struct Kernel {
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     const int32_t* first = job.first + b * Q + i0;
     Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
+    if (mj.scores) diagonal(i0, Q, K, s.pos);
     // Without the masking pass every key in [f, n) is kept.
     for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i] - s.lo[i];
     if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0;  // masked keys too, at weight 0
@@ -387,9 +476,11 @@ struct Kernel {
       const int64_t nk = lmin(NK, kv.end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
-      if (tile_mask) {
-        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
-        mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
+      if (tile_mask || mj.scores) {
+        const bool mask = kv.masks(j0, nk);  // the score pass masks the range when it runs
+        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, mask && !mj.scores, nfv, s.lo, c2v, neg_inf, s.st, mx);
+        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr);
+        if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
         for (int64_t r = 0; r < nk; ++r)
           for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
       } else {
@@ -426,11 +517,12 @@ struct Kernel {
       V::store(s.m + v * L, m[v]);
       V::store(s.l + v * L, l[v]);
     }
-    bool policy[MQ];
-    for (int64_t i = 0; i < mq; ++i) policy[i] = fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
+    bool policy[MQ];  // never with sinks: the denominator holds the sink (kernels/params.h)
+    for (int64_t i = 0; i < mq; ++i) policy[i] = !mj.sinks && fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
     // Keys outside [f, n) score the d2l chapter's fill (their weight is 0 under -inf).
     if (!mj.neg_inf)
       masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
+    if (mj.sinks) add_sink(mj, h, mq, dv, s);  // in the statistics too: the weights and backward read them
     policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
     write_rows<U>(job, b, h, i0, mq, s.ot, s.m, s.l);
@@ -558,6 +650,7 @@ struct Kernel {
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     const int32_t* first = job.first + b * Q + i0;
     const Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
+    if (mj.scores) diagonal(i0, Q, K, s.pos);
     const int64_t base = (b * H + h) * Q + i0;
     bool policy[MQ];  // fully masked rows (row_max2 = -inf): the policy's weight
     for (int64_t i = 0; i < MQ; ++i) {
@@ -585,8 +678,11 @@ struct Kernel {
       // Keys [from, computed) of the tile: those some lane sees.
       const int64_t computed = lmax(0, lmin(nk, kv.end - j0));
       const int64_t from = lmin(computed, lmax(0, kv.first - j0));
-      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0 + from, computed - from, kv.masks(j0 + from, computed - from),
-                        nfv, s.lo, c2v, fill, s.st + from * MQ, nullptr);
+      const bool mask = kv.masks(j0 + from, computed - from);
+      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0 + from, computed - from, mask && !mj.scores, nfv, s.lo, c2v, fill,
+                        s.st + from * MQ, nullptr);
+      if (mj.scores)
+        score_tile<U>(mj, h, s.pos, j0 + from, computed - from, mask, nfv, s.lo, fill, s.st + from * MQ, nullptr);
       if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, computed, n_valid, first, s.st, s.kept, nullptr);
       for (int64_t r = 0; r < nk; ++r)
         if (r < from || r >= computed)
