@@ -319,7 +319,7 @@ void add_bench_command(CLI::App& app) {
   std::vector<CLI::Option*> parts = {
       cmd->add_flag("--masks", opt->masks,
                     "Only the mask rows: causal and key padding masks against none, fused kernel and modules;"
-                    " a causal sliding window against full causal, kernel alone"),
+                    " a causal sliding window against full causal, and softcap, ALiBi and sinks against none, kernel alone"),
       cmd->add_flag("--decode", opt->decode,
                     "Only the decode kernel: few queries over a KV cache, against the time to read the cache once"),
       cmd->add_flag("--prefill", opt->prefill,

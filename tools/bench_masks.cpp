@@ -12,7 +12,8 @@
 // ms: median wall time after a warm-up call; ratio: masked / unmasked time
 // of the same kernel. The window row compares a causal sliding window of 256
 // keys before each query (window (256, 0)) with full causal attention (its
-// "none" column), kernel alone.
+// "none" column), kernel alone. The score rows time the softcap (50), ALiBi,
+// sinks and all three against none, kernel alone.
 #include "bench_masks.h"
 #include "bench_progress.h"
 
@@ -69,7 +70,7 @@ std::vector<uint8_t> padding_keep(int64_t B, int64_t K) {
   return keep;
 }
 
-enum class MaskKind { None, Causal, Padding, CausalWindow };
+enum class MaskKind { None, Causal, Padding, CausalWindow, Softcap, Alibi, Sinks, AllScores };
 
 // The kernel alone on (B, h, L, d) self-attention views: the shared kernel
 // case (kernels/cases.h) of this shape and mask, its buffers drawn by
@@ -82,6 +83,10 @@ double kernel_time(int64_t B, int64_t L, int64_t D, int64_t h, MaskKind kind, At
   c.fill = kernels::MaskFill::NegInf;  // as PyTorch's masks
   if (kind == MaskKind::Causal || kind == MaskKind::CausalWindow) c.causal = Causal::TopLeft;
   if (kind == MaskKind::CausalWindow) c.window_left = 256, c.window_right = 0;
+  // The score options (Gemma 2's softcap 50, ALiBi, sinks), drawn per head by case_data.h.
+  if (kind == MaskKind::Softcap || kind == MaskKind::AllScores) c.softcap = 50.0f;
+  if (kind == MaskKind::Alibi || kind == MaskKind::AllScores) c.alibi = true;
+  if (kind == MaskKind::Sinks || kind == MaskKind::AllScores) c.sinks = true;
   if (kind == MaskKind::Padding) {
     c.key_keep = true;
     c.key_keep_values = padding_keep(B, L);
@@ -158,6 +163,23 @@ void run_mask_bench(const std::vector<int>& threads, double budget) {
       std::printf("%-28s %-26s %3d %10s %10s %7.3f\n", c.name, "masked: Fused / Blas module", t, "",
                   "", m1 / b1);
     }
+    // Each score option's cost in the fused forward, kernel alone, against none.
+    const struct {
+      const char* name;
+      MaskKind kind;
+    } scores[] = {{"B8 L512 D768 h12 softcap50", MaskKind::Softcap},
+                  {"B8 L512 D768 h12 alibi", MaskKind::Alibi},
+                  {"B8 L512 D768 h12 sinks", MaskKind::Sinks},
+                  {"B8 L512 D768 h12 all three", MaskKind::AllScores}};
+    bench_progress("threads=" + std::to_string(t) + " score options");
+    const double plain = kernel_time(8, 512, 768, 12, MaskKind::None, AttentionKernel::Fused, budget);
+    double with[4];
+    for (int x = 0; x < 4; ++x)
+      with[x] = kernel_time(8, 512, 768, 12, scores[x].kind, AttentionKernel::Fused, budget);
+    bench_progress_done();
+    for (int x = 0; x < 4; ++x)
+      std::printf("%-28s %-26s %3d %10.2f %10.2f %7.3f\n", scores[x].name, "fused kernel alone", t, plain * 1e3,
+                  with[x] * 1e3, with[x] / plain);
     const char* name = "B1 L16384 D256 h4 win(256,0)";
     bench_progress("threads=" + std::to_string(t) + " " + name);
     const double causal = kernel_time(1, 16384, 256, 4, MaskKind::Causal, AttentionKernel::Fused, budget);

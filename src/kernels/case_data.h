@@ -21,6 +21,7 @@ struct CaseData {
   Case c;
   Tensor q, k, v, grad_out;
   std::vector<float> lens, key_bias, pair_bias;
+  std::vector<float> alibi_slopes, sinks;  // [H] each, when the case has them
   std::vector<uint8_t> key_keep, pair_keep;
   uint64_t dropout_key = 0;
 
@@ -40,6 +41,7 @@ struct CaseData {
     draw_lengths(g);
     draw_masks(g);
     dropout_key = g.next();
+    draw_score_options();
   }
 
   // The forward call on this case (out and weights unset: the caller's).
@@ -66,6 +68,9 @@ struct CaseData {
     m.window_right = c.window_right;
     m.fill = c.fill;
     m.fully_masked = c.fully_masked;
+    m.softcap = c.softcap;
+    if (c.alibi) m.alibi_slopes = alibi_slopes.data();
+    if (c.sinks) m.sinks = sinks.data();
     return p;
   }
 
@@ -95,6 +100,20 @@ struct CaseData {
         case 5: len = static_cast<float>(g.below(K + 1)) * 0.999f; break;
       }
       lens.push_back(len);
+    }
+  }
+
+  // Per head (from their own stream, so that the other draws do not move):
+  // ALiBi slopes BLOOM's 2^(-8 (h+1) / H) or uniform in [-0.3, 0.3] (both
+  // signs); sinks in [-3, 3], or dominating (+20) or negligible (-20).
+  void draw_score_options() {
+    Generator g(c.seed ^ 0x616c696269ull);
+    for (int64_t h = 0; h < c.H && c.alibi; ++h)
+      alibi_slopes.push_back(g.below(2) ? std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(c.H))
+                                        : g.uniform(-0.3f, 0.3f));
+    for (int64_t h = 0; h < c.H && c.sinks; ++h) {
+      const uint64_t kind = g.below(6);
+      sinks.push_back(kind == 0 ? 20.0f : kind == 1 ? -20.0f : g.uniform(-3.0f, 3.0f));
     }
   }
 

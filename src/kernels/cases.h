@@ -42,14 +42,21 @@ struct Case {
   MaskFill fill = MaskFill::Seed;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
   float dropout = 0.0f;
+  // Score options (MaskOptions): the softcap (0: off); ALiBi slopes and sink
+  // logits drawn per head (kernels/case_data.h: slopes of both signs, sinks
+  // from small to dominating).
+  float softcap = 0.0f;
+  bool alibi = false, sinks = false;
   float input_range = 1.5f;  // q and k uniform in [-r, r]; v and grad_out in [-1, 1]
   uint64_t seed = 0;
 
   bool grouped() const { return Hkv != H; }
   bool any_mask() const {
     return key_keep || key_bias || pair_keep || pair_bias || causal != Causal::None || window_left >= 0 ||
-           window_right >= 0 || fill != MaskFill::Seed || fully_masked != FullyMaskedRows::Uniform;
+           window_right >= 0 || fill != MaskFill::Seed || fully_masked != FullyMaskedRows::Uniform ||
+           score_options();
   }
+  bool score_options() const { return softcap > 0.0f || alibi || sinks; }
   std::string name() const {
     std::ostringstream s;  // not a chain of std::string +: GCC 12 warns (-Wrestrict) on those
     s << family << " B" << B << " H" << H << " Hkv" << Hkv << " Q" << Q << " K" << K << " d" << d
@@ -65,6 +72,9 @@ struct Case {
     if (fill == MaskFill::NegInf) s << " -inf";
     if (fully_masked == FullyMaskedRows::Zeros) s << " zeros";
     if (dropout > 0) s << " p" << dropout;
+    if (softcap > 0) s << " softcap" << softcap;
+    if (alibi) s << " alibi";
+    if (sinks) s << " sinks";
     s << " seed " << seed;
     return s.str();
   }
@@ -284,6 +294,33 @@ inline std::vector<Case> window_cases(uint64_t seed, int n) {
     const uint64_t sides = g.below(3);  // left only, right only, both
     c.window_left = sides == 1 ? -1 : side();
     c.window_right = sides == 0 ? -1 : side();
+  }
+  return cases;
+}
+
+// The score options (softcap, ALiBi, sinks) on random_cases and
+// window_cases, each option about half the time (at least one per case),
+// with each other and with every mask, length, grouped heads and dropout:
+// softcap small (0.5: most scores clipped) or large (50: nearly linear);
+// a fifth of the cases with no other mask (the fused kernel's path without
+// a masking pass), a third on long axes with a window (tiles skipped).
+inline std::vector<Case> score_cases(uint64_t seed, int n) {
+  std::vector<Case> cases = random_cases(seed, n - n / 3);
+  const std::vector<Case> windows = window_cases(seed + 1, n / 3);
+  cases.insert(cases.end(), windows.begin(), windows.end());
+  Generator g(seed ^ 0x73636f7265ull);
+  const float caps[] = {0.5f, 2.0f, 50.0f};
+  for (Case& c : cases) {
+    c.family = c.family == "window" ? "scores+window" : "scores";
+    do {
+      c.softcap = g.below(2) ? caps[g.below(3)] : 0.0f;
+      c.alibi = g.below(2) != 0;
+      c.sinks = g.below(2) != 0;
+    } while (!c.score_options());
+    if (g.below(5) == 0) {
+      c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false;
+      if (c.family == "scores") c.causal = Causal::None;
+    }
   }
   return cases;
 }

@@ -24,11 +24,16 @@ inline bool takes_part(const MaskOptions& m, float len, int64_t b, int64_t h, in
 }
 
 // row:[K] raw scores q.k of query i in (b, h) -> its weights, in place:
-// scaled, additive masks added, masked keys set to the fill, then a softmax,
+// scaled, softcapped, ALiBi's bias and the additive masks added, masked keys
+// set to the fill, then a softmax (with the head's sink in the denominator),
 // or the fully-masked policy when no key is live. Returns true for a fully
 // masked row (its weights do not depend on the scores: no gradient flows).
+// For a backward: cap_slope:[K] (or null) gets the softcap's derivative
+// 1 - tanh^2 per key (1 without a softcap), *sink_weight (or null) the
+// sink's weight exp(sink - logsumexp) (0 without sinks).
 inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divisor, int64_t b,
-                               int64_t h, int64_t i, int64_t Q, int64_t K, float* row) {
+                               int64_t h, int64_t i, int64_t Q, int64_t K, float* row,
+                               float* cap_slope = nullptr, float* sink_weight = nullptr) {
   const int64_t first = m.first_key(i, Q, K);  // keys before it are masked
   const int64_t last = m.last_key(i, Q, K);    // keys after it are masked
   const uint8_t* key_keep = m.keep_row(b, K);
@@ -38,8 +43,18 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
   const float fill = m.fill_value();
   float row_max = -INFINITY;
   int64_t kept = 0, live = 0;  // keys kept; kept with a score above -inf
+  const float cap = m.softcap;
+  const float slope = m.alibi_slopes ? m.alibi_slopes[h] : 0.0f;
   for (int64_t j = 0; j < K; ++j) {
     float x = row[j] / scale_divisor;
+    if (cap > 0.0f) {
+      const float t = std::tanh(x / cap);
+      x = cap * t;
+      if (cap_slope) cap_slope[j] = 1.0f - t * t;
+    } else if (cap_slope) {
+      cap_slope[j] = 1.0f;
+    }
+    if (m.alibi_slopes) x -= slope * static_cast<float>(m.alibi_distance(i, j, Q, K));
     if (key_bias) x += key_bias[j];
     if (pair_bias) x += pair_bias[j];
     // float(j) < len is the d2l chapter's comparison (a length 2.5 keeps key 2).
@@ -51,18 +66,24 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
     row[j] = x;
     row_max = std::fmax(row_max, x);
   }
-  // No key kept, or every score -inf: the policy (see attention_reference.cpp).
-  if (kept == 0 || (live == 0 && (kept == K || fill == -INFINITY))) {
+  // No key kept, or every score -inf: the policy (see attention_reference.cpp);
+  // never with sinks (kernels/params.h).
+  if (!m.sinks && (kept == 0 || (live == 0 && (kept == K || fill == -INFINITY)))) {
     const float w = m.fully_masked == FullyMaskedRows::Uniform ? 1.0f / static_cast<float>(K) : 0.0f;
     std::fill(row, row + K, w);
+    if (sink_weight) *sink_weight = 0.0f;
     return true;
   }
-  float sum = 0.0f;
+  const float sink = m.sinks ? m.sinks[h] : -INFINITY;
+  const float mx = std::fmax(row_max, sink);
+  const float sink_e = m.sinks ? std::exp(sink - mx) : 0.0f;
+  float sum = sink_e;
   for (int64_t j = 0; j < K; ++j) {
-    row[j] = std::exp(row[j] - row_max);
+    row[j] = std::exp(row[j] - mx);
     sum += row[j];
   }
   for (int64_t j = 0; j < K; ++j) row[j] /= sum;
+  if (sink_weight) *sink_weight = sink_e / sum;
   return false;
 }
 
@@ -73,6 +94,7 @@ inline bool masked_softmax_row(const MaskOptions& m, float len, float scale_divi
 // masked key holds the d2l chapter's finite fill.
 inline bool fully_masked_row(const MaskOptions& m, float len, int64_t b, int64_t h, int64_t i,
                              int64_t Q, int64_t K) {
+  if (m.sinks) return false;  // the sink is always in the denominator
   const float* key_bias = m.bias_row(b, K);
   const float* pair_bias = m.pair_bias ? m.pair_bias + m.pair_offset(b, h, i, K) : nullptr;
   int64_t kept = 0;

@@ -99,7 +99,13 @@ struct MaskOptions {
   // Attention sinks [h] or null (gpt-oss): one logit per head that joins
   // every row's softmax denominator and has no value, so a row's weights sum
   // to 1 - exp(sink - logsumexp). They are parameters: the backward writes
-  // their gradient (AttentionBackward::grad_sinks).
+  // their gradient (AttentionBackward::grad_sinks). With sinks no row is
+  // fully masked (the denominator always holds the sink): masked keys
+  // score the fill and compete with the sink, so under the -inf fill a row
+  // with no live key puts all its weight on the sink (out = 0, weights 0),
+  // and under the d2l chapter's -1e6 the sink, if above the fill, takes
+  // nearly all of it; `fully_masked` is then never used. Slopes and sinks
+  // are finite (kernels/validate.h); softcap finite and >= 0.
   const float* sinks = nullptr;
   // A packed batch of documents (FlashAttention's varlen cu_seqlens):
   // [documents + 1] nondecreasing offsets from 0 to Q = K (B = 1); query i
@@ -153,6 +159,14 @@ struct MaskOptions {
     return key_bias ? key_bias + b * (key_stride_b ? key_stride_b : K) : nullptr;
   }
   bool has_key_mask() const { return key_keep != nullptr || key_bias != nullptr; }
+  // Whether a score option (softcap, ALiBi, sinks) is set.
+  bool has_score_options() const { return softcap > 0.0f || alibi_slopes != nullptr || sinks != nullptr; }
+  // ALiBi's distance of query i (of Q) from key j (of K): |diagonal - j|,
+  // bottom right as the window (i + K - Q - j over a whole attention).
+  int64_t alibi_distance(int64_t i, int64_t j, int64_t Q, int64_t K) const {
+    const int64_t x = diagonal(i, Q, K) - j;
+    return x < 0 ? -x : x;
+  }
   // Offset of (b, h, i, key 0) in pair_keep / pair_bias.
   int64_t pair_offset(int64_t b, int64_t h, int64_t i, int64_t K) const {
     return b * pair_stride_b + h * pair_stride_h + i * K;

@@ -62,6 +62,15 @@ std::string check_inputs(const AttentionForward& p, bool need_v) {
   if (p.masks.window_left < -1 || p.masks.window_right < -1)
     return "masks.window: (" + std::to_string(p.masks.window_left) + ", " + std::to_string(p.masks.window_right) +
            "), wanted each side >= 0, or -1 for unbounded";
+  const MaskOptions& m = p.masks;
+  if (!(m.softcap >= 0.0f) || !std::isfinite(m.softcap))
+    return "masks.softcap: " + std::to_string(m.softcap) + ", wanted finite and >= 0 (0: off)";
+  for (int64_t h = 0; h < H; ++h) {
+    if (m.alibi_slopes && !std::isfinite(m.alibi_slopes[h]))
+      return "masks.alibi_slopes[" + std::to_string(h) + "]: " + std::to_string(m.alibi_slopes[h]) + ", wanted finite";
+    if (m.sinks && !std::isfinite(m.sinks[h]))
+      return "masks.sinks[" + std::to_string(h) + "]: " + std::to_string(m.sinks[h]) + ", wanted finite";
+  }
   return {};
 }
 
@@ -82,6 +91,7 @@ std::string validate(const AttentionBackward& p) {
   if (std::string why = check_shape("grad_out", p.grad_out, B, H, Q, f.dv()); !why.empty()) return why;
   if (std::string why = check_shape("grad_q", p.grad_q, B, H, Q, f.d()); !why.empty()) return why;
   if (std::string why = check_shape("grad_k", p.grad_k, B, Hkv, K, f.d()); !why.empty()) return why;
+  if (f.masks.sinks && !p.grad_sinks) return "grad_sinks: null while fwd.masks.sinks is set; wanted [h] floats for their gradient";
   return check_shape("grad_v", p.grad_v, B, Hkv, K, f.dv());
 }
 

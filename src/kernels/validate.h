@@ -12,7 +12,8 @@
 // out, grad_out and the gradients agree on B, h, hkv, Q, K, d and dv; Hkv
 // divides H; the lengths pointer is set iff length_kind != None; the two
 // statistics pointers are both set or both null; the scale divisor is
-// positive; dropout p is in [0, 1].
+// positive; dropout p is in [0, 1]; the softcap is finite and >= 0, ALiBi
+// slopes and sinks finite; a backward with sinks has grad_sinks.
 #pragma once
 
 #include <string>

@@ -49,7 +49,12 @@ bool has_bf16_conversions() {
 }  // namespace
 
 bool amx_forward_supports(const AttentionForward& p) {
-  return p.precision == Precision::BFloat16 && !p.dropout.active() && cpu::amx_usable() && has_bf16_conversions();
+  // Not the score options (softcap, ALiBi, sinks): the AMX chunk has no
+  // score pass or sink, and cannot be run on the machines these were
+  // written on, so such calls take the AVX-512 fused kernel, which honours
+  // them (the same job, float32 products).
+  return p.precision == Precision::BFloat16 && !p.dropout.active() && !p.masks.has_score_options() &&
+         cpu::amx_usable() && has_bf16_conversions();
 }
 
 bool amx_forward_pays(const AttentionForward& p) {

@@ -135,6 +135,11 @@ fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8
   j.zeros = m.fully_masked == FullyMaskedRows::Zeros;
   // As the reference: the uniform weight rounded once from double.
   j.policy = j.zeros ? 0.0f : static_cast<float>(1.0 / static_cast<double>(K));
+  j.scores = m.softcap > 0.0f || m.alibi_slopes;
+  j.score_unit = j.natural ? 1.0f : kLog2e;
+  j.cap = m.softcap > 0.0f ? m.softcap * j.score_unit : 0.0f;
+  j.slopes = m.alibi_slopes;
+  j.sinks = m.sinks;
   return j;
 }
 
@@ -293,11 +298,21 @@ void attention_backward_fused(const AttentionBackward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.fwd.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
+  std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(B * H) : 0);
+  job.sink_part = sink_part.data();
   double work = 0;
   for (int64_t r : kv_rows) work += static_cast<double>(r);
   work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
   run_chunks(B * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
+  // The sinks' gradient: each (b, h)'s share, summed over b in order (the
+  // same bits at any thread count).
+  if (p.fwd.masks.sinks)
+    for (int64_t h = 0; h < H; ++h) {
+      double acc = 0.0;
+      for (int64_t b = 0; b < B; ++b) acc += sink_part[static_cast<size_t>(b * H + h)];
+      p.grad_sinks[h] = static_cast<float>(acc);
+    }
 }
 
 }  // namespace mha::kernels

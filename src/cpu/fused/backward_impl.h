@@ -16,10 +16,12 @@
 //                                              the policy's weight in fully masked rows
 //     dP^T = (v_J dO_I^T) * M                  M: dropout multipliers
 //     dS^T = P^T (dP^T - D) / sqrt(d)          0 on masked keys (the mask assigns their
-//                                              score) and in fully masked rows
+//                                              score) and in fully masked rows; times
+//                                              1 - tanh^2 under a softcap
 //     dv_J += (P^T * M) dO_I,  dk_J += dS^T q_I,  dq_I += dS_I k_J
 //   keys past every limit: dk = 0, dv from the rows whose masked keys carry
 //   weight (valid length 0, the uniform policy) in closed form.
+//   With sinks: (b, h)'s share of dL/d sink_h = -sum_i 2^(sink - m_i) / l_i * D[i].
 // Memory is linear: per thread, the kv head's k, v and gradient rows, one
 // query head's q and dO packed (both row-major and, for the score products,
 // transposed), dq, and a few tiles.
@@ -51,13 +53,15 @@ struct BackwardKernel {
     float *D, *m, *linv, *nf, *lo, *w, *pm;  // [qpad] each; w: weight of a masked key, pm: 1 in a fully masked row
     int32_t *nf_int, *lo_int;                // [qpad] the key limits, the first keys
     float *pt, *dst, *mt, *kt;          // [NK, MQ]: P^T, dS^T, dropout multipliers, kept keys
+    float* ct;                          // [NK, MQ]: the softcap's derivative 1 - tanh^2
+    float* pos;                         // [qpad]: each query's diagonal key (ALiBi's)
     float* dvj;                         // [dvpad]: the tail's value gradient
     float *dk, *dv;                     // [rows, dpad], [rows, dvpad]: grad_k, grad_v of the kv head
   };
   static size_t scratch_floats(const Shape& s) {
     const int64_t n = 16 + up(s.d * s.qpad, 16) + up(s.dv * s.qpad, 16) + s.qpad * s.dpad +
                       s.qpad * s.dvpad + up(s.rows * s.dpad, 16) + up(s.rows * s.dvpad, 16) +
-                      s.qpad * s.dpad + 9 * s.qpad + 4 * NK * MQ + s.dvpad + up(s.rows * s.dpad, 16) +
+                      s.qpad * s.dpad + 10 * s.qpad + 5 * NK * MQ + s.dvpad + up(s.rows * s.dpad, 16) +
                       up(s.rows * s.dvpad, 16);
     return static_cast<size_t>(n);
   }
@@ -84,6 +88,8 @@ struct BackwardKernel {
     r.dst = p; p += NK * MQ;
     r.mt = p; p += NK * MQ;
     r.kt = p; p += NK * MQ;
+    r.ct = p; p += NK * MQ;
+    r.pos = p; p += s.qpad;
     r.dvj = p; p += s.dvpad;
     r.dk = p; p += up(s.rows * s.dpad, 16);
     r.dv = p;
@@ -209,8 +215,12 @@ struct BackwardKernel {
     // row's masked keys carry weight), the policy's weight in fully masked
     // rows.
     const bool mask = kv.masks(j0, nk);
-    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask, nfv, s.lo + i0,
-                                  V::set1(job.c2), fill, s.pt, nullptr);
+    const bool capped = mj.cap > 0.0f;
+    F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask && !mj.scores, nfv,
+                                  s.lo + i0, V::set1(job.c2), fill, s.pt, nullptr);
+    if (mj.scores)  // the score pass masks the range itself
+      F::template score_tile<U>(mj, h, s.pos + i0, j0, nk, mask, nfv, s.lo + i0, fill, s.pt,
+                                capped ? s.ct : nullptr);
     if (tile_mask) F::mask_tile(mj, b, h, i0, mq, K, j0, nk, s.nf_int + i0, s.lo_int + i0, s.pt, nullptr, s.kt);
     for (int64_t r = 0; r < nk; ++r)
       for (int v = 0; v < U; ++v) {
@@ -239,13 +249,15 @@ struct BackwardKernel {
     // leave float32 rounding).
     const Reg inv_scale = V::set1(1.0f / p.fwd.scale_divisor), one_and_half = V::set1(1.5f);
     // (kv.single: the fewest keys in a lane's range, read below as n - f.)
-    const bool single = kv.single <= 1 && !p.stats_span_more_keys;
+    // (Not with sinks: a single key then shares the row with the sink.)
+    const bool single = kv.single <= 1 && !p.stats_span_more_keys && !mj.sinks;
     for (int64_t r = 0; r < nk; ++r) {
       const Reg jv = V::set1(static_cast<float>(j0 + r));
       for (int v = 0; v < U; ++v) {
         float* x = s.dst + r * MQ + v * L;
         const Reg pt = V::load(s.pt + r * MQ + v * L);
         Reg ds = V::mul(V::mul(pt, V::sub(V::load(x), Dv[v])), inv_scale);
+        if (capped) ds = V::mul(ds, V::load(s.ct + r * MQ + v * L));  // the softcap's chain rule
         if (mask) ds = V::select_lt(jv, V::load(s.lo + i0 + v * L), zero, V::select_lt(jv, nfv[v], ds, zero));
         if (tile_mask) ds = V::select_lt(one_half, V::load(s.kt + r * MQ + v * L), ds, zero);
         if (single) {
@@ -300,6 +312,7 @@ struct BackwardKernel {
     for (int64_t i = 0; i < sh.qpad; ++i) {
       s.nf_int[i] = i < Q ? n_valid[i] : 0;
       s.lo_int[i] = i < Q ? first[i] : 0;
+      s.pos[i] = static_cast<float>(mj.m->diagonal(i, Q, K));
     }
 
     for (int64_t g = 0; g < G; ++g) {
@@ -337,6 +350,15 @@ struct BackwardKernel {
         s.w[i] = w;
       }
       for (int64_t x = 0; x < sh.qpad * sh.dpad; ++x) s.dq[x] = 0.0f;
+      if (mj.sinks) {
+        // dL/d sink_h, this row's share: -sum_i exp(sink - lse_i) * D_i, the
+        // sink's weight from the statistics (which include it).
+        const float t = mj.sinks[h] * mj.score_unit;
+        double acc = 0.0;
+        for (int64_t i = 0; i < Q; ++i)
+          acc -= static_cast<double>(std::exp2((t - s.m[i]) * mj.unit) * s.linv[i]) * s.D[i];
+        job.sink_part[b * H + h] = acc;
+      }
 
       for (int64_t j0 = 0; j0 < rows; j0 += NK) {
         const int64_t nk = F::lmin(NK, rows - j0);

@@ -31,6 +31,15 @@ struct MaskJob {
   float policy = 0.0f;                 // weight of every key in a fully masked row: 1/K or 0
   bool neg_inf = false;                // fill == NegInf
   bool zeros = false;                  // fully_masked == Zeros
+  // The score options (MaskOptions::softcap, alibi_slopes, sinks). `scores`:
+  // a softcap or ALiBi, applied by the score pass (Kernel::score_tile) to
+  // each computed tile before the masking pass; off, the kernels run as
+  // without them. Sinks join each row's statistics once, after its keys.
+  bool scores = false;
+  float score_unit = 1.0f;             // a natural score -> the job's units: natural ? 1 : log2(e)
+  float cap = 0.0f;                    // the softcap in the job's units (0: off)
+  const float* slopes = nullptr;       // [H] ALiBi slopes (natural units), or null
+  const float* sinks = nullptr;        // [H] sink logits (natural units), or null
 };
 
 // One forward call. Chunk c is (b, head, query tile) = c / (H*q_tiles), ...
@@ -84,6 +93,9 @@ struct BackwardJob {
   float c2 = 0.0f;                    // log2(e) / scale_divisor
   const int64_t* kv_rows = nullptr;   // [B]: key rows with any live key
   int64_t pack_rows = 0;              // max over b of kv_rows
+  // [B,h] with sinks: each (b, h)'s share of dL/d sink_h, written by the
+  // chunk of (b, kv head of h); the dispatcher sums it over b in order.
+  double* sink_part = nullptr;
   MaskJob mask;
 };
 

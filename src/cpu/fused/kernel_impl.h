@@ -16,6 +16,8 @@
 //   for each key tile [j0, j0 + NK) from the one holding the tile's
 //   smallest first key f to its largest key limit n:
 //     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf unless f[i] <= j < n[i]
+//     (score pass, only with a softcap or ALiBi slopes: S^T -> cap tanh(S^T / cap)
+//      - slope |i + K - Q - j|, score_tile)
 //     (masking pass, only for rows with boolean holes or additive masks:
 //      S^T[j, i] += bias on kept keys, the fill on masked ones; a call with
 //      an additive mask keeps natural scores, MaskJob::natural)
@@ -23,6 +25,8 @@
 //     P^T = 2^(S^T - m_new);  l = l * c + sum_j P^T;  P^T *= dropout
 //     O^T[:, i] = O^T[:, i] * c + v^T P^T
 //   masked keys [0, f) and [n, K) with non-zero weight (valid length 0): added in closed form
+//   with sinks: the head's sink joins m and l as one more key with no value
+//   (then no row is fully masked)
 //   fully masked rows (kernels/masked_row.h): the policy, marked row_max2 = -inf
 //   out[b, h, i0 + i] = O^T[:, i] / l;   row_max2 = m, row_sum = l
 // n (ForwardJob::n_valid) folds lengths, causality and the last kept key in,
@@ -64,11 +68,12 @@ struct Kernel {
     float* vsum;     // [dv]       masked-key value sum (closed-form tail)
     float* kp;       // [rows, d]  the slice's key rows, packed
     float* vp;       // [rows, dv] the slice's value rows, packed
-    float* lo;       // [MQ]       first key, as float (last: the arrays above keep their offsets)
+    float* lo;       // [MQ]       first key, as float (after the arrays above: they keep their offsets)
+    float* pos;      // [MQ]       each lane's query's diagonal key, as float (ALiBi's)
   };
   static size_t scratch_floats(int64_t d, int64_t dv, int64_t rows) {
     return static_cast<size_t>(16 + round16(d * MQ) + round16(NK * MQ) + round16(dv * MQ) +
-                               5 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
+                               6 * round16(MQ) + round16(dv) + round16(rows * d) + round16(rows * dv));
   }
   static Scratch carve(float* s, int64_t d, int64_t dv, int64_t rows) {
     Scratch r;
@@ -83,7 +88,8 @@ struct Kernel {
     r.vsum = s; s += round16(dv);
     r.kp = s; s += round16(rows * d);
     r.vp = s; s += round16(rows * dv);
-    r.lo = s;
+    r.lo = s; s += round16(MQ);
+    r.pos = s;
     return r;
   }
 
@@ -187,6 +193,100 @@ struct Kernel {
         if (kt) kt[r * MQ + i] = keep ? 1.0f : 0.0f;
       }
       if (kept) kept[i] += count;
+    }
+  }
+
+  // tanh(y) lane by lane: Eigen's rational approximation (odd degree 13 over
+  // even degree 6, y clamped to +-7.905, where it reaches 1 in float32;
+  // a few ulp, relative error ~1e-7 near 0). One division and no
+  // exponential: measured against Cephes' tanhf (an exponential, a division
+  // and a polynomial, selected by |y|) in the fused forward at B8 L512 d64
+  // h12 with softcap 50, one thread, best of 7: 1.159 -> see the bench rows
+  // (`mha bench --masks`).
+  static Reg tanh(Reg y) {
+    const Reg clamp = V::set1(7.90531110763549805f);
+    const Reg x = V::max(V::sub(V::zero(), clamp), V::select_lt(clamp, y, clamp, y));
+    const Reg x2 = V::mul(x, x);
+    Reg p = V::set1(-2.76076847742355e-16f);
+    p = V::fmadd(p, x2, V::set1(2.00018790482477e-13f));
+    p = V::fmadd(p, x2, V::set1(-8.60467152213735e-11f));
+    p = V::fmadd(p, x2, V::set1(5.12229709037114e-08f));
+    p = V::fmadd(p, x2, V::set1(1.48572235717979e-05f));
+    p = V::fmadd(p, x2, V::set1(6.37261928875436e-04f));
+    p = V::fmadd(p, x2, V::set1(4.89352455891786e-03f));
+    p = V::mul(p, x);
+    Reg q = V::set1(1.19825839466702e-06f);
+    q = V::fmadd(q, x2, V::set1(1.18534705686654e-04f));
+    q = V::fmadd(q, x2, V::set1(2.26843463243900e-03f));
+    q = V::fmadd(q, x2, V::set1(4.89352518554385e-03f));
+    return V::div(p, q);
+  }
+
+  // The score pass (MaskJob::scores) over keys [j0, j0 + nk) of S^T, lanes
+  // the queries whose i + K - Q are pos:[U*L]: in the job's units, the
+  // softcap x -> cap * tanh(x / cap), then ALiBi's -slope_h * |i + K - Q - j|;
+  // then, when `mask`, keys outside a lane's range [lo, n) set to `masked`
+  // (the caller's qk_tile left them unmasked, so that the options never see
+  // a masked value). dcap, when set, gets 1 - tanh^2 ([NK, MQ]: the
+  // backward's chain rule). Runs only when an option is on: a call without
+  // them never enters it.
+  template <int U>
+  static void score_tile(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
+                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+    if (mj.cap > 0.0f) {
+      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+    }
+    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+  }
+  template <int U, bool kCap, bool kAlibi>
+  static void score_tile_as(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
+                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+    const Reg zero = V::zero(), one = V::set1(1.0f);
+    const Reg cap = V::set1(mj.cap), inv_cap = V::set1(kCap ? 1.0f / mj.cap : 0.0f);
+    const Reg neg_slope = V::set1(kAlibi ? -mj.slopes[h] * mj.score_unit : 0.0f);
+    Reg posv[U], lov[U];
+    for (int v = 0; v < U; ++v) {
+      posv[v] = V::load(pos + v * L);
+      lov[v] = V::load(lo + v * L);
+    }
+    for (int64_t r = 0; r < nk; ++r) {
+      const Reg jv = V::set1(static_cast<float>(j0 + r));
+      for (int v = 0; v < U; ++v) {
+        float* x = st + r * MQ + v * L;
+        Reg t = V::load(x);
+        if constexpr (kCap) {
+          const Reg th = tanh(V::mul(t, inv_cap));
+          t = V::mul(cap, th);
+          if (dcap) V::store(dcap + r * MQ + v * L, V::sub(one, V::mul(th, th)));
+        }
+        if constexpr (kAlibi) {
+          const Reg diff = V::sub(posv[v], jv);
+          t = V::fmadd(neg_slope, V::max(diff, V::sub(zero, diff)), t);
+        }
+        if (mask) t = V::select_lt(jv, lov[v], masked, V::select_lt(jv, nfv[v], t, masked));
+        V::store(x, t);
+      }
+    }
+  }
+  // pos[i] = the diagonal key of query i0 + i (MaskOptions::diagonal:
+  // i0 + i + K - Q, moved by a block's diagonal_shift) for every lane of the
+  // query tile.
+  static void diagonal(const MaskOptions& m, int64_t i0, int64_t Q, int64_t K, float* pos) {
+    for (int64_t i = 0; i < MQ; ++i) pos[i] = static_cast<float>(m.diagonal(i0 + i, Q, K));
+  }
+
+  // The head's sink joins the denominator of rows 0 .. mq of the tile, as
+  // one more key with no value: m, l and O^T rescaled to max(m, sink).
+  static void add_sink(const MaskJob& mj, int64_t h, int64_t mq, int64_t dv, const Scratch& s) {
+    const float t = mj.sinks[h] * mj.score_unit;
+    for (int64_t i = 0; i < mq; ++i) {
+      const float m = s.m[i], m_new = m > t ? m : t;
+      const float corr = std::exp2((m - m_new) * mj.unit);  // 0 when m = -inf (no live key)
+      s.m[i] = m_new;
+      s.l[i] = s.l[i] * corr + std::exp2((t - m_new) * mj.unit);
+      if (corr != 1.0f)
+        for (int64_t c = 0; c < dv; ++c) s.ot[c * MQ + i] *= corr;
     }
   }
 
@@ -356,6 +456,7 @@ struct Kernel {
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     const int32_t* first = job.first + b * Q + i0;
     Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
+    if (mj.scores) diagonal(*mj.m, i0, Q, K, s.pos);
     // Without the masking pass every key in [f, n) is kept.
     for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i] - s.lo[i];
     if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0;  // masked keys too, at weight 0
@@ -387,9 +488,11 @@ struct Kernel {
       const int64_t nk = lmin(NK, kv.end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
-      if (tile_mask) {
-        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
-        mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
+      if (tile_mask || mj.scores) {
+        const bool mask = kv.masks(j0, nk);  // the score pass masks the range when it runs
+        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, mask && !mj.scores, nfv, s.lo, c2v, neg_inf, s.st, mx);
+        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr);
+        if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
         for (int64_t r = 0; r < nk; ++r)
           for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
       } else {
@@ -426,11 +529,12 @@ struct Kernel {
       V::store(s.m + v * L, m[v]);
       V::store(s.l + v * L, l[v]);
     }
-    bool policy[MQ];
-    for (int64_t i = 0; i < mq; ++i) policy[i] = fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
+    bool policy[MQ];  // never with sinks: the denominator holds the sink (kernels/params.h)
+    for (int64_t i = 0; i < mq; ++i) policy[i] = !mj.sinks && fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
     // Keys outside [f, n) score the d2l chapter's fill (their weight is 0 under -inf).
     if (!mj.neg_inf)
       masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`
+    if (mj.sinks) add_sink(mj, h, mq, dv, s);  // in the statistics too: the weights and backward read them
     policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
 
     write_rows<U>(job, b, h, i0, mq, s.ot, s.m, s.l);
@@ -558,6 +662,7 @@ struct Kernel {
     const int32_t* n_valid = job.n_valid + b * Q + i0;
     const int32_t* first = job.first + b * Q + i0;
     const Bounds kv = load_bounds(n_valid, first, mq, s.nf, s.lo);
+    if (mj.scores) diagonal(*mj.m, i0, Q, K, s.pos);
     const int64_t base = (b * H + h) * Q + i0;
     bool policy[MQ];  // fully masked rows (row_max2 = -inf): the policy's weight
     for (int64_t i = 0; i < MQ; ++i) {
@@ -585,8 +690,11 @@ struct Kernel {
       // Keys [from, computed) of the tile: those some lane sees.
       const int64_t computed = lmax(0, lmin(nk, kv.end - j0));
       const int64_t from = lmin(computed, lmax(0, kv.first - j0));
-      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0 + from, computed - from, kv.masks(j0 + from, computed - from),
-                        nfv, s.lo, c2v, fill, s.st + from * MQ, nullptr);
+      const bool mask = kv.masks(j0 + from, computed - from);
+      qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0 + from, computed - from, mask && !mj.scores, nfv, s.lo, c2v, fill,
+                        s.st + from * MQ, nullptr);
+      if (mj.scores)
+        score_tile<U>(mj, h, s.pos, j0 + from, computed - from, mask, nfv, s.lo, fill, s.st + from * MQ, nullptr);
       if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, computed, n_valid, first, s.st, s.kept, nullptr);
       for (int64_t r = 0; r < nk; ++r)
         if (r < from || r >= computed)

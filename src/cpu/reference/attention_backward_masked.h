@@ -11,8 +11,11 @@
 //   grad_v[hk] += (P*M)^T dO        (summed over the query heads of hk)
 //   dP          = (dO v[hk]^T) * M
 //   dS          = P * (dP - rowsum(dP * P)) / sqrt(d) on pairs that take part,
+//                 times 1 - tanh^2(q.k / sqrt(d) / softcap) with a softcap,
 //                 0 on masked pairs (their score was *replaced* by the fill)
 //                 and 0 on fully masked rows (their weights are a constant)
+//   grad_sinks[h] = -sum_{b,i} exp(sink_h - logsumexp_i) * rowsum(dP * P)
+//                 (with fwd.masks.sinks; grad_sinks:[h] then required)
 //   grad_q      = dS k[hk],   grad_k[hk] += dS^T q
 //
 // So a fully masked row passes gradient only to v (uniform: 1/K each; zeros:
@@ -28,6 +31,6 @@ namespace mha::kernels {
 // Plain loops in double; outputs are overwritten.
 void attention_backward_masked_reference(const AttentionForward& fwd, const TensorView& grad_out,
                                          const TensorView& grad_q, const TensorView& grad_k,
-                                         const TensorView& grad_v);
+                                         const TensorView& grad_v, float* grad_sinks = nullptr);
 
 }  // namespace mha::kernels

@@ -17,7 +17,7 @@ namespace {
 // take neither.
 bool beyond_the_chapter(const AttentionBackward& p) {
   const MaskOptions& m = p.fwd.masks;
-  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.bounds_keys() ||
+  return m.key_keep || m.key_bias || m.pair_keep || m.pair_bias || m.bounds_keys() || m.has_score_options() ||
          m.fill != MaskFill::Seed || m.fully_masked != FullyMaskedRows::Uniform || p.Hkv() != p.H();
 }
 
@@ -28,7 +28,7 @@ void attention_backward_reference(const AttentionBackward& p) {
   // (cpu/reference/attention_backward_masked.cpp). The loops below are the
   // d2l chapter's case alone, kept as its plainest statement.
   if (beyond_the_chapter(p)) {
-    attention_backward_masked_reference(p.fwd, p.grad_out, p.grad_q, p.grad_k, p.grad_v);
+    attention_backward_masked_reference(p.fwd, p.grad_out, p.grad_q, p.grad_k, p.grad_v, p.grad_sinks);
     return;
   }
   const int64_t B = p.B(), H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();

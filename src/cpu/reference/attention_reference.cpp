@@ -32,9 +32,12 @@ void attention_forward_reference(const AttentionForward& p) {
                                  : 0.0f;
           for (int64_t j = 0; j < K; ++j) w[j] = fill;
         } else {
-          double sum = 0.0;
+          // A sink joins the denominator with no value (gpt-oss).
+          const float sink = m.sinks ? m.sinks[h] : -INFINITY;
+          const float mx = std::fmax(row.max, sink);
+          double sum = m.sinks ? std::exp(sink - mx) : 0.0;
           for (int64_t j = 0; j < K; ++j) {
-            w[j] = std::exp(w[j] - row.max);
+            w[j] = std::exp(w[j] - mx);
             sum += w[j];
           }
           for (int64_t j = 0; j < K; ++j) w[j] = static_cast<float>(w[j] / sum);

@@ -15,8 +15,8 @@ namespace mha::kernels::reference {
 
 // Query i of (b, h) against key j of kv head hk (grouped heads share k), the
 // row's valid length `len`: q . k / scale_divisor (the dot product in double,
-// then in T) plus the additive masks; a key that does not take part
-// (keep = false) scores the fill.
+// then in T), softcapped, plus ALiBi's bias and the additive masks; a key
+// that does not take part (keep = false) scores the fill.
 template <class T>
 T masked_score(const AttentionForward& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j, float len,
                bool& keep) {
@@ -27,6 +27,9 @@ T masked_score(const AttentionForward& p, int64_t b, int64_t h, int64_t hk, int6
   double dot = 0.0;
   for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
   T s = static_cast<T>(dot) / p.scale_divisor;
+  if (m.softcap > 0.0f) s = m.softcap * std::tanh(s / m.softcap);  // Gemma 2's softcapping
+  if (m.alibi_slopes)  // ALiBi: -slope * |i + K - Q - j|
+    s -= m.alibi_slopes[h] * static_cast<T>(m.alibi_distance(i, j, Q, K));
   if (m.key_bias) s += m.bias_row(b, K)[j];
   if (m.pair_bias) s += m.pair_bias[m.pair_offset(b, h, i, K) + j];
   keep = static_cast<float>(j) < len;  // the d2l chapter's comparison (a length 2.5 keeps key 2)
@@ -63,7 +66,22 @@ ScoreRow<T> masked_scores(const AttentionForward& p, int64_t b, int64_t h, int64
     row[j] = s;
     row_max = std::fmax(row_max, s);
   }
-  return {row_max, kept == 0 || (live == 0 && (kept == K || m.fill_value() == -INFINITY))};
+  // With sinks the denominator always holds the sink: no row is fully masked.
+  return {row_max, !m.sinks && (kept == 0 || (live == 0 && (kept == K || m.fill_value() == -INFINITY)))};
+}
+
+// The derivative of the softcap at query i of (b, h), key j of kv head hk:
+// d softcap(x) / dx = 1 - tanh^2(x / softcap), x = q . k / scale_divisor
+// (in double); 1 without a softcap.
+inline double softcap_slope(const AttentionForward& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j) {
+  const float cap = p.masks.softcap;
+  if (!(cap > 0.0f)) return 1.0;
+  const float* q = p.q.ptr(b, h, i);
+  const float* k = p.k.ptr(b, hk, j);
+  double dot = 0.0;
+  for (int64_t c = 0; c < p.d(); ++c) dot += static_cast<double>(q[c]) * k[c];
+  const double t = std::tanh(dot / p.scale_divisor / cap);
+  return 1.0 - t * t;
 }
 
 }  // namespace mha::kernels::reference
