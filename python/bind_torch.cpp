@@ -137,7 +137,8 @@ const char* kOptionsDoc = R"doc(
 // TorchMultiheadAttention's __call__ (with_context: forward_with_context's).
 py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& query, const py::object& key, const py::object& value,
             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-            bool average_attn_weights, const py::object& is_causal, const py::object& window, bool with_context) {
+            bool average_attn_weights, const py::object& is_causal, const py::object& window, const py::object& softcap,
+            const py::object& alibi_slopes, bool with_context) {
   const char* op = "TorchMultiheadAttention.forward";
   // One array passed twice is one tensor, so that the module projects it
   // once (self-attention: one product for the packed in_proj) and it is
@@ -154,6 +155,7 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
   call.average_attn_weights = average_attn_weights;
   call.causal = to_causal(is_causal, op);
   call.window = mha::python::to_window(window, op);
+  call.scores = mha::python::to_scores(softcap, alibi_slopes, op);
   call.keep_context = with_context;
   mha::TorchMhaResult r;
   {
@@ -177,6 +179,23 @@ mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::objec
   masks.causal = to_causal(is_causal, op);
   masks.window = to_window(window, op);
   return masks;
+}
+
+mha::ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op) {
+  mha::ScoreOptions s;
+  if (!softcap.is_none()) {
+    py::detail::make_caster<Real> cap;
+    if (!cap.load(softcap, false))
+      fail(kType, op, "softcap: ", std::string(py::repr(softcap)), " is not None or a real number");
+    s.softcap = static_cast<float>(py::detail::cast_op<Real>(cap).value);
+  }
+  if (!alibi_slopes.is_none()) {
+    FloatArray a = float_array(alibi_slopes, op, "alibi_slopes");
+    if (a.ndim() != 1)
+      fail(op, "alibi_slopes: ", a.ndim(), " dimensions; wanted one slope per head, shape (num_heads,)");
+    s.alibi_slopes.assign(a.data(), a.data() + a.size());
+  }
+  return s;
 }
 
 mha::Window to_window(const py::object& window, const char* op) {
@@ -291,7 +310,10 @@ and always combines with attn_mask; is_causal may also be an mha.Causal.
 window=(left, right) (keyword) is a sliding window as FlashAttention's
 window_size, aligned to the bottom right: query i sees key j iff
 i + S - L - left <= j <= i + S - L + right, -1 unbounded; it combines with
-every mask. Rows with every key masked get fully_masked_rows, never NaN.
+every mask. softcap=c (keyword, > 0) caps each scaled score s to c*tanh(s/c)
+(Gemma 2) and alibi_slopes (keyword, one per head) subtracts
+slope[h]*|i + S - L - j| (ALiBi), both before the masks (FlashAttention's
+softcap and alibi_slopes). Rows with every key masked get fully_masked_rows, never NaN.
 )doc")
       .def_static(
           "from_state_dict",
@@ -326,26 +348,29 @@ every mask. Rows with every key masked get fully_masked_rows, never NaN.
           "__call__",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
              const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
-             const py::object& window) {
-            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, false);
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, softcap,
+                              alibi_slopes, false);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
-          py::arg("window") = py::none(),
+          py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
           "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
-          " average_attn_weights=True, is_causal=False, *, window=None) -> (output, weights or None)")
+          " average_attn_weights=True, is_causal=False, *, window=None, softcap=None, alibi_slopes=None)\n"
+          " -> (output, weights or None)")
       .def(
           "forward_with_context",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
              const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
-             const py::object& window) {
-            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, true);
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
+            return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, softcap,
+                              alibi_slopes, true);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
-          py::arg("window") = py::none(),
+          py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
           "The same call, returning (output, weights or None, context): the call's mha.ForwardContext,\n"
           "from which its weights and (training mode) its backward come.")
       .def("state_dict", [](const TMHA& s) {

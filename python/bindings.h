@@ -20,6 +20,10 @@ CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& at
 // window=None (no window) or a pair (left, right) of integers (mha/masks.h
 // Window; the values are checked by the module).
 Window to_window(const py::object& window, const char* op);
+// softcap=None (off) or a real number, alibi_slopes=None or a 1-D array of
+// one slope per head (mha/masks.h ScoreOptions; the values are checked by
+// the module).
+ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op);
 
 // Each binding file's part of mha._core, in the order module.cpp calls them.
 void add_plot_bindings(py::module_& m);   // plot_bindings.cpp: heatmaps, PNG

@@ -123,6 +123,23 @@ std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask);
 // (or is none). Used by every module that takes masks.
 void check_mask_shape(const char* op, const char* arg, const Mask& mask, const Shape& wanted);
 
+// Score options beyond the d2l chapter (FlashAttention's softcap and
+// alibi_slopes), applied to each scaled score s of query i, key j, head h
+// before any mask:
+//   softcap > 0 (Gemma 2):   s -> softcap * tanh(s / softcap); 0: off
+//   alibi_slopes [h] (ALiBi, BLOOM, MPT): s -= slope[h] * |i + K - Q - j|
+//     (bottom right, as the window; slopes of either sign); empty: off
+// They are not masks: a call with only these keeps the chapter's -1e6 fill.
+struct ScoreOptions {
+  // The cap of the scores (finite, >= 0); 0: no softcapping.
+  float softcap = 0.0f;
+  // One finite slope per query head, or empty (no ALiBi).
+  std::vector<float> alibi_slopes;
+
+  // Whether either option is on.
+  bool any() const { return softcap > 0.0f || !alibi_slopes.empty(); }
+};
+
 // The masks beside the d2l chapter's valid lengths that one call of
 // MultiHeadAttention takes, as nn.MultiheadAttention takes them (B batch
 // rows, h heads, Q queries, K keys):
@@ -144,6 +161,8 @@ struct CallMasks {
   Window window;
   // What a row left without a live key gets.
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::Uniform;
+  // Softcapping and ALiBi (ScoreOptions), off by default.
+  ScoreOptions scores;
 };
 
 }  // namespace mha

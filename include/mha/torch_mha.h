@@ -98,6 +98,7 @@ struct TorchMhaCall {
   bool average_attn_weights = true;
   Causal causal = Causal::None;  // PyTorch's is_causal=True is Causal::TopLeft
   Window window;                 // a sliding window (mha/masks.h), none by default
+  ScoreOptions scores;           // softcapping and ALiBi (mha/masks.h), off by default
   // Hand back the call's context (mha/context.h) in the result: its weights
   // and, in training mode, its backward come from it.
   bool keep_context = false;

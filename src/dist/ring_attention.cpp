@@ -178,6 +178,8 @@ struct RingAttention::State {
   ValidLens lens;
   Causal causal = Causal::None;
   Window window;
+  float softcap = 0.0f;               // ScoreOptions::softcap of the call
+  std::vector<float> alibi_slopes;    // [num_heads] of this module's heads, or empty
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   // Whether the call has masks beyond the chapter's lengths: then masked
@@ -252,6 +254,10 @@ struct RingAttention::State {
     // the whole sequence's diagonal falls among its keys.
     p.masks.window_left = window.left, p.masks.window_right = window.right;
     p.masks.diagonal_shift = (q_begin + K - Q) - k_begin - (Ko - Qr);
+    // Softcapping and ALiBi (distances over global positions, by the shift);
+    // a call per head reads its own slope (alibi_slopes + h).
+    p.masks.softcap = softcap;
+    p.masks.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
     // Without causal masking or a window the chapter's masked_softmax (-1e6);
     // with them, the drop-in's -inf and fully-masked policy
     // (mha/dist/ring_attention.h).
@@ -344,6 +350,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
       fail(op, !masks.key_padding_mask.is_none() ? "masks.key_padding_mask" : "masks.attn_mask",
            ": given; the ring takes valid lengths (global key positions), causal and window only");
     nn::check_window(op, masks.window);
+    nn::AttentionMasks checked;  // the module's checks of softcap and the slopes (one per head of the module)
+    nn::add_score_options(op, masks.scores, {true, queries.size(0), queries.size(1), keys.size(1), keys.size(1),
+                                             s.module_heads}, checked);
     return 0;
   });
   // Every rank's block sizes, and one batch size for all.
@@ -402,6 +411,11 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   }
   s.causal = causal;
   s.window = masks.window;
+  s.softcap = masks.scores.softcap;
+  s.alibi_slopes.clear();
+  if (!masks.scores.alibi_slopes.empty())  // this module's heads of the whole module's slopes
+    s.alibi_slopes.assign(masks.scores.alibi_slopes.begin() + s.first_head,
+                          masks.scores.alibi_slopes.begin() + s.first_head + H);
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
   s.xq = s.training ? queries : Tensor();
@@ -465,6 +479,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         p.q = narrow(all.q, b, h, 1), p.k = narrow(all.k, b, h, 1), p.v = narrow(all.v, b, h, 1);
         p.out = narrow(out_all, b, h, 1);
         if (p.lens) p.lens += b * Qr;
+        if (p.masks.alibi_slopes) p.masks.alibi_slopes += h;
         s.frame(p.dropout, b, h, k_begin, Ko);
         const int64_t row = (b * H + h) * Qr;
         p.stats = {stats.data() + row, stats.data() + rows + row};
@@ -633,6 +648,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
         p.fwd.q = narrow(all.fwd.q, b, h, 1), p.fwd.k = narrow(all.fwd.k, b, h, 1);
         p.fwd.v = narrow(all.fwd.v, b, h, 1), p.fwd.out = narrow(all.fwd.out, b, h, 1);
         if (p.fwd.lens) p.fwd.lens += b * Qr;
+        if (p.fwd.masks.alibi_slopes) p.fwd.masks.alibi_slopes += h;
         s.frame(p.fwd.dropout, b, h, k_begin, Ko);
         const int64_t row = (b * H + h) * Qr;
         p.fwd.stats = {s.row_max2.data() + row, s.row_sum.data() + row};

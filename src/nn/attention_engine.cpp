@@ -27,6 +27,8 @@ kernels::MaskOptions AttentionMasks::options() const {
   m.causal = causal;
   m.window_left = window.left;
   m.window_right = window.right;
+  m.softcap = softcap;
+  m.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
   m.fill = neg_inf_fill ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
   m.fully_masked = fully_masked;
   return m;

@@ -68,6 +68,8 @@ struct AttentionMasks {
   int64_t pair_stride_b = 0, pair_stride_h = 0;
   Causal causal = Causal::None;
   Window window;  // over the K given keys (the kernel's keys when Kt == K)
+  float softcap = 0.0f;              // MaskOptions::softcap (0: off)
+  std::vector<float> alibi_slopes;   // [H] or empty: MaskOptions::alibi_slopes
   bool neg_inf_fill = false;  // masked scores are -inf (PyTorch) instead of -1e6 (the d2l chapter)
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 

@@ -42,6 +42,25 @@ void check_window(const char* op, const Window& window) {
          ") has a side below -1; wanted each side >= 0 keys, or -1 for unbounded");
 }
 
+void add_score_options(const char* op, const ScoreOptions& scores, const MaskGeometry& g, AttentionMasks& masks) {
+  if (!(std::isfinite(scores.softcap) && scores.softcap >= 0.0f))
+    fail(op, "softcap: ", scores.softcap, "; wanted a finite cap >= 0 (0: no softcapping)");
+  masks.softcap = scores.softcap;
+  if (scores.alibi_slopes.empty()) return;
+  if (static_cast<int64_t>(scores.alibi_slopes.size()) != g.H)
+    fail(op, "alibi_slopes: ", scores.alibi_slopes.size(), " slopes for ", g.H,
+         " heads; wanted one per query head");
+  for (size_t h = 0; h < scores.alibi_slopes.size(); ++h)
+    if (!std::isfinite(scores.alibi_slopes[h]))
+      fail(op, "alibi_slopes[", h, "]: ", scores.alibi_slopes[h], "; wanted a finite slope");
+  // Appended keys (bias_k, add_zero_attn) have no position to measure a
+  // distance from.
+  if (g.Kt != g.K)
+    fail(op, "alibi_slopes: given with ", g.Kt - g.K, " appended key(s) (bias_k / add_zero_attn), which have no ",
+         "position; wanted ALiBi on the given keys only (a module without add_bias_kv and add_zero_attn)");
+  masks.alibi_slopes = scores.alibi_slopes;
+}
+
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,
                            const Window& window, FullyMaskedRows policy, const MaskGeometry& g) {
   const Mask& kpm = key_padding_mask;

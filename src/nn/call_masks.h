@@ -27,6 +27,11 @@ struct MaskGeometry {
 // cached calls check with it).
 void check_window(const char* op, const Window& window);
 
+// Checks `scores` (ScoreOptions: softcap finite and >= 0, one finite ALiBi
+// slope per query head, ALiBi only without appended keys: g.Kt == g.K) and
+// sets them on `masks`. Throws mha::Error naming `op` and the option.
+void add_score_options(const char* op, const ScoreOptions& scores, const MaskGeometry& g, AttentionMasks& masks);
+
 // Throws mha::Error (naming `op` and the mask) for a mask of the wrong shape,
 // additive masks whose finite entries sum to +inf, or a window side below -1.
 AttentionMasks build_masks(const char* op, const Mask& key_padding_mask, const Mask& attn_mask, Causal causal,

@@ -72,8 +72,10 @@ EngineCall chapter_call(const char* op, const Tensor& queries, const Tensor& key
   call.H = call.Hkv = H, call.d = d;
   call.out_shape = {B, Q, Dout};
   call.lens = valid_lens;
+  const MaskGeometry geometry{true, B, Q, K, K, H};
   call.masks = build_masks(op, masks.key_padding_mask, masks.attn_mask, masks.causal, masks.window, masks.fully_masked_rows,
-                           {true, B, Q, K, K, H});
+                           geometry);
+  add_score_options(op, masks.scores, geometry, call.masks);
   apply_settings(call, settings);
   return call;
 }
@@ -129,8 +131,10 @@ TorchMhaForward torch_mha_forward(const char* op, const TorchMhaShape& s, const 
   c.Q = Q, c.K = K;
   c.H = H, c.Hkv = s.num_kv_heads, c.d = d;
   c.out_shape = query.shape();
+  const MaskGeometry geometry{batched, B, Q, K, Kt, H};
   c.masks = build_masks(op, call.key_padding_mask, call.attn_mask, call.causal, call.window, s.fully_masked,
-                        {batched, B, Q, K, Kt, H});
+                        geometry);
+  add_score_options(op, call.scores, geometry, c.masks);
   apply_settings(c, settings);
   c.need_weights = call.need_weights;
   core::MemoryPlan plan(op);

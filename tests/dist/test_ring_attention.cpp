@@ -35,6 +35,7 @@ struct Run {
   FullyMaskedRows fully = FullyMaskedRows::Uniform;
   bool backward = false;
   Window window = {};
+  ScoreOptions scores = {};
 };
 
 void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, uint64_t seed) {
@@ -48,14 +49,15 @@ void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, ui
   masks.causal = run.causal;
   masks.fully_masked_rows = run.fully;
   masks.window = run.window;
+  masks.scores = run.scores;
   if (run.backward) ref->train();
-  const bool masked = run.causal != Causal::None || run.window.any();
+  const bool masked = run.causal != Causal::None || run.window.any() || run.scores.any();
   const Tensor want = masked ? ref->forward(q, k, v, run.lens, masks) : ref->forward(q, k, v, run.lens);
   const Split s = split(run.Q, run.K);
   const Tensor xq = rows(q, s.q_begin, s.q_count), xk = rows(k, s.k_begin, s.k_count),
                xv = rows(v, s.k_begin, s.k_count);
   const ValidLens lens = local_lens(run.lens, run.B, run.Q, s);
-  const Tensor got = run.window.any() ? ring.forward(xq, xk, xv, lens, masks)
+  const Tensor got = run.window.any() || run.scores.any() ? ring.forward(xq, xk, xv, lens, masks)
                                       : ring.forward(xq, xk, xv, lens, run.causal, run.fully);
   EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol)
       << "B" << run.B << " Q" << run.Q << " K" << run.K << " rank " << c.rank();
@@ -129,6 +131,19 @@ TEST(RingAttention, SlidingWindowsOverGlobalPositionsEqualTheModule) {
          FullyMaskedRows::Uniform, true, {1, 0}},
         8, 2, true, 86);
   check({2, 7, 7, ValidLens::per_batch({3, 7}), Causal::None, FullyMaskedRows::Zeros, true, {0, 0}}, 8, 2, true, 87);
+}
+
+TEST(RingAttention, SoftcapAndAlibiOverGlobalPositionsEqualTheModule) {
+  // ALiBi's distances are global (the window's shifted diagonal), slopes of
+  // both signs; softcap small and large; with lengths, causal, windows.
+  const ValidLens none;
+  const ScoreOptions alibi{0.0f, {0.5f, -0.3f, 0.1f}}, cap{0.8f, {}}, both{30.0f, {-0.2f, 0.7f}};
+  check({2, 9, 9, none, Causal::None, FullyMaskedRows::Uniform, true, {}, alibi}, 12, 3, true, 100);
+  check({2, 7, 10, ValidLens::per_batch({8, 3}), Causal::None, FullyMaskedRows::Uniform, true, {}, cap}, 12, 3,
+        false, 101);
+  check({2, 8, 8, none, Causal::BottomRight, FullyMaskedRows::Zeros, true, {3, 0}, both}, 8, 2, true, 102);
+  check({1, 11, 6, ValidLens::per_batch({5}), Causal::TopLeft, FullyMaskedRows::Uniform, true, {}, alibi}, 12, 3,
+        true, 103);
 }
 
 TEST(RingAttention, WindowSkipsTheBlocksOutsideIt) {

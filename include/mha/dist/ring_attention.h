@@ -104,8 +104,10 @@ class RingAttention {
                  Causal causal = Causal::None, FullyMaskedRows fully_masked = FullyMaskedRows::Uniform);
   // The same with a sliding window over global positions (masks.window,
   // bottom right over the whole sequence, as MultiHeadAttention takes it),
-  // causal and the fully-masked policy from `masks`; key_padding_mask and
-  // attn_mask are refused (valid lengths cover padding). Collective.
+  // causal, the fully-masked policy and the score options (softcap, ALiBi
+  // slopes, one per head of the module, distances over global positions)
+  // from `masks`; key_padding_mask and attn_mask are refused (valid lengths
+  // cover padding). Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
   // grad_output:[B,Q_r,num_hiddens] of the last forward -> the gradients of
