@@ -1,6 +1,8 @@
 // Validation of a cached call at the decode kernels' edge, and its flat
 // form (DecodeParams) made from the forward: every message names the
 // operation, the argument, the value seen and the value wanted.
+#include <cmath>
+
 #include "kernels/params.h"
 #include "kernels/validate.h"
 #include "mha/error.h"
@@ -19,6 +21,15 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.chunk_keys < 0 || p.chunk_keys % kDecodeTile != 0)
     fail(op, "chunk_keys: ", p.chunk_keys, "; wanted 0 (the kernel's choice) or a positive multiple of ",
          kDecodeTile, " keys");
+  const MaskOptions& m = p.masks;
+  if (!(m.softcap >= 0.0f) || !std::isfinite(m.softcap))
+    fail(op, "masks: softcap ", m.softcap, "; wanted a finite number >= 0 (0: off)");
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    if (m.alibi_slopes && !std::isfinite(m.alibi_slopes[h]))
+      fail(op, "masks: alibi_slopes[", h, "]: ", m.alibi_slopes[h], "; wanted a finite number per query head");
+    if (m.sinks && !std::isfinite(m.sinks[h]))
+      fail(op, "masks: sinks[", h, "]: ", m.sinks[h], "; wanted a finite logit per query head");
+  }
   if (p.B == 0) return;
   if (!p.q || !p.k || !p.v || !p.out || !p.lengths)
     fail(op, "a null pointer among q, k, v, out, lengths; wanted all set for B = ", p.B);

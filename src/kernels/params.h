@@ -501,7 +501,10 @@ struct DecodeParams {
   // BottomRight is "causal within the new block"; the default); key_keep /
   // key_bias, nn.MultiheadAttention's key_padding_mask, [B, key_stride_b]
   // (key_stride_b >= every length), key j of row b at b * key_stride_b + j;
-  // fill and fully_masked. Pair masks are not taken (checked).
+  // fill and fully_masked; the score options softcap, alibi_slopes [Hq]
+  // (query i of row b at position lengths[b] - Qn + i) and sinks [Hq]
+  // (one term per row's denominator, however many chunks the row takes).
+  // Pair masks are not taken (checked).
   MaskOptions masks = causal_masks();
   // Keys per split-K chunk: 0 (decode_chunk_keys chooses) or a positive
   // multiple of kDecodeTile (KeyCache::chunk_keys).

@@ -76,7 +76,10 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
       const float* part = partials + (c * R + r) * S;
       merge_partial(row, part + 2, part[0], part[1], dv);
     }
-    // Every key dropped out (-inf fill or bias): the fully-masked policy.
+    // The head's sink, once per row (not per chunk): a logit with no value.
+    if (p.masks.sinks) merge_sink(row, p.masks.sinks[first.g * G + r / p.Qn] * kLog2e, dv);
+    // Every key dropped out (-inf fill or bias): the fully-masked policy
+    // (never with a sink, which is always in the denominator).
     if (!finish_row(row, dv) && n_chunks > 0) fully_masked_row(p, first.b, first.g, out);
   }
 }

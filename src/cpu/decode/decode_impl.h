@@ -6,11 +6,16 @@
 // A chunk is C keys of one (batch row, cache head) and the R = group x Qn
 // query rows that read it. Keys go in tiles of kDecodeTile:
 //   s[r, j]  = (q_r * log2(e) / sqrt(d)) . k_j      (vectorised over d)
+//   softcap and ALiBi (kernels/params.h, MaskOptions), in base 2 too:
+//     s -> c * tanh(s / c) with c = softcap * log2(e) (the same map, scaled),
+//     then s -= slope_h * log2(e) * |pos_q - j|, pos_q = K - Qn + i
 //   masked j (j >= the row's valid length): s = -1e6 * log2(e), the chapter's fill
 //   online softmax per row over the tile (running max m_r, sum l_r, base 2)
 //   acc[r, :] = acc[r, :] * 2^(m_old - m_new) + sum_j 2^(s[r, j] - m_new) v_j
 // Each k and v element loaded (and converted from bfloat16) feeds up to
 // kRowBlock rows held in registers, so the cache streams through once.
+// A head's attention sink joins each row's denominator once, in the chunks'
+// merge (decode.cpp), not here: a chunk sees only some of the row's keys.
 #pragma once
 
 #include <algorithm>
@@ -178,6 +183,45 @@ struct DecodeKernel {
       }
   }
 
+  // tanh lane by lane, as Cephes' tanhf: an odd polynomial below |y| =
+  // 0.625 (relative error ~1e-7, where 1 - e^-2|y| would cancel), above it
+  // (1 - e) / (1 + e) with e = 2^(-2|y| log2 e) (0 far out: tanh = 1), the
+  // sign restored.
+  static Reg tanh(Reg y) {
+    const Reg zero = V::zero(), one = V::set1(1.0f);
+    const Reg a = V::max(y, V::sub(zero, y));
+    const Reg e = V::exp2(V::mul(a, V::set1(-2.0f * kLog2e)));
+    const Reg big = V::div(V::sub(one, e), V::add(one, e));
+    const Reg z = V::mul(a, a);
+    Reg q = V::set1(-5.70498872745e-3f);
+    q = V::fmadd(q, z, V::set1(2.06390887954e-2f));
+    q = V::fmadd(q, z, V::set1(-5.37397155531e-2f));
+    q = V::fmadd(q, z, V::set1(1.33314422036e-1f));
+    q = V::fmadd(q, z, V::set1(-3.33332819422e-1f));
+    const Reg small = V::fmadd(V::mul(q, z), a, a);
+    const Reg r = V::select_lt(a, V::set1(0.625f), small, big);
+    return V::select_lt(y, zero, V::sub(zero, r), r);
+  }
+
+  // The score options on one row's tile sr:[T] (base 2, before the masks):
+  // softcap cap2 (softcap * log2 e; 0: off), then, with `alibi`,
+  // nslope2 * |rel - jj| (nslope2 = -slope_h * log2 e, rel = pos_q - the
+  // tile's first key); iota:[T] holds 0, 1, .. T-1. Lanes past the chunk
+  // are overwritten with -inf afterwards, whatever this makes of them.
+  static void score_options(float* sr, float cap2, bool alibi, float nslope2, float rel, const float* iota) {
+    const Reg zero = V::zero(), cap = V::set1(cap2), inv = V::set1(cap2 > 0.0f ? 1.0f / cap2 : 0.0f);
+    const Reg ns = V::set1(nslope2), rv = V::set1(rel);
+    for (int64_t jj = 0; jj < T; jj += L) {
+      Reg x = V::load(sr + jj);
+      if (cap2 > 0.0f) x = V::mul(cap, tanh(V::mul(x, inv)));
+      if (alibi) {
+        const Reg diff = V::sub(rv, V::load(iota + jj));
+        x = V::fmadd(ns, V::max(diff, V::sub(zero, diff)), x);
+      }
+      V::store(sr + jj, x);
+    }
+  }
+
   template <class F>
   static void by_block(int64_t R, const F& f) {  // f(std::integral_constant<int, NB>, first row)
     int64_t r = 0;
@@ -219,6 +263,10 @@ struct DecodeKernel {
     const float fill2 = p.masks.fill == MaskFill::Seed ? kMaskFill2 : -INFINITY;
     const uint8_t* keep = p.masks.keep_row(t.b, K);
     const float* bias = p.masks.bias_row(t.b, K);
+    const float cap2 = p.masks.softcap > 0.0f ? p.masks.softcap * kLog2e : 0.0f;
+    const float* slopes = p.masks.alibi_slopes;
+    float iota[T];
+    for (int64_t jj = 0; jj < T; ++jj) iota[jj] = static_cast<float>(jj);
     for (int64_t t0 = j0; t0 < j1; t0 += T) {
       const int64_t n = std::min(T, j1 - t0);
       // Rows of the next tile that the first row block asks for along the
@@ -231,6 +279,12 @@ struct DecodeKernel {
       });
       for (int64_t r = 0; r < R; ++r) {
         float* sr = s + r * T;
+        // Softcap and ALiBi on the scaled score, before every mask.
+        if (cap2 > 0.0f || slopes) {
+          const float nslope2 = slopes ? -slopes[t.g * G + r / Qn] * kLog2e : 0.0f;
+          const auto rel = static_cast<float>(K - Qn + r % Qn - t0);  // pos_q - t0, exact below 2^24
+          score_options(sr, cap2, slopes != nullptr, nslope2, rel, iota);
+        }
         // key_padding_mask first (an additive entry on a kept key), then the
         // lengths: a key past its query's valid length gets the fill whatever
         // the mask says.
