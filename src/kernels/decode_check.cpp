@@ -57,12 +57,18 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.masks.window_left < -1 || p.masks.window_right < -1)
     fail(op, "masks: window (", p.masks.window_left, ", ", p.masks.window_right,
          "); wanted each side -1 (unbounded) or >= 0");
+  // A ring holds the last `capacity` positions: every query's window must
+  // lie within them (query 0 of Qn reaches back window_left keys).
+  if (p.ring && (p.masks.window_left < 0 || p.masks.window_left + p.Qn > p.capacity))
+    fail(op, "ring: a ring buffer of ", p.capacity, " slots with window (", p.masks.window_left, ", ",
+         p.masks.window_right, ") and ", p.Qn, " new queries; wanted window_left >= 0 and window_left + new "
+         "queries <= the slots (a ring keeps only the last ones)");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
     if (p.masks.has_key_mask() && p.masks.key_stride_b < n)
       fail(op, "key_stride_b: ", p.masks.key_stride_b, " for row ", b, " of ", n,
            " keys; wanted at least every row's length (one mask entry per key)");
-    if (n < 0 || n > p.capacity)
+    if (n < 0 || (n > p.capacity && !p.ring))
       fail(op, "lengths[", b, "]: ", n, "; wanted 0 <= length <= the cache capacity ", p.capacity);
     if (p.masks.causal == Causal::BottomRight && n > 0 && n < p.Qn)
       fail(op, "lengths[", b, "]: ", n, " keys cannot hold the ", p.Qn,
@@ -101,6 +107,7 @@ DecodeParams decode_params(const AttentionForward& p, const char* op, bool check
   d.lens = p.lens;
   d.masks = p.masks;
   d.chunk_keys = p.cache.chunk_keys;
+  d.ring = p.cache.ring;
   if (!check) return d;
   // What a cached call cannot carry: the fused kernel's saves, dropout and
   // the bfloat16 products are the uncached forward's (the modules never set

@@ -243,7 +243,10 @@ struct DecodeKernel {
     const DecodeParams& p = *job.p;
     const int64_t d = p.d, dv = p.dv, Qn = p.Qn, G = p.group(), R = G * Qn;
     const int64_t K = p.lengths[t.b];
-    const int64_t j0 = t.chunk * job.chunk_keys, j1 = std::min(K, j0 + job.chunk_keys);
+    // Positions [j0, j1); a ring's position j sits in slot p.slot(j), so a
+    // tile stops where the slots wrap.
+    const int64_t j0 = std::max(t.chunk * job.chunk_keys, p.held_from(t.b));
+    const int64_t j1 = std::min(K, t.chunk * job.chunk_keys + job.chunk_keys);
     const E* kb = static_cast<const E*>(p.k) + t.b * p.k_stride_b + t.g * p.k_stride_h;
     const E* vb = static_cast<const E*>(p.v) + t.b * p.v_stride_b + t.g * p.v_stride_h;
     float* qs = scratch;     // [R, d], scaled to base 2 (bfloat16: split_pairs' column order)
@@ -267,14 +270,15 @@ struct DecodeKernel {
     const float* slopes = p.masks.alibi_slopes;
     float iota[T];
     for (int64_t jj = 0; jj < T; ++jj) iota[jj] = static_cast<float>(jj);
-    for (int64_t t0 = j0; t0 < j1; t0 += T) {
-      const int64_t n = std::min(T, j1 - t0);
+    for (int64_t t0 = j0, n = 0; t0 < j1; t0 += n) {
+      const int64_t s0 = p.slot(t0), room = p.capacity - s0;  // slots before the ring wraps
+      n = std::min(std::min(T, j1 - t0), room);
       // Rows of the next tile that the first row block asks for along the
       // way (prefetch_row); bfloat16 only.
       int64_t pf = 0;
-      if constexpr (std::is_same_v<E, uint16_t>) pf = std::max<int64_t>(0, std::min(T, j1 - t0 - T));
+      if constexpr (std::is_same_v<E, uint16_t>) pf = std::max<int64_t>(0, std::min(std::min(T, j1 - t0 - T), room - T));
       by_block(R, [&](auto nb, int64_t r0) {
-        scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T,
+        scores<decltype(nb)::value>(qs + r0 * d, d, kb + s0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T,
                                     r0 == 0 ? pf : 0);
       });
       for (int64_t r = 0; r < R; ++r) {
@@ -320,7 +324,7 @@ struct DecodeKernel {
           for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
       }
       by_block(R, [&](auto nb, int64_t r0) {
-        weighted_values<decltype(nb)::value>(s + r0 * T, vb + t0 * p.v_stride_j, p.v_stride_j, n, dv,
+        weighted_values<decltype(nb)::value>(s + r0 * T, vb + s0 * p.v_stride_j, p.v_stride_j, n, dv,
                                              acc + r0 * dv, r0 == 0 ? pf : 0);
       });
     }

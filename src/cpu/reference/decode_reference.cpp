@@ -33,7 +33,7 @@ void decode_attention_reference(const DecodeParams& p) {
   check_decode_params(p, "decode_attention_reference");
   std::vector<double> w;
   for (int64_t b = 0; b < p.B; ++b) {
-    const int64_t K = p.lengths[b];
+    const int64_t K = p.lengths[b], lo = p.held_from(b);  // a ring holds positions lo .. K-1
     w.assign(static_cast<size_t>(K), 0.0);
     for (int64_t h = 0; h < p.Hq; ++h) {
       const int64_t hk = h / p.group();
@@ -49,10 +49,10 @@ void decode_attention_reference(const DecodeParams& p) {
         const double cap = p.masks.softcap;
         const double sink = p.masks.sinks ? static_cast<double>(p.masks.sinks[h]) : -INFINITY;
         double row_max = -INFINITY;
-        for (int64_t j = 0; j < K; ++j) {
+        for (int64_t j = lo; j < K; ++j) {
           double dot = 0.0;
           for (int64_t c = 0; c < p.d; ++c)
-            dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + j * p.k_stride_j + c);
+            dot += q[c] * cache_at(p.k, p.dtype, b * p.k_stride_b + hk * p.k_stride_h + p.slot(j) * p.k_stride_j + c);
           const bool kept = j >= first && j < valid && (!p.masks.key_keep || p.masks.keep_row(b, K)[j]);
           double s = dot / p.scale_divisor;
           if (cap > 0.0) s = cap * std::tanh(s / cap);
@@ -65,19 +65,19 @@ void decode_attention_reference(const DecodeParams& p) {
           for (int64_t c = 0; c < p.dv; ++c) {
             double acc = 0.0;
             if (p.masks.fully_masked == FullyMaskedRows::Uniform)
-              for (int64_t j = 0; j < K; ++j)
-                acc += cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + j * p.v_stride_j + c);
-            out[c] = static_cast<float>(acc / static_cast<double>(K));
+              for (int64_t j = lo; j < K; ++j)
+                acc += cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + p.slot(j) * p.v_stride_j + c);
+            out[c] = static_cast<float>(acc / static_cast<double>(K - lo));
           }
           continue;
         }
         row_max = std::max(row_max, sink);  // the sink: one more term of the denominator
         double sum = p.masks.sinks ? std::exp(sink - row_max) : 0.0;
-        for (int64_t j = 0; j < K; ++j) sum += (w[j] = std::exp(w[j] - row_max));
+        for (int64_t j = lo; j < K; ++j) sum += (w[j] = std::exp(w[j] - row_max));
         for (int64_t c = 0; c < p.dv; ++c) {
           double acc = 0.0;
-          for (int64_t j = 0; j < K; ++j)
-            acc += w[j] * cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + j * p.v_stride_j + c);
+          for (int64_t j = lo; j < K; ++j)
+            acc += w[j] * cache_at(p.v, p.dtype, b * p.v_stride_b + hk * p.v_stride_h + p.slot(j) * p.v_stride_j + c);
           out[c] = static_cast<float>(acc / sum);
         }
       }
