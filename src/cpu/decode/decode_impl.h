@@ -14,6 +14,9 @@
 //   acc[r, :] = acc[r, :] * 2^(m_old - m_new) + sum_j 2^(s[r, j] - m_new) v_j
 // Each k and v element loaded (and converted from bfloat16) feeds up to
 // kRowBlock rows held in registers, so the cache streams through once.
+// A ring-buffer cache (DecodeParams::ring) holds position j in slot
+// p.slot(j): keys are still visited in position order, a tile ending early
+// where the slots wrap.
 // A head's attention sink joins each row's denominator once, in the chunks'
 // merge (decode.cpp), not here: a chunk sees only some of the row's keys.
 #pragma once

@@ -78,6 +78,10 @@ TEST(RingCache, TheChaptersModuleDecodesAsTheUncachedWindowedCall) {
   for (int64_t left : {0, 1, 4, 17})
     for (KVCacheDtype dtype : {KVCacheDtype::Float32, KVCacheDtype::BFloat16})
       ring_case(m, D, left, dtype, cached, uncached);
+  // Rotary positions follow the cache's lengths, which count positions past
+  // the ring's slots: still the uncached call's.
+  m.set_rotary({8});
+  for (int64_t left : {2, 11}) ring_case(m, D, left, KVCacheDtype::Float32, cached, uncached);
 }
 
 TEST(RingCache, TheDropInDecodesAsTheUncachedWindowedCall) {
