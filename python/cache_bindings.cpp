@@ -72,7 +72,12 @@ whole (a cache is one sequence's state: threads decoding different sequences
 want a cache each).
 )doc")
       .def_property_readonly("batch_size", &KVCache::batch_size)
-      .def_property_readonly("capacity", &KVCache::capacity, "Positions each batch row can hold.")
+      .def_property_readonly("capacity", &KVCache::capacity,
+                             "Slots per batch row: positions each row can hold (a ring: its last ones).")
+      .def_property_readonly("window", [](const KVCache& c) -> py::object {
+        if (c.window() < 0) return py::none();
+        return py::int_(c.window());
+      }, "A ring buffer's window (None: not a ring); lengths keep counting past the capacity.")
       .def_property_readonly("num_kv_heads", &KVCache::num_kv_heads)
       .def_property_readonly("head_dim", &KVCache::head_dim)
       .def_property_readonly("dtype", [](const KVCache& c) { return std::string(to_string(c.dtype())); },
@@ -122,12 +127,16 @@ want a cache each).
   textbook
       .def(
           "kv_cache",
-          [](const MultiHeadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype) {
-            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "MultiHeadAttention.kv_cache"));
+          [](const MultiHeadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
+             const py::object& window) {
+            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "MultiHeadAttention.kv_cache"),
+                              window.is_none() ? -1 : window.cast<int64_t>());
           },
-          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32",
-          "kv_cache(batch_size, max_len, dtype='float32') -> mha.KVCache for cached calls,\n"
-          "m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'.")
+          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
+          "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache for cached calls,\n"
+          "m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'. window=w (>= 0): a ring buffer of\n"
+          "w + max_len slots keeping each row's last w + max_len positions, for calls with\n"
+          "window=(left, right), 0 <= left <= w, of at most max_len new positions each.")
       .def(
           "__call__",
           [](MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
@@ -154,12 +163,15 @@ want a cache each).
   drop_in
       .def(
           "kv_cache",
-          [](const TorchMultiheadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype) {
-            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "TorchMultiheadAttention.kv_cache"));
+          [](const TorchMultiheadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
+             const py::object& window) {
+            return s.kv_cache(batch_size, max_len, to_dtype(dtype, "TorchMultiheadAttention.kv_cache"),
+                              window.is_none() ? -1 : window.cast<int64_t>());
           },
-          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32",
-          "kv_cache(batch_size, max_len, dtype='float32') -> mha.KVCache (num_kv_heads heads) for\n"
-          "cached calls, m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'.")
+          py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
+          "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache (num_kv_heads\n"
+          "heads) for cached calls, m(x, x, x, cache=cache); dtype 'float32' or 'bfloat16'. window=w\n"
+          "(>= 0): a ring buffer of w + max_len slots (see MultiHeadAttention.kv_cache).")
       .def(
           "__call__",
           [](TorchMultiheadAttention& self, const py::object& q, const py::object& k, const py::object& v,

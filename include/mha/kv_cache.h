@@ -27,6 +27,20 @@
 // row's own last one. Storage is allocated once, at creation, after a check
 // against mha::memory_limit(); a cache is a value (copying copies it).
 //
+// A ring buffer for a sliding window: kv_cache(batch_size, max_len, dtype,
+// window) with window = w >= 0 makes a cache of w + max_len slots per row
+// that keeps only each row's last w + max_len positions, the newest
+// overwriting the oldest, so its memory does not grow with the sequence.
+// Its cached calls must have a window (left, right) with 0 <= left <= w and
+// at most max_len new positions each: every new query's window (the keys
+// from its own position back `left`) then lies in the slots kept, and the
+// call is exactly the one over the whole sequence (positions keep counting
+// past the capacity: lengths() counts every position a row was given). A
+// query whose every held key is masked gets the fully-masked policy over
+// the held keys (not every earlier one). Rows that have wrapped cannot be
+// rewound (truncate); reorder, reset, keys and values work as on any cache
+// (keys and values give the held positions, oldest first).
+//
 // A cache belongs to the module object that made it (its projections made
 // the keys): a cached call of any other module, or of the same module after
 // its heads were pruned, is refused.
@@ -61,8 +75,15 @@ class KVCache {
 
   // B: the batch rows it holds.
   int64_t batch_size() const { return B_; }
-  // Positions each batch row can hold.
+  // Slots per batch row: positions each row can hold (a ring: the last
+  // window() + max_len positions).
   int64_t capacity() const { return capacity_; }
+  // A ring buffer's window (the left side its calls' windows may have at
+  // most); -1: not a ring.
+  int64_t window() const { return window_; }
+  // Positions batch row `row` keeps: its length, or a ring's capacity once
+  // the row has wrapped.
+  int64_t held(int64_t row) const;
   // Key/value heads stored per position.
   int64_t num_kv_heads() const { return Hkv_; }
   // Width of one head's key or value.
@@ -71,7 +92,8 @@ class KVCache {
   KVCacheDtype dtype() const { return dtype_; }
   // The module class that made the cache ("MultiHeadAttention", "TorchMultiheadAttention").
   const std::string& module_name() const { return module_; }
-  // [B]: how many positions each batch row holds.
+  // [B]: how many positions each batch row was given (a ring keeps the last
+  // capacity() of them).
   const std::vector<int64_t>& lengths() const { return lengths_; }
   // Positions batch row `row` holds (mha::Error for a row out of range).
   int64_t length(int64_t row) const;
@@ -82,10 +104,12 @@ class KVCache {
   // (heads side by side, as a projection writes them) -> appended after each
   // batch row's last position. Throws mha::Error (and changes nothing) on a
   // batch size other than the cache's, another width, or a row that would
-  // pass the capacity. Cached module calls append this way.
+  // pass the capacity (a ring: more than max_len positions at once). Cached
+  // module calls append this way.
   void append(const Tensor& keys, const Tensor& values);
   // Rewinds batch row `row` to its first `length` positions (0 <= length <=
   // its length); the later ones are forgotten (a rejected draft, a beam cut).
+  // A ring's row only while it has not wrapped (length <= capacity).
   void truncate(int64_t row, int64_t length);
   // Every row back to length 0; the storage stays allocated.
   void reset();
@@ -94,10 +118,10 @@ class KVCache {
   // Needs one copy of the storage, checked against mha::memory_limit().
   void reorder(const std::vector<int64_t>& rows);
 
-  // [num_kv_heads, length(row), head_dim]: row's stored keys, as float32
-  // (bfloat16 ones widened exactly). For inspection and tests.
+  // [num_kv_heads, held(row), head_dim]: row's stored keys in position order,
+  // as float32 (bfloat16 ones widened exactly). For inspection and tests.
   Tensor keys(int64_t row) const;
-  // [num_kv_heads, length(row), head_dim]: row's stored values, as keys().
+  // [num_kv_heads, held(row), head_dim]: row's stored values, as keys().
   Tensor values(int64_t row) const;
 
  private:
@@ -105,6 +129,7 @@ class KVCache {
   std::string module_;
   uint64_t owner_ = 0;  // the module object's instance number (mha/detail/instance_id.h)
   int64_t B_ = 0, Hkv_ = 0, d_ = 0, capacity_ = 0;
+  int64_t window_ = -1;  // >= 0: a ring buffer; position j of a row in slot j % capacity_
   KVCacheDtype dtype_ = KVCacheDtype::Float32;
   std::vector<int64_t> lengths_;
   // [2][B][Hkv][capacity][d]: keys, then values; one of the two is used.

@@ -116,7 +116,12 @@ class MultiHeadAttention {
   // head's projected keys and values (num_heads() heads of head_dim()).
   // Throws mha::Error on sizes that are not positive or storage above
   // mha::memory_limit(); nothing is allocated then.
-  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32) const;
+  // window >= 0: a ring buffer of window + max_len slots per row for calls
+  // with a sliding window whose left side is at most `window` and at most
+  // max_len new positions per call: memory O(window) for any sequence
+  // length (mha/kv_cache.h).
+  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32,
+                   int64_t window = -1) const;
   // queries:[B,n,Dq] keys:[B,n,Dk] values:[B,n,Dv] (the n new positions;
   // self-attention passes one tensor three times) -> [B,n,num_hiddens]:
   // projects only the new positions, appends their keys and values to

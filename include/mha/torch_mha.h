@@ -143,7 +143,12 @@ class TorchMultiheadAttention {
   // key/value head's projected keys and values (num_kv_heads() heads of
   // head_dim(): grouped heads share them). Throws mha::Error on sizes that
   // are not positive or storage above mha::memory_limit().
-  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32) const;
+  // window >= 0: a ring buffer of window + max_len slots per row for calls
+  // with a sliding window whose left side is at most `window` and at most
+  // max_len new positions per call: memory O(window) for any sequence
+  // length (mha/kv_cache.h).
+  KVCache kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype = KVCacheDtype::Float32,
+                   int64_t window = -1) const;
   // query, key, value: the n new positions in the module's layout ((B, n, E)
   // batch_first, (n, B, E) or unbatched (n, E)) -> output shaped like query:
   // the new keys and values are projected and appended to `cache`, and each

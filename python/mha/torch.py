@@ -527,11 +527,12 @@ class MultiHeadAttention(nn.Module):
             layers.append((_float_array(w), None if b is None else _float_array(b), version))
         return (*layers, None, None, False, None)
 
-    def kv_cache(self, batch_size, max_len, dtype="float32"):
+    def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
         forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
-        torch.bfloat16)."""
-        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
+        torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
+        window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
+        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)
 
     def _cache_module(self):
         if self._cache_impl is None:
@@ -881,11 +882,12 @@ class MultiheadAttention(nn.Module):
                 out.append((n, t))
         return out
 
-    def kv_cache(self, batch_size, max_len, dtype="float32"):
+    def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
         forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
-        torch.bfloat16)."""
-        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype))
+        torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
+        window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
+        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None):

@@ -62,6 +62,7 @@ bool decode_runs_fused(const DecodeParams& p) {
   // The switch point (cpu/decode/decode.h): see the measurements above
   // kDecodeFusedMinQueries.
   if (p.Qn < decode_fused_min_queries(p.dtype)) return false;
+  if (p.ring) return false;  // the fused kernel reads each row's keys in slot order from slot 0
   for (int64_t b = 0; b < p.B; ++b)
     if (p.lengths[b] > kFusedMaxKeys) return false;
   return true;

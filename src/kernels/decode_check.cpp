@@ -1,6 +1,8 @@
 // Validation of a cached call at the decode kernels' edge, and its flat
 // form (DecodeParams) made from the forward: every message names the
 // operation, the argument, the value seen and the value wanted.
+#include <cmath>
+
 #include "kernels/params.h"
 #include "kernels/validate.h"
 #include "mha/error.h"
@@ -19,6 +21,15 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.chunk_keys < 0 || p.chunk_keys % kDecodeTile != 0)
     fail(op, "chunk_keys: ", p.chunk_keys, "; wanted 0 (the kernel's choice) or a positive multiple of ",
          kDecodeTile, " keys");
+  const MaskOptions& m = p.masks;
+  if (!(m.softcap >= 0.0f) || !std::isfinite(m.softcap))
+    fail(op, "masks: softcap ", m.softcap, "; wanted a finite number >= 0 (0: off)");
+  for (int64_t h = 0; h < p.Hq; ++h) {
+    if (m.alibi_slopes && !std::isfinite(m.alibi_slopes[h]))
+      fail(op, "masks: alibi_slopes[", h, "]: ", m.alibi_slopes[h], "; wanted a finite number per query head");
+    if (m.sinks && !std::isfinite(m.sinks[h]))
+      fail(op, "masks: sinks[", h, "]: ", m.sinks[h], "; wanted a finite logit per query head");
+  }
   if (p.B == 0) return;
   if (!p.q || !p.k || !p.v || !p.out || !p.lengths)
     fail(op, "a null pointer among q, k, v, out, lengths; wanted all set for B = ", p.B);
@@ -49,12 +60,18 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.masks.diagonal_shift != 0)
     fail(op, "masks: diagonal_shift ", p.masks.diagonal_shift,
          "; wanted 0: a cached call places its queries by the cache's lengths");
+  // A ring holds the last `capacity` positions: every query's window must
+  // lie within them (query 0 of Qn reaches back window_left keys).
+  if (p.ring && (p.masks.window_left < 0 || p.masks.window_left + p.Qn > p.capacity))
+    fail(op, "ring: a ring buffer of ", p.capacity, " slots with window (", p.masks.window_left, ", ",
+         p.masks.window_right, ") and ", p.Qn, " new queries; wanted window_left >= 0 and window_left + new "
+         "queries <= the slots (a ring keeps only the last ones)");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
     if (p.masks.has_key_mask() && p.masks.key_stride_b < n)
       fail(op, "key_stride_b: ", p.masks.key_stride_b, " for row ", b, " of ", n,
            " keys; wanted at least every row's length (one mask entry per key)");
-    if (n < 0 || n > p.capacity)
+    if (n < 0 || (n > p.capacity && !p.ring))
       fail(op, "lengths[", b, "]: ", n, "; wanted 0 <= length <= the cache capacity ", p.capacity);
     if (p.masks.causal == Causal::BottomRight && n > 0 && n < p.Qn)
       fail(op, "lengths[", b, "]: ", n, " keys cannot hold the ", p.Qn,
@@ -93,6 +110,7 @@ DecodeParams decode_params(const AttentionForward& p, const char* op, bool check
   d.lens = p.lens;
   d.masks = p.masks;
   d.chunk_keys = p.cache.chunk_keys;
+  d.ring = p.cache.ring;
   if (!check) return d;
   // What a cached call cannot carry: the fused kernel's saves, dropout and
   // the bfloat16 products are the uncached forward's (the modules never set

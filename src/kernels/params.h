@@ -290,6 +290,12 @@ struct KeyCache {
   // fixes the order of the sums, so a given value gives the same bits at
   // any thread count.
   int64_t chunk_keys = 0;
+  // A ring buffer (a cache made for a sliding window): lengths[b] counts
+  // every position row b was given, which may pass the capacity; the row
+  // holds only the last min(lengths[b], capacity) of them, position j in
+  // slot j % capacity. Every query's window must lie within them
+  // (window_left >= 0 and window_left + Q <= capacity; checked).
+  bool ring = false;
 
   bool active() const { return lengths != nullptr; }
 };
@@ -524,11 +530,21 @@ struct DecodeParams {
   // BottomRight is "causal within the new block"; the default); key_keep /
   // key_bias, nn.MultiheadAttention's key_padding_mask, [B, key_stride_b]
   // (key_stride_b >= every length), key j of row b at b * key_stride_b + j;
-  // fill and fully_masked. Pair masks are not taken (checked).
+  // fill and fully_masked; the score options softcap, alibi_slopes [Hq]
+  // (query i of row b at position lengths[b] - Qn + i) and sinks [Hq]
+  // (one term per row's denominator, however many chunks the row takes).
+  // Pair masks are not taken (checked).
   MaskOptions masks = causal_masks();
   // Keys per split-K chunk: 0 (decode_chunk_keys chooses) or a positive
   // multiple of kDecodeTile (KeyCache::chunk_keys).
   int64_t chunk_keys = 0;
+  // A ring buffer (KeyCache::ring): row b's keys are positions
+  // held_from(b) .. lengths[b]-1, position j in slot(j); lengths may pass
+  // the capacity. The row's keys, for the fully-masked policy too, are the
+  // held ones; the window keeps every query inside them (checked).
+  bool ring = false;
+  int64_t held_from(int64_t b) const { return ring ? std::max<int64_t>(0, lengths[b] - capacity) : 0; }
+  int64_t slot(int64_t j) const { return ring ? j % capacity : j; }
 
   int64_t group() const { return Hq / Hkv; }  // query heads per cache head
   // Query i's valid length in row b of K keys: keys j < valid_len(b, K, i)

@@ -61,6 +61,17 @@ inline void merge_partial(SoftmaxMergeRow row, const float* acc_b, float m_b, fl
   detail::merge_scaled(row, acc_b, 1.0f, m_b, s_b, width);
 }
 
+// Folds one more logit t (base 2) that has no value into `row`: an
+// attention sink (gpt-oss, kernels/params.h), counted once per row after
+// its blocks. A row with no live key then ends with M = t and acc = 0.
+inline void merge_sink(SoftmaxMergeRow row, float t, int64_t width) {
+  const float M = row.M > t ? row.M : t;
+  const float keep = row.M == -INFINITY ? 0.0f : std::exp2(row.M - M);  // acc is 0 when M = -inf
+  for (int64_t x = 0; x < width; ++x) row.acc[x] *= keep;
+  row.S = row.S * keep + std::exp2(t - M);
+  row.M = M;
+}
+
 // acc /= S for a row with a live key (M > -inf); returns false (acc left
 // as it is) for a row with none.
 inline bool finish_row(SoftmaxMergeRow row, int64_t width) {

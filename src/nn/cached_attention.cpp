@@ -19,9 +19,9 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
                                 const EngineLayers& layers, const CachedCall& call, KVCache& cache) {
   const RowLayout& layout = call.layout;
   const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
-  CacheAccess::check_call(call.op, cache, call.who, B, n);
   call.valid_lens.check(call.op, B, n);
   check_window(call.op, call.window);
+  CacheAccess::check_call(call.op, cache, call.who, B, n, call.window.left);
   const Mask& kpm = call.key_padding_mask;
   int64_t S = 0;  // the key axis a key_padding_mask covers: the longest row after the append
   for (int64_t len : cache.lengths()) S = std::max(S, len + n);

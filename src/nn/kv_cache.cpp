@@ -22,11 +22,31 @@ void check_row(const char* op, const KVCache& c, int64_t row) {
     fail(op, "row: ", row, " is not a batch row of the cache; wanted 0 <= row < ", c.batch_size());
 }
 
+// Throws unless each row has room for n more positions: a ring for at most
+// its max_len (capacity - window) at a time, any other cache up to its capacity.
+void check_room(const char* op, const char* what, const KVCache& c, int64_t n) {
+  if (c.window() >= 0) {
+    if (n > c.capacity() - c.window())
+      fail(op, what, ": ", n, " new positions in one call; a ring cache made for window ", c.window(),
+           " takes at most ", c.capacity() - c.window(), " at a time (the max_len it was made with)");
+    return;
+  }
+  for (int64_t b = 0; b < c.batch_size(); ++b)
+    if (c.lengths()[static_cast<size_t>(b)] + n > c.capacity())
+      fail(op, what, ": ", n, " new positions do not fit row ", b, " (length ", c.lengths()[static_cast<size_t>(b)],
+           ", capacity ", c.capacity(), ")");
+}
+
 }  // namespace
 
 int64_t KVCache::length(int64_t row) const {
   check_row("KVCache.length", *this, row);
   return lengths_[static_cast<size_t>(row)];
+}
+
+int64_t KVCache::held(int64_t row) const {
+  check_row("KVCache.held", *this, row);
+  return std::min(lengths_[static_cast<size_t>(row)], capacity_);
 }
 
 int64_t KVCache::storage_bytes() const { return 2 * B_ * Hkv_ * capacity_ * d_ * item_bytes(dtype_); }
@@ -42,10 +62,7 @@ void KVCache::append(const Tensor& keys, const Tensor& values) {
     fail(op, "values: shape ", shape_str(values.shape()), " has ", values.size(1), " positions but keys ",
          shape_str(keys.shape()), " have ", keys.size(1));
   const int64_t n = keys.size(1);
-  for (int64_t b = 0; b < B_; ++b)
-    if (lengths_[static_cast<size_t>(b)] + n > capacity_)
-      fail(op, "keys: ", n, " new positions do not fit row ", b, " (length ", lengths_[static_cast<size_t>(b)],
-           ", capacity ", capacity_, ")");
+  check_room(op, "keys", *this, n);
   const nn::RowLayout layout{false, B_};
   nn::CacheAccess::write(*this, layout.heads(const_cast<float*>(keys.data()), n, Hkv_, d_, width),
                          layout.heads(const_cast<float*>(values.data()), n, Hkv_, d_, width));
@@ -58,6 +75,9 @@ void KVCache::truncate(int64_t row, int64_t length) {
   if (length < 0 || length > have)
     fail(op, "length: ", length, " for row ", row, " of length ", have, "; wanted 0 <= length <= ", have,
          " (a cache can only be rewound)");
+  if (window_ >= 0 && have > capacity_ && length < have)
+    fail(op, "row ", row, " of a ring cache has wrapped (length ", have, ", capacity ", capacity_,
+         "): its first positions are overwritten; wanted a row that has not wrapped to rewind");
   lengths_[static_cast<size_t>(row)] = length;
 }
 
@@ -77,7 +97,8 @@ void KVCache::reorder(const std::vector<int64_t>& rows) {
     auto old = store;
     for (int64_t kv = 0; kv < 2; ++kv)
       for (int64_t i = 0; i < B_; ++i) {
-        const int64_t src = rows[static_cast<size_t>(i)], len = lengths_[static_cast<size_t>(src)];
+        const int64_t src = rows[static_cast<size_t>(i)];
+        const int64_t len = std::min(lengths_[static_cast<size_t>(src)], capacity_);  // slots in use (a ring's all, once wrapped)
         for (int64_t h = 0; h < Hkv_; ++h) {
           const size_t from = static_cast<size_t>(((kv * B_ + src) * Hkv_ + h) * capacity_ * d_);
           const size_t to = static_cast<size_t>(((kv * B_ + i) * Hkv_ + h) * capacity_ * d_);
@@ -96,14 +117,19 @@ namespace {
 
 Tensor stored(const KVCache& c, const std::vector<float>& f32, const std::vector<uint16_t>& bf16, int64_t kv,
               int64_t row) {
-  const int64_t len = c.length(row), Hkv = c.num_kv_heads(), d = c.head_dim(), cap = c.capacity();
+  // The held positions lo .. length-1, oldest first (a ring's position j in slot j % capacity).
+  const int64_t len = c.held(row), lo = c.length(row) - len, Hkv = c.num_kv_heads(), d = c.head_dim(),
+                cap = c.capacity();
   Tensor out({Hkv, len, d});
   for (int64_t h = 0; h < Hkv; ++h) {
     const size_t base = static_cast<size_t>(((kv * c.batch_size() + row) * Hkv + h) * cap * d);
     float* dst = out.data() + h * len * d;
-    for (int64_t x = 0; x < len * d; ++x)
-      dst[x] = c.dtype() == KVCacheDtype::BFloat16 ? core::from_bf16(bf16[base + static_cast<size_t>(x)])
-                                                   : f32[base + static_cast<size_t>(x)];
+    for (int64_t j = 0; j < len; ++j) {
+      const size_t at = base + static_cast<size_t>(((lo + j) % cap) * d);
+      for (int64_t x = 0; x < d; ++x)
+        dst[j * d + x] = c.dtype() == KVCacheDtype::BFloat16 ? core::from_bf16(bf16[at + static_cast<size_t>(x)])
+                                                             : f32[at + static_cast<size_t>(x)];
+    }
   }
   return out;
 }
@@ -123,9 +149,12 @@ Tensor KVCache::values(int64_t row) const {
 namespace nn {
 
 KVCache CacheAccess::make(const char* op, const CacheOwner& who, int64_t batch_size, int64_t max_len,
-                          KVCacheDtype dtype) {
+                          KVCacheDtype dtype, int64_t window) {
   if (batch_size <= 0) fail(op, "batch_size: ", batch_size, " is not positive");
   if (max_len <= 0) fail(op, "max_len: ", max_len, " is not positive");
+  if (window < -1 || window > (int64_t{1} << 40))
+    fail(op, "window: ", window, "; wanted -1 (no ring buffer) or the keys >= 0 a query sees before its own");
+  if (window >= 0) max_len += window;  // a ring: the window behind the oldest new query, and the new ones
   // Keys and values, checked (and overflow-safe) before anything is allocated.
   core::MemoryPlan(op)
       .add("key cache", {batch_size, who.Hkv, max_len, who.d}, static_cast<uint64_t>(item_bytes(dtype)))
@@ -135,6 +164,7 @@ KVCache CacheAccess::make(const char* op, const CacheOwner& who, int64_t batch_s
   c.module_ = who.module;
   c.owner_ = who.owner;
   c.B_ = batch_size, c.Hkv_ = who.Hkv, c.d_ = who.d, c.capacity_ = max_len;
+  c.window_ = window;
   c.dtype_ = dtype;
   c.lengths_.assign(static_cast<size_t>(batch_size), 0);
   const size_t n = static_cast<size_t>(2 * batch_size * who.Hkv * max_len * who.d);
@@ -143,7 +173,8 @@ KVCache CacheAccess::make(const char* op, const CacheOwner& who, int64_t batch_s
   return c;
 }
 
-void CacheAccess::check_call(const char* op, const KVCache& c, const CacheOwner& who, int64_t B, int64_t n) {
+void CacheAccess::check_call(const char* op, const KVCache& c, const CacheOwner& who, int64_t B, int64_t n,
+                             int64_t window_left) {
   if (c.owner_ == 0)
     fail(op, "cache: an empty cache; wanted one made by this module's kv_cache()");
   if (c.owner_ != who.owner)
@@ -153,10 +184,10 @@ void CacheAccess::check_call(const char* op, const KVCache& c, const CacheOwner&
     fail(op, "cache: ", c.Hkv_, " key/value heads of width ", c.d_, "; the module now has ", who.Hkv,
          " of width ", who.d, " (heads pruned since the cache was made?): make a new cache");
   if (c.B_ != B) fail(op, "cache: batch size ", c.B_, "; the call has ", B, " batch rows");
-  for (int64_t b = 0; b < B; ++b)
-    if (c.lengths_[static_cast<size_t>(b)] + n > c.capacity_)
-      fail(op, "cache: ", n, " new positions do not fit row ", b, " (length ", c.lengths_[static_cast<size_t>(b)],
-           ", capacity ", c.capacity_, ")");
+  check_room(op, "cache", c, n);
+  if (c.window_ >= 0 && (window_left < 0 || window_left > c.window_))
+    fail(op, "window: left side ", window_left, " with a ring cache made for window ", c.window_,
+         "; wanted a left side from 0 to ", c.window_, " (the ring keeps no older keys)");
 }
 
 void CacheAccess::write(KVCache& c, const TensorView& k, const TensorView& v) {
@@ -168,7 +199,8 @@ void CacheAccess::write(KVCache& c, const TensorView& k, const TensorView& v) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < n; ++i) {
           const float* s = src.ptr(b, h, i);
-          const size_t dst = static_cast<size_t>((((kv * B + b) * H + h) * cap + at + i) * d);
+          const int64_t slot = c.window_ >= 0 ? (at + i) % cap : at + i;  // a ring overwrites its oldest
+          const size_t dst = static_cast<size_t>((((kv * B + b) * H + h) * cap + slot) * d);
           if (c.dtype_ == KVCacheDtype::BFloat16)
             for (int64_t x = 0; x < d; ++x) c.bf16_[dst + static_cast<size_t>(x)] = core::to_bf16(s[x]);
           else
@@ -201,6 +233,7 @@ void CacheAccess::point(const KVCache& c, kernels::AttentionForward& p) {
     p.k = view(f32), p.v = view(f32 + half);
   }
   p.cache.lengths = c.lengths_.data();
+  p.cache.ring = c.window_ >= 0;
 }
 
 }  // namespace nn

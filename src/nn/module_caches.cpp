@@ -20,10 +20,10 @@ void check_positions(const char* op, const Tensor& queries, const Tensor& x, con
 
 }  // namespace
 
-KVCache MultiHeadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype) const {
+KVCache MultiHeadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype, int64_t window) const {
   const Pinned p = params_.pin();
   return nn::CacheAccess::make("MultiHeadAttention.kv_cache", {"MultiHeadAttention", id_.value(), p->num_heads, p->heads.head_dim},
-                               batch_size, max_len, dtype);
+                               batch_size, max_len, dtype, window);
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values, KVCache& cache) {
@@ -72,10 +72,11 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
 }
 
-KVCache TorchMultiheadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype) const {
+KVCache TorchMultiheadAttention::kv_cache(int64_t batch_size, int64_t max_len, KVCacheDtype dtype,
+                                          int64_t window) const {
   return nn::CacheAccess::make("TorchMultiheadAttention.kv_cache",
                                {"TorchMultiheadAttention", id_.value(), num_kv_heads_, head_dim()}, batch_size,
-                               max_len, dtype);
+                               max_len, dtype, window);
 }
 
 Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,

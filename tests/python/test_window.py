@@ -241,6 +241,71 @@ def test_cached_calls_with_a_window_are_the_uncached_causal_call(window, module,
     np.testing.assert_allclose(got1, want1, atol=1e-5 * np.abs(want1).max(), rtol=0)
 
 
+@pytest.mark.parametrize("left", [0, 3, 20])
+@pytest.mark.parametrize("module", ["chapter", "drop-in", "mha.torch"])
+def test_a_ring_cache_decodes_a_long_sequence_as_the_uncached_windowed_call(left, module, one_torch_thread):
+    """A ring-buffer cache (kv_cache(B, max_len, window=left): left + max_len
+    slots) over a sequence many times longer than its slots, in steps of one
+    and of max_len positions, gives the rows of one uncached causal call with
+    window (left, 0) over the whole sequence, 1e-5 of the largest output;
+    its memory stays that of its slots and its lengths count positions."""
+    rng = np.random.default_rng(left + 3)
+    B, E, H, L, max_len = 2, 16, 2, 120, 3
+    t = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    state = {k: v.detach().numpy() for k, v in t.state_dict().items()}
+    if module == "chapter":
+        m = mha.MultiHeadAttention(E, H, bias=True, seed=5)
+    elif module == "drop-in":
+        m = mha.TorchMultiheadAttention.from_state_dict(state, H, batch_first=True)
+    else:
+        m = mha.torch.MultiheadAttention(E, H, batch_first=True)
+        m.load_state_dict(t.state_dict())
+    m.eval()
+    X = rng.standard_normal((B, L, E)).astype(np.float32)
+    window = (left, 0)
+    if module == "chapter":
+        want = m(X, X, X, is_causal=True, window=window)
+    elif module == "drop-in":
+        want = m(X, X, X, need_weights=False, is_causal=True, window=window)[0]
+    else:
+        with torch.no_grad():
+            want = m(torch.from_numpy(X), torch.from_numpy(X), torch.from_numpy(X), need_weights=False,
+                     is_causal=True, window=window)[0].numpy()
+    cache = m.kv_cache(B, max_len, window=left)
+    assert cache.capacity == left + max_len and cache.window == left
+    nbytes = cache.storage_bytes
+    got, pos, step = [], 0, 0
+    while pos < L:
+        n = min(L - pos, max_len if step % 3 == 0 else 1)
+        x = X[:, pos:pos + n]
+        if module == "chapter":
+            out = m(x, x, x, cache=cache, window=window)
+        elif module == "drop-in":
+            out = m(x, x, x, cache=cache, window=window)  # the numpy drop-in's cached call: the output alone
+        else:
+            with torch.no_grad():
+                xt = torch.from_numpy(np.ascontiguousarray(x))
+                out = m(xt, xt, xt, cache=cache, window=window)[0].numpy()
+        got.append(out)
+        pos += n
+        step += 1
+    got = np.concatenate(got, axis=1)
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+    assert cache.lengths == [L, L] and cache.storage_bytes == nbytes
+
+
+def test_a_ring_cache_refuses_a_wider_window_and_longer_steps():
+    m = mha.MultiHeadAttention(8, 2, bias=True, seed=1)
+    m.eval()
+    cache = m.kv_cache(1, 2, window=3)
+    x1, x3 = np.ones((1, 1, 8), np.float32), np.ones((1, 3, 8), np.float32)
+    with pytest.raises(ValueError, match=r"window: left side 4 with a ring cache made for window 3"):
+        m(x1, x1, x1, cache=cache, window=(4, 0))
+    with pytest.raises(ValueError, match=r"cache: 3 new positions in one call; a ring cache made for window 3"):
+        m(x3, x3, x3, cache=cache, window=(3, 0))
+    assert cache.lengths == [0]
+
+
 def test_a_cached_window_side_below_minus_one_is_refused():
     t = torch.nn.MultiheadAttention(8, 2, batch_first=True)
     m = mha.TorchMultiheadAttention.from_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()},

@@ -49,16 +49,16 @@ const DecodeIsaKernels& kernels_for(FusedIsa isa) {
 // (kernels/masked_row.h). Rare (a padding mask that hides every key), so a
 // plain loop.
 void fully_masked_row(const DecodeParams& p, int64_t b, int64_t g, float* out) {
-  const int64_t K = p.lengths[b], dv = p.dv;
+  const int64_t K = p.lengths[b], lo = p.held_from(b), dv = p.dv;  // a ring's keys: the held ones
   std::fill(out, out + dv, 0.0f);
   if (p.masks.fully_masked == FullyMaskedRows::Zeros) return;
-  for (int64_t j = 0; j < K; ++j) {
-    const int64_t at = b * p.v_stride_b + g * p.v_stride_h + j * p.v_stride_j;
+  for (int64_t j = lo; j < K; ++j) {
+    const int64_t at = b * p.v_stride_b + g * p.v_stride_h + p.slot(j) * p.v_stride_j;
     for (int64_t x = 0; x < dv; ++x)
       out[x] += p.dtype == CacheDtype::BF16 ? core::from_bf16(static_cast<const uint16_t*>(p.v)[at + x])
                                             : static_cast<const float*>(p.v)[at + x];
   }
-  for (int64_t x = 0; x < dv; ++x) out[x] /= static_cast<float>(K);
+  for (int64_t x = 0; x < dv; ++x) out[x] /= static_cast<float>(K - lo);
 }
 
 // out[r, :] for the R rows of (b, g) from its chunks' partials, in chunk
@@ -76,7 +76,10 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
       const float* part = partials + (c * R + r) * S;
       merge_partial(row, part + 2, part[0], part[1], dv);
     }
-    // Every key dropped out (-inf fill or bias): the fully-masked policy.
+    // The head's sink, once per row (not per chunk): a logit with no value.
+    if (p.masks.sinks) merge_sink(row, p.masks.sinks[first.g * G + r / p.Qn] * kLog2e, dv);
+    // Every key dropped out (-inf fill or bias): the fully-masked policy
+    // (never with a sink, which is always in the denominator).
     if (!finish_row(row, dv) && n_chunks > 0) fully_masked_row(p, first.b, first.g, out);
   }
 }
@@ -86,7 +89,7 @@ void merge(const DecodeJob& job, const Task& first, int64_t n_chunks, const floa
 int64_t decode_chunk_keys(const DecodeParams& p) {
   if (p.chunk_keys > 0) return p.chunk_keys;
   double key_rows = 0;  // keys summed over batch rows and cache heads
-  for (int64_t b = 0; b < p.B; ++b) key_rows += static_cast<double>(p.lengths[b]) * p.Hkv;
+  for (int64_t b = 0; b < p.B; ++b) key_rows += static_cast<double>(p.lengths[b] - p.held_from(b)) * p.Hkv;
   const auto wanted = static_cast<int64_t>(std::ceil(key_rows / kDecodeMaxChunks));
   const int64_t c = std::max(kDecodeMinChunk, wanted);
   return (c + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
@@ -97,13 +100,16 @@ namespace {
 std::vector<Task> make_tasks(const DecodeParams& p, int64_t chunk_keys, std::vector<int64_t>* first) {
   std::vector<Task> tasks;
   int64_t n = 0;  // reserved exactly: no doubling growth (decode_working_bytes counts the tasks)
-  for (int64_t b = 0; b < p.B; ++b) n += (p.lengths[b] + chunk_keys - 1) / chunk_keys * p.Hkv;
+  // Chunk c covers positions [c, c + 1) * chunk_keys of the row's held ones
+  // (a ring's start from held_from(b), wherever it falls).
+  for (int64_t b = 0; b < p.B; ++b)
+    n += ((p.lengths[b] + chunk_keys - 1) / chunk_keys - p.held_from(b) / chunk_keys) * p.Hkv;
   tasks.reserve(static_cast<size_t>(n));
   first->assign(static_cast<size_t>(p.B * p.Hkv + 1), 0);
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t g = 0; g < p.Hkv; ++g) {
       (*first)[static_cast<size_t>(b * p.Hkv + g)] = static_cast<int64_t>(tasks.size());
-      for (int64_t c = 0; c * chunk_keys < p.lengths[b]; ++c) tasks.push_back({b, g, c});
+      for (int64_t c = p.held_from(b) / chunk_keys; c * chunk_keys < p.lengths[b]; ++c) tasks.push_back({b, g, c});
     }
   first->back() = static_cast<int64_t>(tasks.size());
   return tasks;
@@ -144,7 +150,7 @@ void decode_attention(const DecodeParams& p, FusedIsa isa) {
   const size_t scratch_floats = kern.scratch_floats(p);
 
   double work = 0;
-  for (int64_t b = 0; b < p.B; ++b) work += static_cast<double>(p.lengths[b]);
+  for (int64_t b = 0; b < p.B; ++b) work += static_cast<double>(p.lengths[b] - p.held_from(b));
   work *= static_cast<double>(p.Hq * p.Qn * (p.d + p.dv));
   const auto n_tasks = static_cast<int64_t>(tasks.size());
   const int threads = core::team_for(work, n_tasks);

@@ -12,7 +12,10 @@
 // not keys). The masks map one to one: causal -> Causal::BottomRight over the
 // row's keys, the chapter's lengths -> the row's (1,) or (1, Qn) lengths,
 // key_keep / key_bias -> the row's [1, K] slice, fill and fully_masked as
-// they are. A bfloat16 cache is widened to float32 (exact) a few cache
+// they are, the score options (softcap, ALiBi slopes and sinks per query
+// head) as they are but for a bfloat16 call's first query head (ALiBi's
+// bottom-right distance over the row's K keys is pos_q - j as the decode
+// kernel's). A bfloat16 cache is widened to float32 (exact) a few cache
 // heads at a time, up to kFusedWidenBytes (at least one head): the extra
 // memory is bounded, and each fused call still has the query heads of
 // several cache heads to spread over the threads.
@@ -108,6 +111,9 @@ void decode_attention_fused(const DecodeParams& p) {
       f.k = view4(k32.data(), ng, K, p.d, K * p.d, p.d);
       f.v = view4(v32.data(), ng, K, p.dv, K * p.dv, p.dv);
       f.out = view4(out + g0 * G * p.out_stride_h, ng * G, p.Qn, p.dv, p.out_stride_h, p.out_stride_i);
+      // The call's query heads start at g0 * G: so do their slopes and sinks.
+      f.masks.alibi_slopes = p.masks.alibi_slopes ? p.masks.alibi_slopes + g0 * G : nullptr;
+      f.masks.sinks = p.masks.sinks ? p.masks.sinks + g0 * G : nullptr;
       attention_forward_fused(f);
     }
   }

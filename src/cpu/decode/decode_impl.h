@@ -6,11 +6,19 @@
 // A chunk is C keys of one (batch row, cache head) and the R = group x Qn
 // query rows that read it. Keys go in tiles of kDecodeTile:
 //   s[r, j]  = (q_r * log2(e) / sqrt(d)) . k_j      (vectorised over d)
+//   softcap and ALiBi (kernels/params.h, MaskOptions), in base 2 too:
+//     s -> c * tanh(s / c) with c = softcap * log2(e) (the same map, scaled),
+//     then s -= slope_h * log2(e) * |pos_q - j|, pos_q = K - Qn + i
 //   masked j (j >= the row's valid length): s = -1e6 * log2(e), the chapter's fill
 //   online softmax per row over the tile (running max m_r, sum l_r, base 2)
 //   acc[r, :] = acc[r, :] * 2^(m_old - m_new) + sum_j 2^(s[r, j] - m_new) v_j
 // Each k and v element loaded (and converted from bfloat16) feeds up to
 // kRowBlock rows held in registers, so the cache streams through once.
+// A ring-buffer cache (DecodeParams::ring) holds position j in slot
+// p.slot(j): keys are still visited in position order, a tile ending early
+// where the slots wrap.
+// A head's attention sink joins each row's denominator once, in the chunks'
+// merge (decode.cpp), not here: a chunk sees only some of the row's keys.
 #pragma once
 
 #include <algorithm>
@@ -178,6 +186,45 @@ struct DecodeKernel {
       }
   }
 
+  // tanh lane by lane, as Cephes' tanhf: an odd polynomial below |y| =
+  // 0.625 (relative error ~1e-7, where 1 - e^-2|y| would cancel), above it
+  // (1 - e) / (1 + e) with e = 2^(-2|y| log2 e) (0 far out: tanh = 1), the
+  // sign restored.
+  static Reg tanh(Reg y) {
+    const Reg zero = V::zero(), one = V::set1(1.0f);
+    const Reg a = V::max(y, V::sub(zero, y));
+    const Reg e = V::exp2(V::mul(a, V::set1(-2.0f * kLog2e)));
+    const Reg big = V::div(V::sub(one, e), V::add(one, e));
+    const Reg z = V::mul(a, a);
+    Reg q = V::set1(-5.70498872745e-3f);
+    q = V::fmadd(q, z, V::set1(2.06390887954e-2f));
+    q = V::fmadd(q, z, V::set1(-5.37397155531e-2f));
+    q = V::fmadd(q, z, V::set1(1.33314422036e-1f));
+    q = V::fmadd(q, z, V::set1(-3.33332819422e-1f));
+    const Reg small = V::fmadd(V::mul(q, z), a, a);
+    const Reg r = V::select_lt(a, V::set1(0.625f), small, big);
+    return V::select_lt(y, zero, V::sub(zero, r), r);
+  }
+
+  // The score options on one row's tile sr:[T] (base 2, before the masks):
+  // softcap cap2 (softcap * log2 e; 0: off), then, with `alibi`,
+  // nslope2 * |rel - jj| (nslope2 = -slope_h * log2 e, rel = pos_q - the
+  // tile's first key); iota:[T] holds 0, 1, .. T-1. Lanes past the chunk
+  // are overwritten with -inf afterwards, whatever this makes of them.
+  static void score_options(float* sr, float cap2, bool alibi, float nslope2, float rel, const float* iota) {
+    const Reg zero = V::zero(), cap = V::set1(cap2), inv = V::set1(cap2 > 0.0f ? 1.0f / cap2 : 0.0f);
+    const Reg ns = V::set1(nslope2), rv = V::set1(rel);
+    for (int64_t jj = 0; jj < T; jj += L) {
+      Reg x = V::load(sr + jj);
+      if (cap2 > 0.0f) x = V::mul(cap, tanh(V::mul(x, inv)));
+      if (alibi) {
+        const Reg diff = V::sub(rv, V::load(iota + jj));
+        x = V::fmadd(ns, V::max(diff, V::sub(zero, diff)), x);
+      }
+      V::store(sr + jj, x);
+    }
+  }
+
   template <class F>
   static void by_block(int64_t R, const F& f) {  // f(std::integral_constant<int, NB>, first row)
     int64_t r = 0;
@@ -199,7 +246,10 @@ struct DecodeKernel {
     const DecodeParams& p = *job.p;
     const int64_t d = p.d, dv = p.dv, Qn = p.Qn, G = p.group(), R = G * Qn;
     const int64_t K = p.lengths[t.b];
-    const int64_t j0 = t.chunk * job.chunk_keys, j1 = std::min(K, j0 + job.chunk_keys);
+    // Positions [j0, j1); a ring's position j sits in slot p.slot(j), so a
+    // tile stops where the slots wrap.
+    const int64_t j0 = std::max(t.chunk * job.chunk_keys, p.held_from(t.b));
+    const int64_t j1 = std::min(K, t.chunk * job.chunk_keys + job.chunk_keys);
     const E* kb = static_cast<const E*>(p.k) + t.b * p.k_stride_b + t.g * p.k_stride_h;
     const E* vb = static_cast<const E*>(p.v) + t.b * p.v_stride_b + t.g * p.v_stride_h;
     float* qs = scratch;     // [R, d], scaled to base 2 (bfloat16: split_pairs' column order)
@@ -219,18 +269,29 @@ struct DecodeKernel {
     const float fill2 = p.masks.fill == MaskFill::Seed ? kMaskFill2 : -INFINITY;
     const uint8_t* keep = p.masks.keep_row(t.b, K);
     const float* bias = p.masks.bias_row(t.b, K);
-    for (int64_t t0 = j0; t0 < j1; t0 += T) {
-      const int64_t n = std::min(T, j1 - t0);
+    const float cap2 = p.masks.softcap > 0.0f ? p.masks.softcap * kLog2e : 0.0f;
+    const float* slopes = p.masks.alibi_slopes;
+    float iota[T];
+    for (int64_t jj = 0; jj < T; ++jj) iota[jj] = static_cast<float>(jj);
+    for (int64_t t0 = j0, n = 0; t0 < j1; t0 += n) {
+      const int64_t s0 = p.slot(t0), room = p.capacity - s0;  // slots before the ring wraps
+      n = std::min(std::min(T, j1 - t0), room);
       // Rows of the next tile that the first row block asks for along the
       // way (prefetch_row); bfloat16 only.
       int64_t pf = 0;
-      if constexpr (std::is_same_v<E, uint16_t>) pf = std::max<int64_t>(0, std::min(T, j1 - t0 - T));
+      if constexpr (std::is_same_v<E, uint16_t>) pf = std::max<int64_t>(0, std::min(std::min(T, j1 - t0 - T), room - T));
       by_block(R, [&](auto nb, int64_t r0) {
-        scores<decltype(nb)::value>(qs + r0 * d, d, kb + t0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T,
+        scores<decltype(nb)::value>(qs + r0 * d, d, kb + s0 * p.k_stride_j, p.k_stride_j, n, s + r0 * T,
                                     r0 == 0 ? pf : 0);
       });
       for (int64_t r = 0; r < R; ++r) {
         float* sr = s + r * T;
+        // Softcap and ALiBi on the scaled score, before every mask.
+        if (cap2 > 0.0f || slopes) {
+          const float nslope2 = slopes ? -slopes[t.g * G + r / Qn] * kLog2e : 0.0f;
+          const auto rel = static_cast<float>(K - Qn + r % Qn - t0);  // pos_q - t0, exact below 2^24
+          score_options(sr, cap2, slopes != nullptr, nslope2, rel, iota);
+        }
         // key_padding_mask first (an additive entry on a kept key), then the
         // lengths: a key past its query's valid length gets the fill whatever
         // the mask says.
@@ -266,7 +327,7 @@ struct DecodeKernel {
           for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
       }
       by_block(R, [&](auto nb, int64_t r0) {
-        weighted_values<decltype(nb)::value>(s + r0 * T, vb + t0 * p.v_stride_j, p.v_stride_j, n, dv,
+        weighted_values<decltype(nb)::value>(s + r0 * T, vb + s0 * p.v_stride_j, p.v_stride_j, n, dv,
                                              acc + r0 * dv, r0 == 0 ? pf : 0);
       });
     }

@@ -23,6 +23,19 @@ struct Cached {
   void call(const Tensor& x) { call(x, x, x); }
 };
 
+// An evaluation-mode module of 8 features in 2 heads and a ring cache for
+// window 3 of 1 row, at most 2 new positions a call (5 slots).
+struct Ring {
+  MultiHeadAttention m{8, 2, 0.0f, true, 1};
+  KVCache cache;
+  Ring() {
+    m.eval();
+    m.initialize(8, 8, 8);
+    cache = m.kv_cache(1, 2, KVCacheDtype::Float32, 3);
+  }
+  void call(const Tensor& x, const Window& w) { m.forward(x, x, x, ValidLens{}, cache, w); }
+};
+
 }  // namespace
 
 Triggers cache_triggers() {
@@ -33,6 +46,15 @@ Triggers cache_triggers() {
       {"rotary.even", [] { check_rotary("Rotary", {-1}); }},
       {"rotary.base", [] { check_rotary("Rotary", {8, 1.0f}); }},
       {"kv_cache.max_len", [] { MultiHeadAttention(16, 2).kv_cache(2, -1); }},
+      {"kv_cache.window", [] { MultiHeadAttention(16, 2).kv_cache(2, 4, KVCacheDtype::Float32, -2); }},
+      {"kv_cache.ring_step", [] { Ring().call(ones({1, 3, 8}), Window{3, 0}); }},
+      {"kv_cache.ring_window", [] { Ring().call(ones({1, 1, 8}), Window{4, 0}); }},
+      {"kv_cache.ring_truncate",
+       [] {
+         Ring r;
+         for (int t = 0; t < 8; ++t) r.call(ones({1, 1, 8}), Window{3, 0});
+         r.cache.truncate(0, 7);
+       }},
       {"kv_cache.memory_limit",
        [] {
          struct Restore {
