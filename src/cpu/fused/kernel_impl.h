@@ -202,7 +202,8 @@ struct Kernel {
   // exponential: measured against Cephes' tanhf (an exponential, a division
   // and a polynomial, selected by |y|) in the fused forward at B8 L512 d64
   // h12 with softcap 50, one thread, best of 7: 1.159 -> see the bench rows
-  // (`mha bench --masks`).
+  // (`mha bench --masks`); the division by a reciprocal estimate refined
+  // once (V::rcp).
   static Reg tanh(Reg y) {
     const Reg clamp = V::set1(7.90531110763549805f);
     const Reg x = V::max(V::sub(V::zero(), clamp), V::select_lt(clamp, y, clamp, y));
@@ -219,7 +220,7 @@ struct Kernel {
     q = V::fmadd(q, x2, V::set1(1.18534705686654e-04f));
     q = V::fmadd(q, x2, V::set1(2.26843463243900e-03f));
     q = V::fmadd(q, x2, V::set1(4.89352518554385e-03f));
-    return V::div(p, q);
+    return V::mul(p, V::rcp(q));  // q >= 4.9e-3: a normal number
   }
 
   // The score pass (MaskJob::scores) over keys [j0, j0 + nk) of S^T, lanes
@@ -230,18 +231,20 @@ struct Kernel {
   // a masked value). dcap, when set, gets 1 - tanh^2 ([NK, MQ]: the
   // backward's chain rule). Runs only when an option is on: a call without
   // them never enters it.
+  // mx, when set, gets the running max of the results (the forward without
+  // a masking pass: no second pass over the tile).
   template <int U>
   static void score_tile(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
-                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap, Reg* mx = nullptr) {
     if (mj.cap > 0.0f) {
-      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
-      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
+      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
     }
-    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
   }
   template <int U, bool kCap, bool kAlibi>
   static void score_tile_as(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
-                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap, Reg* mx) {
     const Reg zero = V::zero(), one = V::set1(1.0f);
     const Reg cap = V::set1(mj.cap), inv_cap = V::set1(kCap ? 1.0f / mj.cap : 0.0f);
     const Reg neg_slope = V::set1(kAlibi ? -mj.slopes[h] * mj.score_unit : 0.0f);
@@ -266,6 +269,7 @@ struct Kernel {
         }
         if (mask) t = V::select_lt(jv, lov[v], masked, V::select_lt(jv, nfv[v], t, masked));
         V::store(x, t);
+        if (mx) mx[v] = V::max(mx[v], t);
       }
     }
   }
@@ -489,10 +493,13 @@ struct Kernel {
       if (tile_mask || mj.scores) {
         const bool mask = kv.masks(j0, nk);  // the score pass masks the range when it runs
         qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, mask && !mj.scores, nfv, s.lo, c2v, neg_inf, s.st, mx);
-        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr);
-        if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
-        for (int64_t r = 0; r < nk; ++r)
-          for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
+        // (The score pass tracks the max itself when no masking pass follows.)
+        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr, tile_mask ? nullptr : mx);
+        if (tile_mask) {
+          mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
+          for (int64_t r = 0; r < nk; ++r)
+            for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
+        }
       } else {
         qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
       }
