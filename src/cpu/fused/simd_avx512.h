@@ -35,6 +35,7 @@ struct Avx512 : cpu::Avx512Registers {
     return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(x, r, _mm512_set1_ps(1.0f)), r);
   }
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
   // a * b + c, one rounding.
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   // a < b ? x : y, lane by lane (false when either side is NaN).
