@@ -11,7 +11,7 @@
 // - a row with no live key under the -inf fill puts all its weight on the
 //   sink: out and weights exactly 0 in every kernel;
 // - the fused and BLAS kernels bitwise the same at one and two threads,
-//   grad_sinks included;
+//   grad_sinks included; the AMX forward never takes the options;
 // - the checks of kernels/validate.h.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/fused/attention_amx.h"
 #include "cpu/reference/reference.h"
 #include "harness.h"
 #include "kernels/case_data.h"
@@ -301,6 +302,22 @@ TEST(ScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// The AMX bfloat16 forward has no score pass: calls with an option take the
+// AVX-512 kernel (on a machine with AMX, where it would otherwise run).
+TEST(ScoreOptions, TheAmxForwardLeavesThemToTheAvx512Kernel) {
+  Case c;
+  c.B = 1, c.H = c.Hkv = 2, c.Q = c.K = 64, c.d = c.dv = 32;
+  for (int option = 0; option < 3; ++option) {
+    c.softcap = option == 0 ? 30.0f : 0.0f;
+    c.alibi = option == 1;
+    c.sinks = option == 2;
+    const CaseData data(c);
+    AttentionForward f = data.forward();
+    f.precision = Precision::BFloat16;
+    EXPECT_FALSE(fused::amx_forward_supports(f)) << c.name();
+  }
 }
 
 TEST(ScoreOptions, ValidationNamesEachBadOption) {
