@@ -222,7 +222,8 @@ struct Kernel {
       lo = V::set1(-7.90531110763549805f);
     }
     Reg operator()(Reg y) const {
-      const Reg x = V::max(lo, V::min(y, hi));
+      // (min and max return their second operand on NaN: a NaN score stays NaN, as in the reference.)
+      const Reg x = V::max(lo, V::min(hi, y));
       const Reg x2 = V::mul(x, x);
       Reg n = p[0];
       for (int c = 1; c < 7; ++c) n = V::fmadd(n, x2, p[c]);

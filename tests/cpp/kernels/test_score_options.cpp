@@ -254,6 +254,33 @@ TEST(ScoreOptions, ARowWithNoLiveKeyGivesItsWeightToTheSink) {
   }
 }
 
+// A NaN in a query reaches its output row through the softcap, as through
+// the plain softmax (the d2l chapter's NaN in, NaN out), in every kernel.
+TEST(ScoreOptions, ANanQueryStaysNanThroughTheSoftcap) {
+  Case c;
+  c.family = "nan";
+  c.B = 1, c.H = c.Hkv = 1, c.Q = 5, c.K = 40, c.d = c.dv = 8;
+  c.softcap = 20.0f;
+  c.alibi = true;
+  CaseData data(c);
+  data.q.data()[2 * c.d + 3] = NAN;  // query 2
+  std::vector<std::pair<AttentionKernel, FusedIsa>> runs{{AttentionKernel::Reference, fused_best_isa()},
+                                                         {AttentionKernel::Blas, fused_best_isa()}};
+  for (FusedIsa isa : test::supported_isas()) runs.emplace_back(AttentionKernel::Fused, isa);
+  for (const auto& [kernel, isa] : runs) {
+    ASSERT_TRUE(set_fused_isa(isa));
+    Tensor out = data.new_out();
+    AttentionForward f = data.forward();
+    f.out = out.view().split_heads(c.H);
+    (void)attention_forward(kernel, f);
+    for (int64_t i = 0; i < c.Q; ++i)
+      for (int64_t x = 0; x < c.dv; ++x)
+        EXPECT_EQ(std::isnan(out.data()[i * c.dv + x]), i == 2) << "query " << i << " kernel " << static_cast<int>(kernel)
+                                                                << " isa " << fused_isa_name(isa);
+  }
+  set_fused_isa(fused_best_isa());
+}
+
 // The fused kernel (forward, weights, backward) and the BLAS backward give
 // the same bits at one and two threads, grad_sinks included.
 TEST(ScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
