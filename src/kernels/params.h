@@ -105,7 +105,9 @@ struct MaskOptions {
   // with no live key puts all its weight on the sink (out = 0, weights 0),
   // and under the d2l chapter's -1e6 the sink, if above the fill, takes
   // nearly all of it; `fully_masked` is then never used. Slopes and sinks
-  // are finite (kernels/validate.h); softcap finite and >= 0.
+  // are finite (kernels/validate.h); softcap finite and >= 0. (The ring over
+  // ranks, dist/ring_attention.cpp, fills its blocks' masks itself and takes
+  // none of the score options yet: each block's forward would add the sink.)
   const float* sinks = nullptr;
   // A packed batch of documents (FlashAttention's varlen cu_seqlens):
   // [documents + 1] nondecreasing offsets from 0 to Q = K (B = 1); query i

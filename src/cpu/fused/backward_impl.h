@@ -217,7 +217,7 @@ struct BackwardKernel {
     const bool mask = kv.masks(j0, nk);
     const bool capped = mj.cap > 0.0f;
     F::template qk_tile<U, false>(s.kr, sh.dpad, sh.d, s.qT + i0, sh.qpad, j0, nk, mask && !mj.scores, nfv,
-                                  s.lo + i0, V::set1(job.c2), fill, s.pt, nullptr);
+                                  s.lo + i0, V::set1(mj.scores ? mj.score_scale(job.c2) : job.c2), fill, s.pt, nullptr);
     if (mj.scores)  // the score pass masks the range itself
       F::template score_tile<U>(mj, h, s.pos + i0, j0, nk, mask, nfv, s.lo + i0, fill, s.pt,
                                 capped ? s.ct : nullptr);

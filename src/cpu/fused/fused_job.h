@@ -40,6 +40,10 @@ struct MaskJob {
   float cap = 0.0f;                    // the softcap in the job's units (0: off)
   const float* slopes = nullptr;       // [H] ALiBi slopes (natural units), or null
   const float* sinks = nullptr;        // [H] sink logits (natural units), or null
+  // The score tile's scale c2 (a dot product -> the job's units) for the
+  // score pass: divided by the softcap, which the pass's tanh then reads
+  // directly (one multiply less per score).
+  float score_scale(float c2) const { return cap > 0.0f ? c2 / cap : c2; }
 };
 
 // One forward call. Chunk c is (b, head, query tile) = c / (H*q_tiles), ...

@@ -196,54 +196,69 @@ struct Kernel {
     }
   }
 
-  // tanh(y) lane by lane: Eigen's rational approximation (odd degree 13 over
-  // even degree 6, y clamped to +-7.905, where it reaches 1 in float32;
-  // a few ulp, relative error ~1e-7 near 0). One division and no
-  // exponential: measured against Cephes' tanhf (an exponential, a division
-  // and a polynomial, selected by |y|) in the fused forward at B8 L512 d64
-  // h12 with softcap 50, one thread, best of 7: 1.159 -> see the bench rows
-  // (`mha bench --masks`).
-  static Reg tanh(Reg y) {
-    const Reg clamp = V::set1(7.90531110763549805f);
-    const Reg x = V::max(V::sub(V::zero(), clamp), V::select_lt(clamp, y, clamp, y));
-    const Reg x2 = V::mul(x, x);
-    Reg p = V::set1(-2.76076847742355e-16f);
-    p = V::fmadd(p, x2, V::set1(2.00018790482477e-13f));
-    p = V::fmadd(p, x2, V::set1(-8.60467152213735e-11f));
-    p = V::fmadd(p, x2, V::set1(5.12229709037114e-08f));
-    p = V::fmadd(p, x2, V::set1(1.48572235717979e-05f));
-    p = V::fmadd(p, x2, V::set1(6.37261928875436e-04f));
-    p = V::fmadd(p, x2, V::set1(4.89352455891786e-03f));
-    p = V::mul(p, x);
-    Reg q = V::set1(1.19825839466702e-06f);
-    q = V::fmadd(q, x2, V::set1(1.18534705686654e-04f));
-    q = V::fmadd(q, x2, V::set1(2.26843463243900e-03f));
-    q = V::fmadd(q, x2, V::set1(4.89352518554385e-03f));
-    return V::div(p, q);
-  }
+  // cap * tanh(y) lane by lane: Eigen's rational approximation of tanh (odd
+  // degree 13 over even degree 6, y clamped to +-7.905, where it reaches 1
+  // in float32; a few ulp, relative error ~1e-7 near 0), the numerator's
+  // coefficients times cap, the division a refined reciprocal estimate
+  // (V::rcp), the 1 / cap folded into the score's scale. Against Cephes'
+  // tanhf (an exponential, a division and a polynomial, selected by |y|)
+  // the softcap's cost in the fused forward went from 16% to 9% (B8 L512
+  // d64 h12, softcap 50, one thread, thread CPU time, best of 15; the bench
+  // rows of `mha bench --masks`).
+  // The coefficients, made once per tile (a float read through a pointer
+  // could alias the tile being written, so the compiler would not hoist
+  // them itself).
+  struct CappedTanh {
+    Reg p[7], q[4], hi, lo;
+    explicit CappedTanh(float cap) {
+      const float pc[7] = {-2.76076847742355e-16f, 2.00018790482477e-13f, -8.60467152213735e-11f,
+                           5.12229709037114e-08f,  1.48572235717979e-05f, 6.37261928875436e-04f,
+                           4.89352455891786e-03f};
+      const float qc[4] = {1.19825839466702e-06f, 1.18534705686654e-04f, 2.26843463243900e-03f,
+                           4.89352518554385e-03f};
+      for (int x = 0; x < 7; ++x) p[x] = V::set1(pc[x] * cap);
+      for (int x = 0; x < 4; ++x) q[x] = V::set1(qc[x]);
+      hi = V::set1(7.90531110763549805f);
+      lo = V::set1(-7.90531110763549805f);
+    }
+    Reg operator()(Reg y) const {
+      // (min and max return their second operand on NaN: a NaN score stays NaN, as in the reference.)
+      const Reg x = V::max(lo, V::min(hi, y));
+      const Reg x2 = V::mul(x, x);
+      Reg n = p[0];
+      for (int c = 1; c < 7; ++c) n = V::fmadd(n, x2, p[c]);
+      Reg d = q[0];
+      for (int c = 1; c < 4; ++c) d = V::fmadd(d, x2, q[c]);
+      return V::mul(V::mul(n, x), V::rcp(d));  // d >= 4.9e-3: a normal number
+    }
+  };
 
   // The score pass (MaskJob::scores) over keys [j0, j0 + nk) of S^T, lanes
   // the queries whose i + K - Q are pos:[U*L]: in the job's units, the
-  // softcap x -> cap * tanh(x / cap), then ALiBi's -slope_h * |i + K - Q - j|;
+  // softcap x -> cap * tanh(x / cap) (S^T computed at MaskJob::score_scale,
+  // so x / cap on entry), then ALiBi's -slope_h * |i + K - Q - j|;
   // then, when `mask`, keys outside a lane's range [lo, n) set to `masked`
   // (the caller's qk_tile left them unmasked, so that the options never see
   // a masked value). dcap, when set, gets 1 - tanh^2 ([NK, MQ]: the
   // backward's chain rule). Runs only when an option is on: a call without
   // them never enters it.
+  // mx, when set, gets the running max of the results (the forward without
+  // a masking pass: no second pass over the tile).
   template <int U>
   static void score_tile(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
-                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+                         const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap, Reg* mx = nullptr) {
     if (mj.cap > 0.0f) {
-      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
-      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+      if (mj.slopes) return score_tile_as<U, true, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
+      return score_tile_as<U, true, false>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
     }
-    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap);
+    score_tile_as<U, false, true>(mj, h, pos, j0, nk, mask, nfv, lo, masked, st, dcap, mx);
   }
   template <int U, bool kCap, bool kAlibi>
   static void score_tile_as(const MaskJob& mj, int64_t h, const float* pos, int64_t j0, int64_t nk, bool mask,
-                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap) {
+                            const Reg* nfv, const float* lo, Reg masked, float* st, float* dcap, Reg* mx) {
     const Reg zero = V::zero(), one = V::set1(1.0f);
-    const Reg cap = V::set1(mj.cap), inv_cap = V::set1(kCap ? 1.0f / mj.cap : 0.0f);
+    const Reg inv_cap = V::set1(kCap ? 1.0f / mj.cap : 0.0f);
+    const CappedTanh capped_tanh(kCap ? mj.cap : 1.0f);
     const Reg neg_slope = V::set1(kAlibi ? -mj.slopes[h] * mj.score_unit : 0.0f);
     Reg posv[U], lov[U];
     for (int v = 0; v < U; ++v) {
@@ -256,9 +271,11 @@ struct Kernel {
         float* x = st + r * MQ + v * L;
         Reg t = V::load(x);
         if constexpr (kCap) {
-          const Reg th = tanh(V::mul(t, inv_cap));
-          t = V::mul(cap, th);
-          if (dcap) V::store(dcap + r * MQ + v * L, V::sub(one, V::mul(th, th)));
+          t = capped_tanh(t);  // t came scaled by 1 / cap (MaskJob::score_scale)
+          if (dcap) {
+            const Reg th = V::mul(t, inv_cap);
+            V::store(dcap + r * MQ + v * L, V::sub(one, V::mul(th, th)));
+          }
         }
         if constexpr (kAlibi) {
           const Reg diff = V::sub(posv[v], jv);
@@ -266,6 +283,7 @@ struct Kernel {
         }
         if (mask) t = V::select_lt(jv, lov[v], masked, V::select_lt(jv, nfv[v], t, masked));
         V::store(x, t);
+        if (mx) mx[v] = V::max(mx[v], t);
       }
     }
   }
@@ -470,6 +488,7 @@ struct Kernel {
       for (int v = 0; v < U; ++v) V::store(s.ot + c * MQ + v * L, V::zero());
 
     const Reg c2v = V::set1(job.c2), neg_inf = V::set1(-__builtin_inff());
+    const Reg c2s = V::set1(mj.score_scale(job.c2));  // with the score pass
     const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
     // Keys and values below the row's longest key limit, packed once per
     // slice (the heads of a group share it).
@@ -490,11 +509,15 @@ struct Kernel {
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
       if (tile_mask || mj.scores) {
         const bool mask = kv.masks(j0, nk);  // the score pass masks the range when it runs
-        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, mask && !mj.scores, nfv, s.lo, c2v, neg_inf, s.st, mx);
-        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr);
-        if (tile_mask) mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
-        for (int64_t r = 0; r < nk; ++r)
-          for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
+        qk_tile<U, false>(kb, ks, d, s.qt, MQ, j0, nk, mask && !mj.scores, nfv, s.lo, mj.scores ? c2s : c2v, neg_inf,
+                          s.st, mx);
+        // (The score pass tracks the max itself when no masking pass follows.)
+        if (mj.scores) score_tile<U>(mj, h, s.pos, j0, nk, mask, nfv, s.lo, neg_inf, s.st, nullptr, tile_mask ? nullptr : mx);
+        if (tile_mask) {
+          mask_tile(mj, b, h, i0, mq, K, j0, nk, n_valid, first, s.st, s.kept, nullptr);
+          for (int64_t r = 0; r < nk; ++r)
+            for (int v = 0; v < U; ++v) mx[v] = V::max(mx[v], V::load(s.st + r * MQ + v * L));
+        }
       } else {
         qk_tile<U, true>(kb, ks, d, s.qt, MQ, j0, nk, kv.masks(j0, nk), nfv, s.lo, c2v, neg_inf, s.st, mx);
       }
@@ -677,7 +700,7 @@ struct Kernel {
       m[v] = V::load(s.m + v * L);
       inv_l[v] = V::load(s.l + v * L);
     }
-    const Reg c2v = V::set1(job.c2), fill = V::set1(mj.fill);
+    const Reg c2v = V::set1(mj.scores ? mj.score_scale(job.c2) : job.c2), fill = V::set1(mj.fill);
     if (*s.slice != b * Hkv + hk + 1) {
       pack_rows(job.k.ptr(b, hk), job.k.stride[2], job.kv_rows[b], d, s.kp);
       *s.slice = b * Hkv + hk + 1;

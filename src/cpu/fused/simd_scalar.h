@@ -31,6 +31,10 @@ struct Scalar4 : cpu::SseRegisters {  // kRegisters: for the traits' budget
   static Reg sub(Reg a, Reg b) { return map([&](int i) { return a.v[i] - b.v[i]; }); }
   static Reg mul(Reg a, Reg b) { return map([&](int i) { return a.v[i] * b.v[i]; }); }
   static Reg div(Reg a, Reg b) { return map([&](int i) { return a.v[i] / b.v[i]; }); }
+  static Reg rcp(Reg x) { return map([&](int i) { return 1.0f / x.v[i]; }); }  // as the vector versions
+  static Reg min(Reg a, Reg b) {
+    return map([&](int i) { return a.v[i] < b.v[i] ? a.v[i] : b.v[i]; });
+  }
   static Reg max(Reg a, Reg b) {
     return map([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
   }

@@ -11,7 +11,7 @@
 // - a row with no live key under the -inf fill puts all its weight on the
 //   sink: out and weights exactly 0 in every kernel;
 // - the fused and BLAS kernels bitwise the same at one and two threads,
-//   grad_sinks included;
+//   grad_sinks included; the AMX forward never takes the options;
 // - the checks of kernels/validate.h.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/fused/attention_amx.h"
 #include "cpu/reference/reference.h"
 #include "harness.h"
 #include "kernels/case_data.h"
@@ -253,6 +254,33 @@ TEST(ScoreOptions, ARowWithNoLiveKeyGivesItsWeightToTheSink) {
   }
 }
 
+// A NaN in a query reaches its output row through the softcap, as through
+// the plain softmax (the d2l chapter's NaN in, NaN out), in every kernel.
+TEST(ScoreOptions, ANanQueryStaysNanThroughTheSoftcap) {
+  Case c;
+  c.family = "nan";
+  c.B = 1, c.H = c.Hkv = 1, c.Q = 5, c.K = 40, c.d = c.dv = 8;
+  c.softcap = 20.0f;
+  c.alibi = true;
+  CaseData data(c);
+  data.q.data()[2 * c.d + 3] = NAN;  // query 2
+  std::vector<std::pair<AttentionKernel, FusedIsa>> runs{{AttentionKernel::Reference, fused_best_isa()},
+                                                         {AttentionKernel::Blas, fused_best_isa()}};
+  for (FusedIsa isa : test::supported_isas()) runs.emplace_back(AttentionKernel::Fused, isa);
+  for (const auto& [kernel, isa] : runs) {
+    ASSERT_TRUE(set_fused_isa(isa));
+    Tensor out = data.new_out();
+    AttentionForward f = data.forward();
+    f.out = out.view().split_heads(c.H);
+    (void)attention_forward(kernel, f);
+    for (int64_t i = 0; i < c.Q; ++i)
+      for (int64_t x = 0; x < c.dv; ++x)
+        EXPECT_EQ(std::isnan(out.data()[i * c.dv + x]), i == 2) << "query " << i << " kernel " << static_cast<int>(kernel)
+                                                                << " isa " << fused_isa_name(isa);
+  }
+  set_fused_isa(fused_best_isa());
+}
+
 // The fused kernel (forward, weights, backward) and the BLAS backward give
 // the same bits at one and two threads, grad_sinks included.
 TEST(ScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
@@ -301,6 +329,22 @@ TEST(ScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// The AMX bfloat16 forward has no score pass: calls with an option take the
+// AVX-512 kernel (on a machine with AMX, where it would otherwise run).
+TEST(ScoreOptions, TheAmxForwardLeavesThemToTheAvx512Kernel) {
+  Case c;
+  c.B = 1, c.H = c.Hkv = 2, c.Q = c.K = 64, c.d = c.dv = 32;
+  for (int option = 0; option < 3; ++option) {
+    c.softcap = option == 0 ? 30.0f : 0.0f;
+    c.alibi = option == 1;
+    c.sinks = option == 2;
+    const CaseData data(c);
+    AttentionForward f = data.forward();
+    f.precision = Precision::BFloat16;
+    EXPECT_FALSE(fused::amx_forward_supports(f)) << c.name();
+  }
 }
 
 TEST(ScoreOptions, ValidationNamesEachBadOption) {
