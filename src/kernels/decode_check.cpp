@@ -46,6 +46,7 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.masks.window_left < -1 || p.masks.window_right < -1)
     fail(op, "masks: window (", p.masks.window_left, ", ", p.masks.window_right,
          "); wanted each side -1 (unbounded) or >= 0");
+  if (p.masks.doc_offsets) fail(op, "masks: doc_offsets set (a packed batch of documents); wanted none: a packed batch is not a cache");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
     if (p.masks.has_key_mask() && p.masks.key_stride_b < n)

@@ -117,16 +117,45 @@ struct MaskOptions {
   // first_key may be below 0 (from the first key) and above last_key (none).
   // (A side of at least K (left) or Q (right) bounds nothing: compared
   // first, so that no sum overflows.)
+  // In a packed batch (doc_offsets) both are clamped to query i's document.
   int64_t first_key(int64_t i, int64_t Q, int64_t K) const {
-    return window_left >= 0 && window_left < K ? i + K - Q - window_left : 0;
+    const int64_t first = window_left >= 0 && window_left < K ? i + K - Q - window_left : 0;
+    if (!doc_offsets) return first;
+    const int64_t begin = doc_offsets[document_of(i)];
+    return first > begin ? first : begin;
   }
   int64_t last_key(int64_t i, int64_t Q, int64_t K) const {
-    const int64_t last = causal_last_key(i, Q, K);
-    if (window_right < 0 || window_right >= Q) return last;
-    return i + K - Q + window_right < last ? i + K - Q + window_right : last;
+    int64_t last = causal_last_key(i, Q, K);
+    if (window_right >= 0 && window_right < Q && i + K - Q + window_right < last) last = i + K - Q + window_right;
+    if (!doc_offsets) return last;
+    const int64_t end = doc_offsets[document_of(i) + 1] - 1;
+    return last < end ? last : end;
   }
   // Whether first_key or last_key bound any query's keys.
-  bool bounds_keys() const { return causal != Causal::None || window_left >= 0 || window_right >= 0; }
+  bool bounds_keys() const {
+    return causal != Causal::None || window_left >= 0 || window_right >= 0 || doc_offsets != nullptr;
+  }
+  // The document of row i of a packed batch: the one x with
+  // doc_offsets[x] <= i < doc_offsets[x + 1] (empty documents hold no row).
+  // The kernels that ask per (query, key) pair (the reference, the BLAS
+  // backward's dS) ask about one query K times in a row, so the last answer
+  // of this thread is tried first (two loads), and a binary search over the
+  // offsets runs once per query, not per pair. The answer is checked
+  // against the offsets themselves, so a reused buffer cannot return a stale
+  // document.
+  int64_t document_of(int64_t i) const {
+    thread_local int64_t last = 0;
+    if (last < documents && doc_offsets[last] <= i && i < doc_offsets[last + 1]) return last;
+    // upper_bound over offsets 1..documents-1: the first offset above i.
+    int64_t lo = 0, hi = documents;  // the answer x is in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (doc_offsets[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    last = lo;
+    return lo;
+  }
   // The last key query i of Q may see among K under `causal` alone (K-1: all).
   int64_t causal_last_key(int64_t i, int64_t Q, int64_t K) const {
     switch (causal) {

@@ -37,6 +37,27 @@ std::string check_shape(const char* name, const TensorView& t, int64_t a, int64_
   return {};
 }
 
+// A packed batch of documents (MaskOptions::doc_offsets): one batch row of
+// Q = K rows, documents + 1 nondecreasing offsets from 0 to K.
+std::string check_documents(const AttentionForward& p) {
+  const MaskOptions& m = p.masks;
+  if (!m.doc_offsets || m.documents < 1)
+    return "masks.documents: " + std::to_string(m.documents) + " with doc_offsets " + (m.doc_offsets ? "set" : "null") +
+           ", wanted offsets and at least one document, or neither";
+  if (p.B() != 1 || p.Q() != p.K())
+    return "masks.doc_offsets: a packed batch over q " + shape_of(p.q) + ", k " + shape_of(p.k) +
+           ", wanted one batch row and as many queries as keys";
+  const int64_t* o = m.doc_offsets;
+  if (o[0] != 0 || o[m.documents] != p.K())
+    return "masks.doc_offsets: from " + std::to_string(o[0]) + " to " + std::to_string(o[m.documents]) +
+           ", wanted from 0 to the " + std::to_string(p.K()) + " packed rows";
+  for (int64_t x = 0; x < m.documents; ++x)
+    if (o[x + 1] < o[x])
+      return "masks.doc_offsets: [" + std::to_string(x) + "] = " + std::to_string(o[x]) + " > [" +
+             std::to_string(x + 1) + "] = " + std::to_string(o[x + 1]) + ", wanted nondecreasing offsets";
+  return {};
+}
+
 // q, k, v (v optional), lengths, scale, dropout, masks and statistics.
 std::string check_inputs(const AttentionForward& p, bool need_v) {
   if (p.cache.active()) return "cache.lengths: set (a cached call); wanted null here: kernels::decode_forward takes cached calls";
@@ -62,6 +83,7 @@ std::string check_inputs(const AttentionForward& p, bool need_v) {
   if (p.masks.window_left < -1 || p.masks.window_right < -1)
     return "masks.window: (" + std::to_string(p.masks.window_left) + ", " + std::to_string(p.masks.window_right) +
            "), wanted each side >= 0, or -1 for unbounded";
+  if (p.masks.doc_offsets || p.masks.documents != 0) return check_documents(p);
   return {};
 }
 
