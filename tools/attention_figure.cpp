@@ -4,13 +4,16 @@
 #include <cmath>
 #include <cstdio>
 
+#include "mask_args.h"
+
 namespace mha::tools {
 
 namespace {
 const char* kOp = "viz";
 }
 
-Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads) {
+Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads,
+                    Causal causal, const Window& window) {
   if (weights.dim() != 4) fail(kOp, "weights: shape ", shape_str(weights.shape()), ", wanted (B, H, Q, K)");
   const int64_t R = weights.size(0), H = weights.size(1), Q = weights.size(2), K = weights.size(3);
   if (!valid_lens.is_none()) valid_lens.check(kOp, R, Q);
@@ -23,7 +26,9 @@ Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const st
       for (int64_t q = 0; q < Q; ++q) {
         const float len = valid_lens.at(r, q);
         for (int64_t k = 0; k < K; ++k)
-          out.at({r, i, q, k}) = static_cast<float>(k) < len ? weights.at({r, heads[i], q, k}) : NAN;
+          out.at({r, i, q, k}) = static_cast<float>(k) < len && key_in_range(causal, window, q, Q, k, K)
+                                     ? weights.at({r, heads[i], q, k})
+                                     : NAN;
       }
   return out;
 }
@@ -45,7 +50,7 @@ plot::Heatmaps draw_attention(const Tensor& weights, const ValidLens& valid_lens
   std::vector<int64_t> heads = fig.heads;
   if (heads.empty())
     for (int64_t h = 0; h < (weights.dim() == 4 ? weights.size(1) : 0); ++h) heads.push_back(h);
-  const Tensor panels = masked_heads(weights, valid_lens, heads);
+  const Tensor panels = masked_heads(weights, valid_lens, heads, fig.causal, fig.window);
   if (static_cast<int64_t>(fig.row_ids.size()) != panels.size(0))
     fail(kOp, "row_ids: ", fig.row_ids.size(), " given for ", panels.size(0), " rows of weights");
   plot::HeatmapOptions opt;

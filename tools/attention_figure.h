@@ -23,12 +23,17 @@ struct AttentionFigure {
   std::vector<std::string> head_titles;
   std::vector<std::string> row_labels;
   std::string note;              // small print under the figure; or none
+  // Masks beside the valid lengths whose masked cells are drawn masked too.
+  Causal causal = Causal::None;
+  Window window;
 };
 
 // weights:[R,H,Q,K] (R = row_ids.size()), valid_lens none, [R] or [R,Q] for
 // those rows -> [R, heads.size(), Q, K] with NaN where key k is masked for
-// query q (float(k) >= valid_len, the d2l chapter's rule).
-Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads);
+// query q (float(k) >= valid_len, the d2l chapter's rule, or outside the
+// causal limit or the window).
+Tensor masked_heads(const Tensor& weights, const ValidLens& valid_lens, const std::vector<int64_t>& heads,
+                    Causal causal = Causal::None, const Window& window = {});
 
 // The picture: panel titles "head h" (or head_titles[h]), rows labelled with
 // their batch row and valid length (or row_labels), colour scale from 0 (weights are probabilities) to the

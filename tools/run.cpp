@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "mha/atomic_file.h"
 #include "mha/mha.h"
+#include "mask_args.h"
 #include "model_io.h"
 #include "outputs.h"
 #include "run_parallel.h"
@@ -28,6 +29,7 @@ struct RunOptions {
   Parallel parallel = Parallel::None;
   int head_groups = 0;
   std::string precision = "float32";
+  MaskArgs masks;
 };
 
 #ifndef MHA_TOOL_DIST
@@ -43,7 +45,8 @@ void run(const RunOptions& opt) {
     fail(kOp, "--head-groups: ", opt.head_groups, " given without --parallel grid, the only split that takes it");
   const Precision precision = parse_precision(kOp, opt.precision);
   if (opt.parallel != Parallel::None) {
-    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups, precision});
+    run_parallel({opt.weights, opt.inputs, opt.out, opt.heads, opt.parallel, opt.head_groups, precision,
+                  opt.masks.call_masks()});
     return;
   }
   io::check_output_path(opt.out);  // required: an empty --out is an error, not "off"
@@ -51,7 +54,7 @@ void run(const RunOptions& opt) {
   MultiHeadAttention attention = load_attention(opt.weights, opt.heads, kOp);
   attention.set_precision(precision);
   const AttentionInputs in = load_inputs(opt.inputs, kOp);
-  const Tensor output = attention(in.queries, in.keys, in.values, in.valid_lens);
+  const Tensor output = attention.forward(in.queries, in.keys, in.values, in.valid_lens, opt.masks.call_masks());
   const Tensor weights = attention.attention_weights();
   // num_heads: the heads in attention_weights (the kept ones, if pruned).
   std::map<std::string, std::string> meta{{"num_heads", std::to_string(attention.num_heads())}};
@@ -92,6 +95,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--precision", opt->precision,
                   "float32 (default) or bfloat16 (bf16): bfloat16 projections and q, k, v, float32 sums and "
                   "attention (mha/precision.h)");
+  add_mask_options(cmd, opt->masks);
   cmd->callback([opt] { run(*opt); });
 }
 

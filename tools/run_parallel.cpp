@@ -98,7 +98,7 @@ void run_parallel(const ParallelRun& run) {
     dist::HeadParallelAttention heads(c, D, H, state);
     heads.eval();
     heads.set_precision(run.precision);
-    output = heads.forward(in.queries, in.keys, in.values, in.valid_lens);
+    output = heads.forward(in.queries, in.keys, in.values, in.valid_lens, run.masks);
     if (heads.shard()) weights = heads.shard()->attention_weights();
     for (int r = 0; r < P; ++r) {
       const std::vector<int64_t> hs = dist::HeadParallelAttention::heads_of(H, P, r);
@@ -113,7 +113,7 @@ void run_parallel(const ParallelRun& run) {
     const auto [q0, qn] = dist::RingAttention::block_of(Q, P, rank);
     const auto [k0, kn] = dist::RingAttention::block_of(K, P, rank);
     output = ring.forward(rows(in.queries, q0, qn), rows(in.keys, k0, kn), rows(in.values, k0, kn),
-                          query_lens(in.valid_lens, B, Q, q0, qn));
+                          query_lens(in.valid_lens, B, Q, q0, qn), run.masks);
     weights = ring.attention_weights();
     for (int r = 0; r < P; ++r) {
       const auto [b0, bn] = dist::RingAttention::block_of(Q, P, r);
@@ -129,7 +129,7 @@ void run_parallel(const ParallelRun& run) {
     const auto [q0, qn] = grid.query_block(Q);
     const auto [k0, kn] = grid.key_block(K);
     output = grid.forward(rows(in.queries, q0, qn), rows(in.keys, k0, kn), rows(in.values, k0, kn),
-                          query_lens(in.valid_lens, B, Q, q0, qn));
+                          query_lens(in.valid_lens, B, Q, q0, qn), run.masks);
     weights = grid.attention_weights();
     const int S = P / G;
     for (int r = 0; r < P; ++r) {

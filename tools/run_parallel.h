@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "mha/masks.h"
 #include "mha/precision.h"
 
 namespace mha::tools {
@@ -30,6 +31,7 @@ struct ParallelRun {
   Parallel mode = Parallel::None;
   int head_groups = 0;      // --head-groups for Grid (0: chosen from the ranks)
   Precision precision = Precision::Float32;  // --precision, on every rank
+  CallMasks masks;          // --causal, --window (over global positions)
 };
 
 // Runs the evaluation over MPI's ranks (P = 1 without mpirun) and writes the

@@ -40,6 +40,7 @@
 #include "mha/atomic_file.h"
 #include "mha/mha.h"
 #include "mha/plot.h"
+#include "mask_args.h"
 #include "model_io.h"
 #include "outputs.h"
 
@@ -67,6 +68,7 @@ struct VizOptions {
   int64_t sample_batch = 32;
   int64_t layer = 0;
   std::vector<std::string> file_options_given;  // --weights / --inputs / --heads, refused with --checkpoint
+  MaskArgs masks;  // --causal / --window, with --weights and --inputs
 };
 
 // Attention weights of some batch rows, ready to draw.
@@ -130,7 +132,7 @@ AttentionSample sample_from_files(const VizOptions& opt) {
     for (int64_t h : s.head_ids) s.head_titles.push_back("head " + std::to_string(h));
   }
   const AttentionInputs in = select_rows(all, opt.rows);
-  attention(in.queries, in.keys, in.values, in.valid_lens);
+  attention.forward(in.queries, in.keys, in.values, in.valid_lens, opt.masks.call_masks());
   s.weights = attention.attention_weights();
   s.valid_lens = in.valid_lens;
   s.row_ids = opt.rows;
@@ -275,6 +277,9 @@ void run_viz(const VizOptions& opt) {
   check_outputs(kOp, {{"--out", opt.out}, {"--layout-json", opt.layout_json}}, {".png", ".json"},
                 {{"--weights", opt.weights}, {"--inputs", opt.inputs}, {"--checkpoint", opt.checkpoint}});
   const bool from_checkpoint = !opt.checkpoint.empty();
+  if (from_checkpoint && opt.masks.any())
+    fail(kOp, opt.masks.window.empty() ? "--causal" : "--window", ": not taken with --checkpoint ",
+         "(a trained model's attention runs with the masks it was trained with); give --weights and --inputs");
   if (from_checkpoint && !opt.file_options_given.empty())
     fail(kOp, opt.file_options_given.front(), ": give either --checkpoint or --weights, --inputs and --heads, "
          "not both (a checkpoint carries its own weights and heads)");
@@ -300,6 +305,8 @@ void run_viz(const VizOptions& opt) {
   fig.head_titles = s.head_titles;
   fig.row_labels = s.row_labels;
   fig.note = s.note;
+  fig.causal = opt.masks.causal;
+  fig.window = opt.masks.call_masks().window;
   const plot::Heatmaps h = draw_attention(s.weights, s.valid_lens, fig);
   if (!opt.layout_json.empty()) write_layout(opt, s, h);
   plot::write_png(opt.out, h.image);
@@ -356,6 +363,7 @@ void add_viz_command(CLI::App& app) {
   cmd->add_option("--title", opt->title, "Title above the panels (default: names the inputs file or checkpoint)");
   cmd->add_option("--layout-json", opt->layout_json,
                   "Also write where each panel and cell is drawn (JSON), to annotate or check the picture");
+  add_mask_options(cmd, opt->masks);
   cmd->callback([opt, cmd] {
     opt->file_options_given.clear();
     opt->rows_given = cmd->count("--rows") > 0;

@@ -73,10 +73,18 @@ std::pair<int64_t, int64_t> GridAttention::key_block(int64_t length) const {
 
 Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, Causal causal, FullyMaskedRows fully_masked) {
+  CallMasks masks;
+  masks.causal = causal;
+  masks.fully_masked_rows = fully_masked;
+  return forward(queries, keys, values, valid_lens, masks);
+}
+
+Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                              const ValidLens& valid_lens, const CallMasks& masks) {
   State& s = *s_;
   // Each ring fails or succeeds as a whole; agree tells the other rings.
   Tensor out = agree(s.all, "dist.GridAttention.forward",
-                     [&] { return s.ring->forward(queries, keys, values, valid_lens, causal, fully_masked); });
+                     [&] { return s.ring->forward(queries, keys, values, valid_lens, masks); });
   s.across_heads->all_reduce_sum(out);
   return out;
 }

@@ -21,6 +21,7 @@
 #include "kernels/softmax_merge.h"
 #include "mha/detail/published.h"
 #include "mha/error.h"
+#include "nn/call_masks.h"
 #include "nn/layer_ref.h"
 #include "nn/linear_backward.h"
 #include "nn/projections.h"
@@ -176,7 +177,12 @@ struct RingAttention::State {
   Tensor weights;                          // [B,H,Qr,K] when kept
   ValidLens lens;
   Causal causal = Causal::None;
+  Window window;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
+
+  // Whether the call has masks beyond the chapter's lengths: then masked
+  // scores are -inf and fully masked rows get `fully_masked`.
+  bool masked_call() const { return causal != Causal::None || window.any(); }
 
   const Tensor& p(const std::string& name) const { return params.at(name); }
   Tensor bias_of(const std::string& layer) const {
@@ -189,23 +195,32 @@ struct RingAttention::State {
     const int64_t qi = q_begin + i;
     return causal == Causal::TopLeft ? qi : causal == Causal::BottomRight ? qi + K - Q : K - 1;
   }
-  bool key_masked(int64_t b, int64_t i, int64_t kj) const {
-    return static_cast<float>(kj) >= lens.at(b, i) || kj > last_key(i);
+  // The global keys [first, last] query i of batch row b sees by its
+  // length, the causal limit and the window (first > last: none).
+  std::pair<int64_t, int64_t> live_keys(int64_t b, int64_t i) const {
+    const int64_t diag = q_begin + i + K - Q;  // the window's diagonal, bottom right over the whole sequence
+    int64_t first = 0, last = std::min(last_key(i), K - 1);
+    if (window.left >= 0 && window.left < diag) first = diag - window.left;
+    if (window.right >= 0 && window.right < K - diag) last = std::min(last, diag + window.right);
+    const float n = lens.at(b, i);  // key j is live iff float(j) < n
+    if (n < static_cast<float>(K)) last = std::min(last, static_cast<int64_t>(std::ceil(n)) - 1);
+    return {first, last};
   }
   // Whether the tile of rows [i0, i0 + n) of batch row b can skip the key
-  // block starting at k_begin: every row has a live key somewhere (key 0:
-  // lengths and causal limits mask a suffix) and none in this block (the
-  // block's first key masked masks the rest).
-  bool skippable(int64_t b, int64_t i0, int64_t n, int64_t k_begin) const {
-    for (int64_t i = i0; i < i0 + n; ++i)
-      if (key_masked(b, i, 0) || !key_masked(b, i, k_begin)) return false;
+  // block [k_begin, k_begin + Ko): every row has a live key somewhere and
+  // none in this block.
+  bool skippable(int64_t b, int64_t i0, int64_t n, int64_t k_begin, int64_t Ko) const {
+    for (int64_t i = i0; i < i0 + n; ++i) {
+      const auto [first, last] = live_keys(b, i);
+      if (first > last || (last >= k_begin && first < k_begin + Ko)) return false;
+    }
     return true;
   }
   // Whether every query tile of every batch row can skip the block.
-  bool block_skippable(int64_t k_begin) const {
+  bool block_skippable(int64_t k_begin, int64_t Ko) const {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i0 = 0; i0 < Qr; i0 += kTile)
-        if (!skippable(b, i0, std::min(kTile, Qr - i0), k_begin)) return false;
+        if (!skippable(b, i0, std::min(kTile, Qr - i0), k_begin, Ko)) return false;
     return true;
   }
 
@@ -233,10 +248,15 @@ struct RingAttention::State {
       p.length_kind = kernels::LengthKind::PerQuery;
       p.lens = lens_buf.data();
     }
-    // Without causal masking the chapter's masked_softmax (-1e6); with it,
-    // the drop-in's -inf and fully-masked policy (mha/dist/ring_attention.h).
-    p.masks.fill = causal == Causal::None ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
-    p.masks.fully_masked = causal == Causal::None ? FullyMaskedRows::Uniform : fully_masked;
+    // The window over global positions: the block's diagonal moved to where
+    // the whole sequence's diagonal falls among its keys.
+    p.masks.window_left = window.left, p.masks.window_right = window.right;
+    p.masks.diagonal_shift = (q_begin + K - Q) - k_begin - (Ko - Qr);
+    // Without causal masking or a window the chapter's masked_softmax (-1e6);
+    // with them, the drop-in's -inf and fully-masked policy
+    // (mha/dist/ring_attention.h).
+    p.masks.fill = masked_call() ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
+    p.masks.fully_masked = masked_call() ? fully_masked : FullyMaskedRows::Uniform;
     return p;
   }
 };
@@ -281,7 +301,17 @@ RingAttention& RingAttention::operator=(RingAttention&&) noexcept = default;
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, Causal causal, FullyMaskedRows fully_masked) {
+  CallMasks masks;
+  masks.causal = causal;
+  masks.fully_masked_rows = fully_masked;
+  return forward(queries, keys, values, valid_lens, masks);
+}
+
+Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                              const ValidLens& valid_lens, const CallMasks& masks) {
   static const char* op = "dist.RingAttention.forward";
+  const Causal causal = masks.causal;
+  const FullyMaskedRows fully_masked = masks.fully_masked_rows;
   State& s = *s_;
   const Communicator& c = s.comm;
   const int P = c.size(), r = c.rank();
@@ -310,6 +340,10 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
              layer[i], "'s input width ", want, " in the state dict");
     }
     valid_lens.check(op, queries.size(0), queries.size(1));
+    if (!masks.key_padding_mask.is_none() || !masks.attn_mask.is_none())
+      fail(op, !masks.key_padding_mask.is_none() ? "masks.key_padding_mask" : "masks.attn_mask",
+           ": given; the ring takes valid lengths (global key positions), causal and window only");
+    nn::check_window(op, masks.window);
     return 0;
   });
   // Every rank's block sizes, and one batch size for all.
@@ -367,6 +401,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     s.call_dropout.key = s.dropout_keys.next();
   }
   s.causal = causal;
+  s.window = masks.window;
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
   s.xq = s.training ? queries : Tensor();
@@ -418,7 +453,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     for (int64_t b = 0; b < B && Ko > 0; ++b)
       for (int64_t i0 = 0; i0 < Qr; i0 += kTile) {
         ++s.stats.tiles;
-        if (s.skippable(b, i0, std::min(kTile, Qr - i0), k_begin)) ++s.stats.tiles_skipped;  // adds exactly nothing
+        if (s.skippable(b, i0, std::min(kTile, Qr - i0), k_begin, Ko)) ++s.stats.tiles_skipped;  // adds exactly nothing
         else compute = true;
       }
     if (compute) {
@@ -464,7 +499,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   }
   // Normalise; a row with no live key anywhere gets uniform weights over
   // every key (the chapter's -1e6 fill, or the policy) or zeros.
-  const bool zeros = causal != Causal::None && fully_masked == FullyMaskedRows::Zeros;
+  const bool zeros = s.masked_call() && fully_masked == FullyMaskedRows::Zeros;
   const float uniform = zeros ? 0.0f : 1.0f / static_cast<float>(K);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -583,7 +618,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
       for (int64_t x = 0; x < d; ++x)
         d_live[static_cast<size_t>(at + x)] = dheads[static_cast<size_t>(at + x)] * static_cast<float>(Ko) /
                                               static_cast<float>(s.K);
-    if (Ko > 0 && !s.block_skippable(k_begin)) {  // skipped: weights 0 there, adds nothing
+    if (Ko > 0 && !s.block_skippable(k_begin, Ko)) {  // skipped: weights 0 there, adds nothing
       kernels::AttentionBackward all;
       all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf);
       all.fwd.out = heads_view(s.heads.data(), B, H, Qr, d);

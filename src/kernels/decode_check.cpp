@@ -47,6 +47,9 @@ void check_decode_params(const DecodeParams& p, const char* op) {
     fail(op, "masks: window (", p.masks.window_left, ", ", p.masks.window_right,
          "); wanted each side -1 (unbounded) or >= 0");
   if (p.masks.doc_offsets) fail(op, "masks: doc_offsets set (a packed batch of documents); wanted none: a packed batch is not a cache");
+  if (p.masks.diagonal_shift != 0)
+    fail(op, "masks: diagonal_shift ", p.masks.diagonal_shift,
+         "; wanted 0: a cached call places its queries by the cache's lengths");
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.lengths[b];
     if (p.masks.has_key_mask() && p.masks.key_stride_b < n)

@@ -81,6 +81,12 @@ struct MaskOptions {
   // -1 leaving that side unbounded (>= -1, kernels/validate.h). It
   // intersects causal and the other masks; (-1, 0) is BottomRight causal.
   int64_t window_left = -1, window_right = -1;
+  // A block of a larger attention (a ring's blocks over ranks): query i's
+  // diagonal key, which the window, BottomRight causal and ALiBi are aligned
+  // to, is i + K - Q + diagonal_shift (diagonal() below) instead of
+  // i + K - Q, so that they follow the larger attention's positions. 0 for
+  // every call over a whole attention; cached calls refuse any other value.
+  int64_t diagonal_shift = 0;
   // Score options (FlashAttention's, ggml's), applied to the scaled score s
   // of query i, key j, head h, in this order, before the additive masks and
   // the masks above:
@@ -115,22 +121,26 @@ struct MaskOptions {
   // limit (the fill, or dropped under -inf); the fused kernels skip key
   // tiles wholly outside it, so a narrow range costs little whatever K is.
   // first_key may be below 0 (from the first key) and above last_key (none).
-  // (A side of at least K (left) or Q (right) bounds nothing: compared
-  // first, so that no sum overflows.)
+  // (A side past the first key (left) or the last (right) bounds nothing:
+  // compared first, so that no sum overflows.)
   // In a packed batch (doc_offsets) both are clamped to query i's document.
   int64_t first_key(int64_t i, int64_t Q, int64_t K) const {
-    const int64_t first = window_left >= 0 && window_left < K ? i + K - Q - window_left : 0;
+    const int64_t diag = diagonal(i, Q, K);
+    const int64_t first = window_left >= 0 && window_left < diag ? diag - window_left : 0;
     if (!doc_offsets) return first;
     const int64_t begin = doc_offsets[document_of(i)];
     return first > begin ? first : begin;
   }
   int64_t last_key(int64_t i, int64_t Q, int64_t K) const {
+    const int64_t diag = diagonal(i, Q, K);
     int64_t last = causal_last_key(i, Q, K);
-    if (window_right >= 0 && window_right < Q && i + K - Q + window_right < last) last = i + K - Q + window_right;
+    if (window_right >= 0 && window_right < K - diag && diag + window_right < last) last = diag + window_right;
     if (!doc_offsets) return last;
     const int64_t end = doc_offsets[document_of(i) + 1] - 1;
     return last < end ? last : end;
   }
+  // The key on query i's diagonal (of Q queries, among K keys), bottom right.
+  int64_t diagonal(int64_t i, int64_t Q, int64_t K) const { return i + K - Q + diagonal_shift; }
   // Whether first_key or last_key bound any query's keys.
   bool bounds_keys() const {
     return causal != Causal::None || window_left >= 0 || window_right >= 0 || doc_offsets != nullptr;
@@ -161,7 +171,7 @@ struct MaskOptions {
     switch (causal) {
       case Causal::None: return K - 1;
       case Causal::TopLeft: return i;
-      case Causal::BottomRight: return i + K - Q;
+      case Causal::BottomRight: return diagonal(i, Q, K);
     }
     return K - 1;
   }

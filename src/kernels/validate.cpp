@@ -47,6 +47,9 @@ std::string check_documents(const AttentionForward& p) {
   if (p.B() != 1 || p.Q() != p.K())
     return "masks.doc_offsets: a packed batch over q " + shape_of(p.q) + ", k " + shape_of(p.k) +
            ", wanted one batch row and as many queries as keys";
+  if (m.diagonal_shift != 0)
+    return "masks.diagonal_shift: " + std::to_string(m.diagonal_shift) +
+           " in a packed batch, wanted 0 (documents are whole in one call)";
   const int64_t* o = m.doc_offsets;
   if (o[0] != 0 || o[m.documents] != p.K())
     return "masks.doc_offsets: from " + std::to_string(o[0]) + " to " + std::to_string(o[m.documents]) +

@@ -109,6 +109,11 @@ std::map<std::string, Trigger> triggers() {
       {"dist.ring_positions",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 3, 5}, 3)); }}},
       {"dist.ring_dropout", {-1, [&c] { ring(c).set_dropout(1.5f, 0); }}},
+      {"dist.ring_masks", {-1, [&c] {
+                             CallMasks masks;
+                             masks.attn_mask = Mask::keep({2, 2}, std::vector<uint8_t>(4, 1));
+                             ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {}, masks);
+                           }}},
       {"dist.ring_width",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
       {"dist.ring_batch_ranks", {0, [&c] {

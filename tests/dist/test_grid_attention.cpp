@@ -13,6 +13,7 @@ struct Run {
   int64_t B, Q, K;
   ValidLens lens;
   Causal causal = Causal::None;
+  Window window = {};
 };
 
 ValidLens local_lens(const ValidLens& lens, int64_t B, int64_t Q, int64_t begin, int64_t n) {
@@ -34,11 +35,12 @@ void check(int groups, const Run& run, int64_t num_hiddens, int64_t num_heads, b
                v = randn({run.B, run.K, 5}, seed + 3), g = randn({run.B, run.Q, num_hiddens}, seed + 4);
   CallMasks masks;
   masks.causal = run.causal;
+  masks.window = run.window;
   const Tensor want = ref->forward(q, k, v, run.lens, masks);
   const auto [q0, qn] = grid.query_block(run.Q);
   const auto [k0, kn] = grid.key_block(run.K);
   const Tensor got = grid.forward(rows(q, q0, qn), rows(k, k0, kn), rows(v, k0, kn),
-                                  local_lens(run.lens, run.B, run.Q, q0, qn), run.causal);
+                                  local_lens(run.lens, run.B, run.Q, q0, qn), masks);
   const std::string where = "G " + std::to_string(groups) + ", rank " + std::to_string(c.rank());
   EXPECT_LT(relative_error(got, rows(want, q0, qn)), kTol) << where;
   const std::vector<int64_t>& heads = grid.heads();
@@ -114,6 +116,8 @@ TEST(GridAttention, EqualsTheModule) {
     check(g, {2, 5, 6, ValidLens::per_query(2, 5, {1, 6, 2.5f, 0, 5, 3, 3, 6, 1.5f, 4})}, 8, 4, false, 121);
     check(g, {2, 6, 6, ValidLens(), Causal::TopLeft}, 20, 5, true, 122);  // 5 heads: groups of 3 and 2
     check(g, {1, 3, 3, ValidLens::per_batch({2}), Causal::BottomRight}, 16, 4, true, 123);
+    check(g, {2, 9, 9, ValidLens::per_batch({8, 5}), Causal::None, {2, 0}}, 16, 4, true, 124);
+    check(g, {1, 7, 10, ValidLens(), Causal::BottomRight, {3, 1}}, 20, 5, false, 125);
   }
 }
 

@@ -34,6 +34,7 @@ struct Run {
   Causal causal = Causal::None;
   FullyMaskedRows fully = FullyMaskedRows::Uniform;
   bool backward = false;
+  Window window = {};
 };
 
 void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, uint64_t seed) {
@@ -46,13 +47,16 @@ void check(const Run& run, int64_t num_hiddens, int64_t num_heads, bool bias, ui
   CallMasks masks;
   masks.causal = run.causal;
   masks.fully_masked_rows = run.fully;
+  masks.window = run.window;
   if (run.backward) ref->train();
-  const Tensor want = run.causal == Causal::None ? ref->forward(q, k, v, run.lens)
-                                                 : ref->forward(q, k, v, run.lens, masks);
+  const bool masked = run.causal != Causal::None || run.window.any();
+  const Tensor want = masked ? ref->forward(q, k, v, run.lens, masks) : ref->forward(q, k, v, run.lens);
   const Split s = split(run.Q, run.K);
-  const Tensor got = ring.forward(rows(q, s.q_begin, s.q_count), rows(k, s.k_begin, s.k_count),
-                                  rows(v, s.k_begin, s.k_count), local_lens(run.lens, run.B, run.Q, s), run.causal,
-                                  run.fully);
+  const Tensor xq = rows(q, s.q_begin, s.q_count), xk = rows(k, s.k_begin, s.k_count),
+               xv = rows(v, s.k_begin, s.k_count);
+  const ValidLens lens = local_lens(run.lens, run.B, run.Q, s);
+  const Tensor got = run.window.any() ? ring.forward(xq, xk, xv, lens, masks)
+                                      : ring.forward(xq, xk, xv, lens, run.causal, run.fully);
   EXPECT_LT(relative_error(got, rows(want, s.q_begin, s.q_count)), kTol)
       << "B" << run.B << " Q" << run.Q << " K" << run.K << " rank " << c.rank();
   EXPECT_LT(relative_error(ring.attention_weights(), query_rows(ref->attention_weights(), s.q_begin, s.q_count)), kTol)
@@ -107,6 +111,53 @@ TEST(RingAttention, ForwardEqualsTheModuleWithCausalMasks) {
   // Length 0 under a causal mask: every key masked, the row gets the policy.
   check({2, 5, 5, ValidLens::per_batch({0, 3}), Causal::TopLeft, FullyMaskedRows::Uniform}, 8, 2, true, 62);
   check({2, 5, 5, ValidLens::per_batch({0, 3}), Causal::TopLeft, FullyMaskedRows::Zeros}, 8, 2, true, 63);
+}
+
+TEST(RingAttention, SlidingWindowsOverGlobalPositionsEqualTheModule) {
+  // Windows narrower than a rank's block (whole blocks skipped), wider than
+  // the sequence, of width 0, one-sided, with causal masks, lengths, Q != K
+  // and fully masked rows; forward, weights and every gradient.
+  const ValidLens none;
+  check({2, 9, 9, none, Causal::None, FullyMaskedRows::Uniform, true, {2, 0}}, 12, 3, true, 80);
+  check({2, 9, 9, none, Causal::BottomRight, FullyMaskedRows::Zeros, true, {1, 3}}, 12, 3, true, 81);
+  check({2, 6, 11, ValidLens::per_batch({9, 4}), Causal::None, FullyMaskedRows::Zeros, true, {3, 1}}, 8, 2, true, 82);
+  check({1, 11, 6, none, Causal::TopLeft, FullyMaskedRows::Uniform, true, {0, 0}}, 8, 2, false, 83);
+  check({2, 8, 8, none, Causal::None, FullyMaskedRows::Uniform, true, {-1, 2}}, 12, 3, true, 84);
+  check({2, 8, 8, none, Causal::None, FullyMaskedRows::Zeros, true, {50, 50}}, 12, 3, true, 85);
+  // Lengths leave rows with no key inside their window: the policy's rows.
+  check({2, 7, 7, ValidLens::per_query(2, 7, {0, 1, 1, 5, 7, 7, 2, 7, 6, 5, 4, 3, 2, 1}), Causal::None,
+         FullyMaskedRows::Uniform, true, {1, 0}},
+        8, 2, true, 86);
+  check({2, 7, 7, ValidLens::per_batch({3, 7}), Causal::None, FullyMaskedRows::Zeros, true, {0, 0}}, 8, 2, true, 87);
+}
+
+TEST(RingAttention, WindowSkipsTheBlocksOutsideIt) {
+  const Communicator& c = world();
+  if (c.size() < 2) GTEST_SKIP() << "one rank holds the whole sequence";
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 88);
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  const int64_t L = 16 * c.size();
+  const Split s = split(L, L);
+  const Tensor q = rows(randn({1, L, 7}, 89), s.q_begin, s.q_count), k = rows(randn({1, L, 6}, 90), s.k_begin, s.k_count),
+               v = rows(randn({1, L, 5}, 91), s.k_begin, s.k_count);
+  CallMasks masks;
+  masks.window = {3, 0};  // each query sees its block and at most 3 keys of the one before
+  ring.forward(q, k, v, {}, masks);
+  EXPECT_EQ(ring.stats().tiles, c.size());
+  EXPECT_EQ(ring.stats().tiles_skipped, c.size() - (c.rank() == 0 ? 1 : 2)) << "rank " << c.rank();
+}
+
+TEST(RingAttention, RefusesPairAndKeyMasks) {
+  const Communicator& c = world();
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 92);
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  const Tensor x = randn({1, 2, 7}, 93), y = randn({1, 2, 6}, 94), z = randn({1, 2, 5}, 95);
+  CallMasks masks;
+  masks.attn_mask = Mask::keep({2, 2}, {1, 1, 1, 1});
+  EXPECT_THROW(ring.forward(x, y, z, {}, masks), Error);
+  masks = CallMasks();
+  masks.window = {-2, 0};
+  EXPECT_THROW(ring.forward(x, y, z, {}, masks), Error);
 }
 
 TEST(RingAttention, BackwardEqualsTheModule) {

@@ -61,18 +61,21 @@ def main():
     rng = np.random.default_rng(args.np)
     failures = []
     cases = [
-        # D, H, B, Q, K, valid_lens, bias
-        (12, 4, 2, 7, 9, np.array([4, 0], np.int64), True),
-        (20, 5, 2, 6, 5, np.array([[1, 5, 2.5, 0, 3, 4], [2, 2, 0, 5, 1.5, 3]], np.float32), False),
-        (8, 2, 3, 3, 3, None, True),
-        (16, 4, 1, 1, 2, np.array([1.5], np.float32), True),
+        # D, H, B, Q, K, valid_lens, bias, masks (--causal / --window, over global positions)
+        (12, 4, 2, 7, 9, np.array([4, 0], np.int64), True, []),
+        (20, 5, 2, 6, 5, np.array([[1, 5, 2.5, 0, 3, 4], [2, 2, 0, 5, 1.5, 3]], np.float32), False, []),
+        (8, 2, 3, 3, 3, None, True, []),
+        (16, 4, 1, 1, 2, np.array([1.5], np.float32), True, []),
+        (12, 4, 2, 9, 9, np.array([7, 9], np.int64), True, ["--window", "2,0"]),
+        (8, 2, 2, 6, 10, None, False, ["--causal", "bottom-right", "--window", "3,-1"]),
+        (8, 2, 1, 8, 8, None, True, ["--causal", "top-left"]),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         folder = pathlib.Path(tmp)
-        for D, H, B, Q, K, lens, bias in cases:
+        for D, H, B, Q, K, lens, bias, masks in cases:
             write_case(folder, rng, D, H, B, Q, K, lens, bias)
             common = ["--weights", str(folder / "w.safetensors"), "--inputs", str(folder / "i.safetensors"),
-                      "--heads", str(H)]
+                      "--heads", str(H), *masks]
             ref_path = folder / "ref.safetensors"
             r = run([args.mha, "run", *common, "--out", str(ref_path)])
             if r.returncode != 0:
@@ -82,7 +85,8 @@ def main():
             if args.np % 2 == 0 and H >= 2:
                 splits.append(["grid", "--head-groups", "2"])
             for split in splits:
-                name = f"D{D} H{H} B{B} Q{Q} K{K} lens {None if lens is None else lens.tolist()}, {' '.join(split)}"
+                name = (f"D{D} H{H} B{B} Q{Q} K{K} lens {None if lens is None else lens.tolist()} {' '.join(masks)}, "
+                        f"{' '.join(split)}")
                 launches = [([args.mpiexec, "-np", str(args.np)], f"-np {args.np}")]
                 if split == ["sequence"]:
                     launches.append(([], "one process without mpirun"))

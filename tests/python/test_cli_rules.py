@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 I32 = 2**31 - 1
 I64 = 2**63 - 1
 
-# Kinds: ("int", lo, hi), ("threads",), ("seed",), ("size",), ("flag",),
+# Kinds: ("int", lo, hi) (with "pair": two of them, A,B), ("threads",), ("seed",), ("size",), ("flag",),
 # ("float",), ("text",), ("choice", names), ("in",) an input file,
 # ("out", ext) an output file; "needs"/"excludes": options.
 RULES = {
@@ -53,6 +53,7 @@ RULES = {
         "--help": ("flag",), "--weights": ("in",), "--inputs": ("in",), "--out": ("out", ".safetensors"),
         "--heads": ("int", 1, I32), "--parallel": ("choice", ["heads", "sequence", "grid"]),
         "--head-groups": ("int", 1, I32), "--precision": ("text",),
+        "--causal": ("choice", ["top-left", "bottom-right"]), "--window": ("int", -1, I32, {"pair": True}),
     },
     "bench": {
         "--help": ("flag",), "--threads": ("threads",), "--quick": ("flag",), "--no-memory": ("flag",),
@@ -68,6 +69,7 @@ RULES = {
         "--layer": ("int", 0, I32, {"needs": "--checkpoint"}), "--out": ("out", ".png"),
         "--rows": ("int", 0, I32, {"empty": "no row"}), "--show-heads": ("int", 0, I32), "--max-cells": ("int", 1, I32),
         "--title": ("text",), "--layout-json": ("out", ".json"),
+        "--causal": ("choice", ["top-left", "bottom-right"]), "--window": ("int", -1, I32, {"pair": True}),
     },
     "train": {
         "--help": ("flag",), "--seed": ("seed",), "--steps": ("int", 0, I64), "--batch": ("int", 1, I32),
@@ -208,7 +210,9 @@ def test_integers_are_range_checked(mha_tool, tmp_path, files, checkpoint, cmd, 
     needs = extras(rule).get("needs")
     enabling = [needs, tmp_path / "p.safetensors"] if needs == "--pruned-out" else []
     for value in bad:
-        r = tool(mha_tool, tmp_path, cmd, *base_args(cmd, files, checkpoint, None), *enabling, option, value)
+        # A pair (--window LEFT,RIGHT): the bad value second, after a good one.
+        given = f"{lo},{value}" if "pair" in extras(rule) and value else value
+        r = tool(mha_tool, tmp_path, cmd, *base_args(cmd, files, checkpoint, None), *enabling, option, given)
         want = f"{option}: '{value}' is not an integer in {rng}"
         assert r.returncode == 2 and want in r.stderr, (value, r.returncode, r.stderr)
         assert "\n" not in r.stderr.rstrip("\n"), r.stderr  # one line

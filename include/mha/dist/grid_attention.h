@@ -74,6 +74,10 @@ class GridAttention {
   // rows of block j. Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens = {},
                  Causal causal = Causal::None, FullyMaskedRows fully_masked = FullyMaskedRows::Uniform);
+  // The same with causal, a sliding window over global positions and the
+  // fully-masked policy from `masks` (as RingAttention takes them). Collective.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+                 const CallMasks& masks);
   // grad_output:[B,Q_j,num_hiddens] of the last forward -> the gradients of
   // block j's queries, keys and values (summed over the head groups).
   // Collective.

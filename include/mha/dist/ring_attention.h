@@ -18,11 +18,11 @@
 // Masks are those of the whole sequence: valid lengths count global key
 // positions (a rank whose keys all lie past a row's length contributes
 // nothing to that row, or, with the chapter's -1e6 fill, exactly what the
-// fill gives), and causal masking compares global positions. Without
-// `causal` the chapter's masked_softmax applies (masked scores -1e6: a row
-// of length 0 gets uniform weights over all keys); with it, as
-// MultiHeadAttention with CallMasks::causal: masked scores are -inf
-// (lengths included) and a row with no live key gets `fully_masked`.
+// fill gives), and causal masking and a sliding window compare global
+// positions. Without `causal` or a window the chapter's masked_softmax
+// applies (masked scores -1e6: a row of length 0 gets uniform weights over
+// all keys); with them, as MultiHeadAttention with CallMasks: masked scores
+// are -inf (lengths included) and a row with no live key gets `fully_masked`.
 //
 // The backward passes each key/value block round the ring again, with its
 // gradients dK, dV accumulated by every rank and arriving back at their
@@ -34,8 +34,8 @@
 // block's transfer overlaps), and the blocks merge into the softmax over
 // every key (src/kernels/softmax_merge.h); the backward runs each block's
 // fused backward from the merged statistics. A block that every query tile
-// (256 rows) of every batch row is masked from (by the causal mask or the
-// valid lengths) is skipped, and still travels on (stats() counts the
+// (256 rows) of every batch row is masked from (by the causal mask, the
+// window or the valid lengths) is skipped, and still travels on (stats() counts the
 // tiles). Skipping is exact: such a tile adds exactly zero (with the
 // chapter's -1e6 fill, e^(-1e6 - m) is 0 in float next to any live score m
 // > -999896). A tile holding a row with no live key at all is never
@@ -102,6 +102,12 @@ class RingAttention {
   // the module's output. Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens = {},
                  Causal causal = Causal::None, FullyMaskedRows fully_masked = FullyMaskedRows::Uniform);
+  // The same with a sliding window over global positions (masks.window,
+  // bottom right over the whole sequence, as MultiHeadAttention takes it),
+  // causal and the fully-masked policy from `masks`; key_padding_mask and
+  // attn_mask are refused (valid lengths cover padding). Collective.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+                 const CallMasks& masks);
   // grad_output:[B,Q_r,num_hiddens] of the last forward -> the gradients of
   // this rank's queries, keys and values; adds the weights' gradients,
   // summed over the ranks, into grads(). Collective.

@@ -80,6 +80,27 @@ std::vector<Case> band_cases(uint64_t seed, int n) {
   return cases;
 }
 
+// The (Q, K) band of case c's window as a pair mask: `inside` on the pairs
+// it keeps, `outside` elsewhere.
+template <typename T>
+std::vector<T> band_matrix(const Case& c, T inside, T outside) {
+  std::vector<T> band(static_cast<size_t>(c.Q * c.K));
+  for (int64_t i = 0; i < c.Q; ++i)
+    for (int64_t j = 0; j < c.K; ++j)
+      band[static_cast<size_t>(i * c.K + j)] =
+          in_window(i, j, c.Q, c.K, c.window_left, c.window_right) ? inside : outside;
+  return band;
+}
+
+// Every output of two reference runs, bit for bit.
+void expect_same_results(const RefResult& a, const RefResult& b) {
+  EXPECT_TRUE(same_values("out", a.out, b.out));
+  EXPECT_TRUE(same_values("weights", a.w, b.w));
+  EXPECT_TRUE(same_values("grad_q", a.gq, b.gq));
+  EXPECT_TRUE(same_values("grad_k", a.gk, b.gk));
+  EXPECT_TRUE(same_values("grad_v", a.gv, b.gv));
+}
+
 TEST(WindowMasks, TheReferenceAgreesWithTheBandAsABooleanPairMask) {
   int windows = 0;
   for (const Case& c : band_cases(31, 80)) {
@@ -88,18 +109,10 @@ TEST(WindowMasks, TheReferenceAgreesWithTheBandAsABooleanPairMask) {
     const AttentionForward with_window = data.forward();
     AttentionForward with_pairs = with_window;
     with_pairs.masks.window_left = with_pairs.masks.window_right = -1;
-    std::vector<uint8_t> band(static_cast<size_t>(c.Q * c.K));
-    for (int64_t i = 0; i < c.Q; ++i)
-      for (int64_t j = 0; j < c.K; ++j)
-        band[static_cast<size_t>(i * c.K + j)] = in_window(i, j, c.Q, c.K, c.window_left, c.window_right);
+    const std::vector<uint8_t> band = band_matrix<uint8_t>(c, 1, 0);
     with_pairs.masks.pair_keep = band.data();
     windows += c.window_left >= 0 || c.window_right >= 0;
-    const RefResult a = reference(data, with_window), b = reference(data, with_pairs);
-    EXPECT_TRUE(same_values("out", a.out, b.out));
-    EXPECT_TRUE(same_values("weights", a.w, b.w));
-    EXPECT_TRUE(same_values("grad_q", a.gq, b.gq));
-    EXPECT_TRUE(same_values("grad_k", a.gk, b.gk));
-    EXPECT_TRUE(same_values("grad_v", a.gv, b.gv));
+    expect_same_results(reference(data, with_window), reference(data, with_pairs));
     if (::testing::Test::HasFailure()) break;
   }
   EXPECT_EQ(windows, 80);
@@ -113,17 +126,9 @@ TEST(WindowMasks, UnderTheNegInfFillTheReferenceAgreesWithTheBandAsAnAdditiveMas
     const AttentionForward with_window = data.forward();
     AttentionForward with_bias = with_window;
     with_bias.masks.window_left = with_bias.masks.window_right = -1;
-    std::vector<float> band(static_cast<size_t>(c.Q * c.K));
-    for (int64_t i = 0; i < c.Q; ++i)
-      for (int64_t j = 0; j < c.K; ++j)
-        band[static_cast<size_t>(i * c.K + j)] = in_window(i, j, c.Q, c.K, c.window_left, c.window_right) ? 0.0f : -INFINITY;
+    const std::vector<float> band = band_matrix<float>(c, 0.0f, -INFINITY);
     with_bias.masks.pair_bias = band.data();
-    const RefResult a = reference(data, with_window), b = reference(data, with_bias);
-    EXPECT_TRUE(same_values("out", a.out, b.out));
-    EXPECT_TRUE(same_values("weights", a.w, b.w));
-    EXPECT_TRUE(same_values("grad_q", a.gq, b.gq));
-    EXPECT_TRUE(same_values("grad_k", a.gk, b.gk));
-    EXPECT_TRUE(same_values("grad_v", a.gv, b.gv));
+    expect_same_results(reference(data, with_window), reference(data, with_bias));
     if (::testing::Test::HasFailure()) break;
   }
 }
