@@ -109,6 +109,8 @@ def _window(window, causal):
         if left < -1 or right < -1:
             raise ValueError(f"[{OP}] window: ({left}, {right}) has a side below -1; wanted each side >= 0 keys, "
                              "or -1 for unbounded")
+    # A side wider than any axis bounds nothing: the same as -1 (and no int64 overflow in the kernels).
+    left, right = (-1 if w > 2**31 else w for w in (left, right))
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
@@ -129,6 +131,8 @@ def _documents(cu_seqlens, max_seqlen, T):
         raise ValueError(f"[{OP}] cu_seqlens: {shown}; wanted nondecreasing offsets from 0 to the {T} packed rows")
     if max_seqlen is not None:
         max_seqlen = _checks.integer(max_seqlen, OP, "max_seqlen")
+        if max_seqlen > 2**31 - 1:
+            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at most 2147483647 (FlashAttention's int32)")
         longest = int(lengths.max())
         if max_seqlen < longest:
             raise ValueError(f"[{OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "

@@ -394,6 +394,7 @@ PY = {
     "attention.cu_seqlens_shape": lambda t: _attention_call("cu_seqlens_shape"),
     "attention.cu_seqlens": lambda t: _attention_call("cu_seqlens"),
     "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
+    "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -509,6 +510,7 @@ def _attention_call(what):
         "cu_seqlens_shape": lambda: attention(packed, packed, packed, cu_seqlens=cu(5)),
         "cu_seqlens": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 2, 4)),
         "max_seqlen": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2),
+        "max_seqlen_huge": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2**31),
     }
     calls[what]()
 
