@@ -36,5 +36,6 @@ void bind_contexts(py::module_& m);       // context_bindings.cpp: ForwardContex
 void bind_caches(py::module_& m);         // cache_bindings.cpp: KVCache, cached calls
 void bind_torch_calls(py::module_& m);    // torch_calls.cpp: mha.torch's calls
 void bind_sdpa(py::module_& m);           // sdpa_calls.cpp: scaled_dot_product_attention
+void bind_attention(py::module_& m);      // attention_calls.cpp: mha.torch.attention
 
 }  // namespace mha::python

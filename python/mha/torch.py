@@ -63,11 +63,12 @@ from torch import nn
 from . import _checks, _core
 
 from .torch_sdpa import scaled_dot_product_attention  # noqa: E402 (PyTorch 2.x's function)
+from .torch_attention import attention  # noqa: E402 (FlashAttention's function)
 
 _calls = _core._torch_calls
 
 __all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention",
-           "head_importance", "scaled_dot_product_attention"]
+           "head_importance", "scaled_dot_product_attention", "attention"]
 
 
 def _not_on_cpu(op, name, device):

@@ -66,6 +66,10 @@ struct CaseData {
     m.causal = c.causal;
     m.window_left = c.window_left;
     m.window_right = c.window_right;
+    if (!c.doc_offsets.empty()) {
+      m.doc_offsets = c.doc_offsets.data();
+      m.documents = static_cast<int64_t>(c.doc_offsets.size()) - 1;
+    }
     m.fill = c.fill;
     m.fully_masked = c.fully_masked;
     m.softcap = c.softcap;

@@ -39,6 +39,9 @@ struct Case {
   std::vector<uint8_t> key_keep_values;     // [B,K]; empty: drawn (when key_keep)
   Causal causal = Causal::None;
   int64_t window_left = -1, window_right = -1;  // MaskOptions' sliding window; -1: unbounded
+  // A packed batch (MaskOptions::doc_offsets): documents + 1 offsets from 0
+  // to Q = K, B = 1; empty: none.
+  std::vector<int64_t> doc_offsets;
   MaskFill fill = MaskFill::Seed;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
   float dropout = 0.0f;
@@ -53,8 +56,8 @@ struct Case {
   bool grouped() const { return Hkv != H; }
   bool any_mask() const {
     return key_keep || key_bias || pair_keep || pair_bias || causal != Causal::None || window_left >= 0 ||
-           window_right >= 0 || fill != MaskFill::Seed || fully_masked != FullyMaskedRows::Uniform ||
-           score_options();
+           window_right >= 0 || !doc_offsets.empty() || fill != MaskFill::Seed ||
+           fully_masked != FullyMaskedRows::Uniform || score_options();
   }
   bool score_options() const { return softcap > 0.0f || alibi || sinks; }
   std::string name() const {
@@ -69,6 +72,11 @@ struct Case {
     if ((pair_keep || pair_bias) && pair_per_head) s << "/head";
     if (causal != Causal::None) s << (causal == Causal::TopLeft ? " causal/tl" : " causal/br");
     if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
+    if (!doc_offsets.empty()) {
+      s << " docs";
+      for (size_t x = 1; x < doc_offsets.size(); ++x) s << (x == 1 ? "(" : ",") << doc_offsets[x] - doc_offsets[x - 1];
+      s << ")";
+    }
     if (fill == MaskFill::NegInf) s << " -inf";
     if (fully_masked == FullyMaskedRows::Zeros) s << " zeros";
     if (dropout > 0) s << " p" << dropout;
@@ -294,6 +302,68 @@ inline std::vector<Case> window_cases(uint64_t seed, int n) {
     const uint64_t sides = g.below(3);  // left only, right only, both
     c.window_left = sides == 1 ? -1 : side();
     c.window_right = sides == 0 ? -1 : side();
+  }
+  return cases;
+}
+
+// random_cases(seed, n) made packed batches (MaskOptions::doc_offsets): B = 1,
+// Q = K, the rows cut into documents of one kind per case: one document,
+// every document of length 1, random lengths, random lengths with empty
+// documents among them (and at either end), or a few long ones (a third of
+// the cases on long axes, so that key tiles fall outside every query's
+// document); a window a quarter of the time, causal a third.
+inline std::vector<Case> document_cases(uint64_t seed, int n) {
+  std::vector<Case> cases = random_cases(seed, n);
+  Generator g(seed ^ 0x646f6373ull);
+  for (Case& c : cases) {
+    c.family = "documents";
+    c.B = 1;
+    // One batch row: a fully masked one (no length, no kept key) leaves the
+    // case without score gradients, so lengths and key_keep come less often.
+    if (g.below(2) == 0) c.length_kind = LengthKind::None;
+    if (g.below(2) == 0) c.key_keep = false;
+    if (g.below(3) == 0) c.Q = 150 + static_cast<int64_t>(g.below(250));
+    c.K = c.Q;
+    c.lens.clear();
+    c.key_keep_values.clear();
+    c.causal = g.below(3) == 0 ? (g.below(2) ? Causal::TopLeft : Causal::BottomRight) : Causal::None;
+    if (g.below(4) == 0) {
+      c.window_left = static_cast<int64_t>(g.below(8));
+      c.window_right = g.below(2) ? -1 : static_cast<int64_t>(g.below(8));
+    }
+    const int64_t T = c.Q;
+    std::vector<int64_t>& o = c.doc_offsets;
+    o = {0};
+    switch (g.below(5)) {
+      case 0: break;  // one document
+      case 1:         // every document of length 1
+        for (int64_t x = 1; x < T; ++x) o.push_back(x);
+        break;
+      case 2:
+      case 3: {  // random lengths (1..~T/3), empty documents among them in case 3
+        const bool empties = o.size() == 1 && g.below(2) == 0;
+        if (empties) o.push_back(0);
+        for (int64_t at = 0; at < T;) {
+          at += 1 + static_cast<int64_t>(g.below(static_cast<uint64_t>(T / 3 + 1)));
+          if (at >= T) break;
+          o.push_back(at);
+          if (empties && g.below(4) == 0) o.push_back(at);
+        }
+        break;
+      }
+      default:  // a few long documents
+        for (int64_t x = 1; x < 3; ++x)
+          if (x * T / 3 > 0) o.push_back(x * T / 3);
+        break;
+    }
+    o.push_back(T);
+    if (g.below(5) == 0) o.push_back(T);  // an empty last document
+    // The score options a third of the time (they apply within each document).
+    if (g.below(3) == 0) {
+      c.softcap = g.below(2) ? 0.5f : 0.0f;
+      c.alibi = g.below(2) != 0;
+      c.sinks = g.below(2) != 0;
+    }
   }
   return cases;
 }

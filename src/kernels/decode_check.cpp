@@ -57,6 +57,7 @@ void check_decode_params(const DecodeParams& p, const char* op) {
   if (p.masks.window_left < -1 || p.masks.window_right < -1)
     fail(op, "masks: window (", p.masks.window_left, ", ", p.masks.window_right,
          "); wanted each side -1 (unbounded) or >= 0");
+  if (p.masks.doc_offsets) fail(op, "masks: doc_offsets set (a packed batch of documents); wanted none: a packed batch is not a cache");
   if (p.masks.diagonal_shift != 0)
     fail(op, "masks: diagonal_shift ", p.masks.diagonal_shift,
          "; wanted 0: a cached call places its queries by the cache's lengths");

@@ -106,8 +106,8 @@ struct MaskOptions {
   // and under the d2l chapter's -1e6 the sink, if above the fill, takes
   // nearly all of it; `fully_masked` is then never used. Slopes and sinks
   // are finite (kernels/validate.h); softcap finite and >= 0. (The ring over
-  // ranks, dist/ring_attention.cpp, fills its blocks' masks itself and takes
-  // none of the score options yet: each block's forward would add the sink.)
+  // ranks, dist/ring_attention.cpp, takes softcap and ALiBi but not sinks:
+  // each block's forward would add the sink.)
   const float* sinks = nullptr;
   // A packed batch of documents (FlashAttention's varlen cu_seqlens):
   // [documents + 1] nondecreasing offsets from 0 to Q = K (B = 1); query i
@@ -131,19 +131,49 @@ struct MaskOptions {
   // first_key may be below 0 (from the first key) and above last_key (none).
   // (A side past the first key (left) or the last (right) bounds nothing:
   // compared first, so that no sum overflows.)
+  // In a packed batch (doc_offsets) both are clamped to query i's document.
   int64_t first_key(int64_t i, int64_t Q, int64_t K) const {
     const int64_t diag = diagonal(i, Q, K);
-    return window_left >= 0 && window_left < diag ? diag - window_left : 0;
+    const int64_t first = window_left >= 0 && window_left < diag ? diag - window_left : 0;
+    if (!doc_offsets) return first;
+    const int64_t begin = doc_offsets[document_of(i)];
+    return first > begin ? first : begin;
   }
   int64_t last_key(int64_t i, int64_t Q, int64_t K) const {
-    const int64_t last = causal_last_key(i, Q, K), diag = diagonal(i, Q, K);
-    if (window_right < 0 || window_right >= K - diag) return last;
-    return diag + window_right < last ? diag + window_right : last;
+    const int64_t diag = diagonal(i, Q, K);
+    int64_t last = causal_last_key(i, Q, K);
+    if (window_right >= 0 && window_right < K - diag && diag + window_right < last) last = diag + window_right;
+    if (!doc_offsets) return last;
+    const int64_t end = doc_offsets[document_of(i) + 1] - 1;
+    return last < end ? last : end;
   }
   // The key on query i's diagonal (of Q queries, among K keys), bottom right.
   int64_t diagonal(int64_t i, int64_t Q, int64_t K) const { return i + K - Q + diagonal_shift; }
   // Whether first_key or last_key bound any query's keys.
-  bool bounds_keys() const { return causal != Causal::None || window_left >= 0 || window_right >= 0; }
+  bool bounds_keys() const {
+    return causal != Causal::None || window_left >= 0 || window_right >= 0 || doc_offsets != nullptr;
+  }
+  // The document of row i of a packed batch: the one x with
+  // doc_offsets[x] <= i < doc_offsets[x + 1] (empty documents hold no row).
+  // The kernels that ask per (query, key) pair (the reference, the BLAS
+  // backward's dS) ask about one query K times in a row, so the last answer
+  // of this thread is tried first (two loads), and a binary search over the
+  // offsets runs once per query, not per pair. The answer is checked
+  // against the offsets themselves, so a reused buffer cannot return a stale
+  // document.
+  int64_t document_of(int64_t i) const {
+    thread_local int64_t last = 0;
+    if (last < documents && doc_offsets[last] <= i && i < doc_offsets[last + 1]) return last;
+    // upper_bound over offsets 1..documents-1: the first offset above i.
+    int64_t lo = 0, hi = documents;  // the answer x is in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (doc_offsets[mid] <= i) lo = mid;
+      else hi = mid;
+    }
+    last = lo;
+    return lo;
+  }
   // The last key query i of Q may see among K under `causal` alone (K-1: all).
   int64_t causal_last_key(int64_t i, int64_t Q, int64_t K) const {
     switch (causal) {

@@ -37,6 +37,30 @@ std::string check_shape(const char* name, const TensorView& t, int64_t a, int64_
   return {};
 }
 
+// A packed batch of documents (MaskOptions::doc_offsets): one batch row of
+// Q = K rows, documents + 1 nondecreasing offsets from 0 to K.
+std::string check_documents(const AttentionForward& p) {
+  const MaskOptions& m = p.masks;
+  if (!m.doc_offsets || m.documents < 1)
+    return "masks.documents: " + std::to_string(m.documents) + " with doc_offsets " + (m.doc_offsets ? "set" : "null") +
+           ", wanted offsets and at least one document, or neither";
+  if (p.B() != 1 || p.Q() != p.K())
+    return "masks.doc_offsets: a packed batch over q " + shape_of(p.q) + ", k " + shape_of(p.k) +
+           ", wanted one batch row and as many queries as keys";
+  if (m.diagonal_shift != 0)
+    return "masks.diagonal_shift: " + std::to_string(m.diagonal_shift) +
+           " in a packed batch, wanted 0 (documents are whole in one call)";
+  const int64_t* o = m.doc_offsets;
+  if (o[0] != 0 || o[m.documents] != p.K())
+    return "masks.doc_offsets: from " + std::to_string(o[0]) + " to " + std::to_string(o[m.documents]) +
+           ", wanted from 0 to the " + std::to_string(p.K()) + " packed rows";
+  for (int64_t x = 0; x < m.documents; ++x)
+    if (o[x + 1] < o[x])
+      return "masks.doc_offsets: [" + std::to_string(x) + "] = " + std::to_string(o[x]) + " > [" +
+             std::to_string(x + 1) + "] = " + std::to_string(o[x + 1]) + ", wanted nondecreasing offsets";
+  return {};
+}
+
 // q, k, v (v optional), lengths, scale, dropout, masks and statistics.
 std::string check_inputs(const AttentionForward& p, bool need_v) {
   if (p.cache.active()) return "cache.lengths: set (a cached call); wanted null here: kernels::decode_forward takes cached calls";
@@ -71,6 +95,7 @@ std::string check_inputs(const AttentionForward& p, bool need_v) {
     if (m.sinks && !std::isfinite(m.sinks[h]))
       return "masks.sinks[" + std::to_string(h) + "]: " + std::to_string(m.sinks[h]) + ", wanted finite";
   }
+  if (p.masks.doc_offsets || p.masks.documents != 0) return check_documents(p);
   return {};
 }
 

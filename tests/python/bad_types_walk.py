@@ -264,6 +264,10 @@ if torch is not None:
             query=torch.ones(2, 3, 4), key=torch.ones(2, 5, 4), value=torch.ones(2, 5, 4),
             attn_mask=torch.ones(3, 5, dtype=torch.bool), dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False),
+        "torch.attention": dict(
+            q=torch.ones(5, 2, 4), k=torch.ones(5, 2, 4), v=torch.ones(5, 2, 4), causal=False, window=(1, 0),
+            alibi_slopes=torch.ones(2), softcap=1.0, sinks=torch.zeros(2),
+            cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32), max_seqlen=3, scale=0.5, dropout_p=0.0),
         "torch.MultiHeadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.MultiHeadAttention.prune_heads": dict(heads=[0]),
         "torch.MultiheadAttention.prune_heads": dict(heads=[0]),
@@ -309,6 +313,10 @@ NONE_OK = {
     ("show_heatmaps", "figsize"),  # None: the automatic size
     ("torch.MultiHeadAttention.head_gates =", "head_gates"),  # None: all heads at 1
     ("torch.scaled_dot_product_attention", "attn_mask"),  # None: no mask
+    # mha.torch.attention: None is each option's off (FlashAttention's defaults)
+    ("torch.attention", "window"), ("torch.attention", "alibi_slopes"), ("torch.attention", "softcap"),
+    ("torch.attention", "sinks"), ("torch.attention", "cu_seqlens"), ("torch.attention", "max_seqlen"),
+    ("torch.attention", "scale"),
     ("torch.MultiheadAttention.head_gates =", "head_gates"),
     # PyTorch's functional form takes None for absent tensors though its signature has no defaults
     ("torch.multi_head_attention_forward", "in_proj_weight"), ("torch.multi_head_attention_forward", "in_proj_bias"),
@@ -358,6 +366,7 @@ OPS = {
     "torch.multi_head_attention_forward": ("mha.torch.multi_head_attention_forward", "mha.torch.MultiheadAttention"),
     "torch.MultiHeadAttention.head_gates =": "mha.torch.MultiHeadAttention.head_gates",
     "torch.scaled_dot_product_attention": "mha.torch.scaled_dot_product_attention",
+    "torch.attention": "mha.torch.attention",
     "torch.MultiHeadAttention.prune_heads": ("mha.torch.MultiHeadAttention.prune_heads", "MultiHeadAttention.prune_heads"),
     "torch.MultiheadAttention.prune_heads": ("mha.torch.MultiheadAttention.prune_heads",
                                              "TorchMultiheadAttention.prune_heads"),

@@ -388,6 +388,20 @@ PY = {
     "sdpa.lead": lambda t: _sdpa_call("lead"),
     "sdpa.mask_causal": lambda t: _sdpa_call("mask_causal"),
     "sdpa.mask_shape": lambda t: _sdpa_call("mask_shape"),
+    "attention.dropout": lambda t: _attention_call("dropout"),
+    "attention.rank": lambda t: _attention_call("rank"),
+    "attention.max_seqlen_alone": lambda t: _attention_call("max_seqlen_alone"),
+    "attention.widths": lambda t: _attention_call("widths"),
+    "attention.heads": lambda t: _attention_call("heads"),
+    "attention.window": lambda t: _attention_call("window"),
+    "attention.scale": lambda t: _attention_call("scale"),
+    "attention.softcap": lambda t: _attention_call("softcap"),
+    "attention.per_head": lambda t: _attention_call("per_head"),
+    "attention.not_finite": lambda t: _attention_call("not_finite"),
+    "attention.cu_seqlens_shape": lambda t: _attention_call("cu_seqlens_shape"),
+    "attention.cu_seqlens": lambda t: _attention_call("cu_seqlens"),
+    "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
+    "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -480,6 +494,32 @@ def _sdpa_call(what):
         sdpa(q, k, k, attn_mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)
     elif what == "mask_shape":
         sdpa(q, k, k, attn_mask=torch.ones(2, 2, dtype=torch.bool))
+
+
+def _attention_call(what):
+    """The calls of the catalogue's attention.* rows (mha.torch.attention)."""
+    import torch
+    from mha.torch import attention
+    q = torch.ones(1, 3, 2, 4)
+    packed = torch.ones(5, 2, 4)
+    cu = lambda *o: torch.tensor(o, dtype=torch.int32)  # noqa: E731
+    calls = {
+        "dropout": lambda: attention(q, q, q, dropout_p=1.5),
+        "rank": lambda: attention(torch.ones(3, 2, 4), torch.ones(3, 2, 4), torch.ones(3, 2, 4)),
+        "max_seqlen_alone": lambda: attention(q, q, q, max_seqlen=3),
+        "widths": lambda: attention(q, torch.ones(1, 3, 2, 5), q),
+        "heads": lambda: attention(torch.ones(1, 3, 3, 4), q, q),
+        "window": lambda: attention(q, q, q, window=(-2, 0)),
+        "scale": lambda: attention(q, q, q, scale=0.0),
+        "softcap": lambda: attention(q, q, q, softcap=-1.0),
+        "per_head": lambda: attention(q, q, q, alibi_slopes=torch.ones(3)),
+        "not_finite": lambda: attention(q, q, q, sinks=torch.tensor([0.0, float("nan")])),
+        "cu_seqlens_shape": lambda: attention(packed, packed, packed, cu_seqlens=cu(5)),
+        "cu_seqlens": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 2, 4)),
+        "max_seqlen": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2),
+        "max_seqlen_huge": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2**31),
+    }
+    calls[what]()
 
 
 def _torch_call(what):

@@ -575,6 +575,9 @@ TEST(Decode, CachedForwardBadInputsSayWhatIsWrong) {
                                 "[test] strides: an innermost stride other than 1"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = -2, p.masks.window_right = 0; }); },
                                 "[test] masks: window (-2, 0); wanted each side -1 (unbounded) or >= 0"));
+  const int64_t offsets[2] = {0, 4};
+  EXPECT_TRUE(test::throws_with([&] { run([&](AttentionForward& p) { p.masks.doc_offsets = offsets, p.masks.documents = 1; }); },
+                                "[test] masks: doc_offsets set (a packed batch of documents); wanted none: a packed batch is not a cache"));
   EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
                                 "[test] heads: q has 4 heads and the cache 3"));
 }

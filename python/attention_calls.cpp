@@ -1,0 +1,170 @@
+// python/attention_calls.cpp: FlashAttention-style attention on mha's
+// kernels, for mha.torch.attention (python/mha/torch_attention.py), which
+// checks and shapes every argument first (flash_attn_func's conventions).
+//
+//   q:(B,L,H,d) k:(B,S,Hkv,d) v:(B,S,Hkv,dv) (float32, C-contiguous; Hkv divides H)
+//   -> out:(B,L,H,dv), and a context from which the backward runs
+//
+// The layout is FlashAttention's (rows, then heads): the kernels read it as
+// strided [B,H,L,d] views, so nothing is transposed. A packed batch is B = 1
+// with doc_offsets (cu_seqlens) cutting its L = S rows into documents. The
+// masks are FlashAttention's: the window and causal limit aligned to the
+// bottom right, masked scores -inf, and a query with no key gets zeros.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bindings.h"
+#include "convert.h"
+#include "kernels/dispatch.h"
+#include "mha/error.h"
+
+namespace py = pybind11;
+
+namespace mha::python {
+
+namespace {
+
+constexpr const char* kOp = "mha.torch.attention";
+
+// What one call keeps for its backward.
+struct AttentionContext {
+  Tensor q, k, v, out;         // (B, L, H*d), (B, S, Hkv*d), (B, S, Hkv*dv), (B, L, H*dv)
+  int64_t H = 1, Hkv = 1;
+  std::vector<float> stats;    // [2,B,H,L] of the fused forward, or empty
+  std::vector<float> alibi, sinks;     // [H] or empty
+  std::vector<int64_t> doc_offsets;    // [documents + 1] or empty
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  float scale_divisor = 1.0f;
+  kernels::Dropout dropout;
+
+  kernels::AttentionForward params() {
+    kernels::AttentionForward p;
+    p.q = q.view().split_heads(H);
+    p.k = k.view().split_heads(Hkv);
+    p.v = v.view().split_heads(Hkv);
+    p.scale_divisor = scale_divisor;
+    p.dropout = dropout;
+    kernels::MaskOptions& m = p.masks;
+    m.causal = causal ? Causal::BottomRight : Causal::None;
+    m.window_left = window_left;
+    m.window_right = window_right;
+    m.softcap = softcap;
+    m.alibi_slopes = alibi.empty() ? nullptr : alibi.data();
+    m.sinks = sinks.empty() ? nullptr : sinks.data();
+    if (!doc_offsets.empty()) {
+      m.doc_offsets = doc_offsets.data();
+      m.documents = static_cast<int64_t>(doc_offsets.size()) - 1;
+    }
+    m.fill = kernels::MaskFill::NegInf;
+    m.fully_masked = FullyMaskedRows::Zeros;
+    return p;
+  }
+};
+
+// a:(B, L, heads, width) float32 -> a (B, L, heads*width) tensor.
+Tensor rows_of(const py::array& a, const char* what) {
+  FloatArray f = FloatArray::ensure(a);
+  if (!f || f.ndim() != 4) {
+    PyErr_Clear();
+    fail(kOp, what, ": not a 4-D float32 array");
+  }
+  Tensor t({f.shape(0), f.shape(1), f.shape(2) * f.shape(3)});
+  if (f.size() > 0) std::memcpy(t.data(), f.data(), sizeof(float) * static_cast<size_t>(f.size()));
+  return t;
+}
+
+std::vector<float> floats_of(const py::object& o) {
+  if (o.is_none()) return {};
+  FloatArray f = FloatArray::ensure(o);
+  return std::vector<float>(f.data(), f.data() + f.size());
+}
+
+}  // namespace
+
+void bind_attention(py::module_& core) {
+  py::module_ m = core.def_submodule("_attention_calls", "mha.torch.attention's calls (internal)");
+  py::class_<AttentionContext, std::shared_ptr<AttentionContext>>(m, "_AttentionContext",
+                                                                  "What one call keeps for its backward.");
+
+  m.def(
+      "forward",
+      [](const py::array& q, const py::array& k, const py::array& v, bool causal, int64_t window_left,
+         int64_t window_right, float softcap, const py::object& alibi, const py::object& sinks,
+         const py::object& doc_offsets, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
+        auto c = std::make_shared<AttentionContext>();
+        c->H = q.ndim() == 4 ? q.shape(2) : 1;
+        c->Hkv = k.ndim() == 4 ? k.shape(2) : 1;
+        c->q = rows_of(q, "q");
+        c->k = rows_of(k, "k");
+        c->v = rows_of(v, "v");
+        const int64_t dv = v.shape(3);
+        c->causal = causal;
+        c->window_left = window_left, c->window_right = window_right;
+        c->softcap = softcap;
+        c->alibi = floats_of(alibi);
+        c->sinks = floats_of(sinks);
+        if (!doc_offsets.is_none()) {
+          py::array_t<int64_t, py::array::c_style | py::array::forcecast> o(doc_offsets);
+          c->doc_offsets.assign(o.data(), o.data() + o.size());
+        }
+        c->scale_divisor = 1.0f / scale;
+        if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
+        const int64_t B = c->q.size(0), L = c->q.size(1), H = c->H;
+        {
+          py::gil_scoped_release release;
+          c->out = Tensor({B, L, H * dv});
+          kernels::AttentionForward p = c->params();
+          p.out = c->out.view().split_heads(H);
+          if (keep && kernels::runs_fused(AttentionKernel::Fused, c->k.size(1))) {
+            c->stats.resize(static_cast<size_t>(2 * B * H * L));
+            p.stats = {c->stats.data(), c->stats.data() + B * H * L};
+          }
+          if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) c->stats.clear();
+        }
+        py::array_t<float> out = to_numpy(c->out);
+        if (!keep) return py::make_tuple(out, py::none());
+        return py::make_tuple(out, py::cast(c));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("window_left"), py::arg("window_right"),
+      py::arg("softcap"), py::arg("alibi_slopes"), py::arg("sinks"), py::arg("doc_offsets"), py::arg("scale"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep"), "-> (out (B,L,H*dv), context or None)");
+
+  m.def(
+      "backward",
+      [](const std::shared_ptr<AttentionContext>& c, const py::array& grad_out) {
+        Tensor g = rows_of(grad_out, "grad_output");
+        if (g.shape() != c->out.shape())
+          fail(kOp, "grad_output: shape ", shape_str(g.shape()), " is not the output's ", shape_str(c->out.shape()));
+        Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
+        std::vector<float> gs(c->sinks.size());
+        {
+          py::gil_scoped_release release;
+          kernels::AttentionBackward p;
+          p.fwd = c->params();
+          p.fwd.out = c->out.view().split_heads(c->H);
+          if (!c->stats.empty()) {
+            const size_t n = c->stats.size() / 2;
+            p.fwd.stats = {c->stats.data(), c->stats.data() + n};
+          }
+          p.grad_out = g.view().split_heads(c->H);
+          p.grad_q = gq.view().split_heads(c->H);
+          p.grad_k = gk.view().split_heads(c->Hkv);
+          p.grad_v = gv.view().split_heads(c->Hkv);
+          p.grad_sinks = gs.empty() ? nullptr : gs.data();
+          kernels::attention_backward(AttentionKernel::Fused, p);
+        }
+        py::object sinks = gs.empty() ? py::object(py::none()) : py::object(py::array_t<float>(
+                                                                      static_cast<py::ssize_t>(gs.size()), gs.data()));
+        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)),
+                              hand_to_numpy(std::move(gv)), sinks);
+      },
+      py::arg("context"), py::arg("grad_output"), "-> (grad_q, grad_k, grad_v (rows, heads*width), grad_sinks or None)");
+}
+
+}  // namespace mha::python

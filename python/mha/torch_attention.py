@@ -1,0 +1,218 @@
+"""mha.torch.attention: FlashAttention's functional interface on mha's kernels.
+
+    out = mha.torch.attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=None,
+                              sinks=None, cu_seqlens=None, max_seqlen=None, scale=None, dropout_p=0.0)
+
+flash_attn_func's and flash_attn_varlen_func's documented conventions, so that
+code written for FlashAttention ports by changing the import (and its
+window_size / softmax_scale to window / scale):
+- q (B, Lq, H, d), k (B, Lk, Hkv, d), v (B, Lk, Hkv, dv) -> (B, Lq, H, dv);
+  grouped heads when Hkv divides H (query head h reads kv head h // (H // Hkv)).
+- Packed: q (T, H, d), k (T, Hkv, d), v (T, Hkv, dv) with cu_seqlens, an
+  integer tensor (int32 as FlashAttention's, or int64) of B + 1 offsets from
+  0 to T, nondecreasing: sequence b is rows [cu_seqlens[b], cu_seqlens[b+1]),
+  and a query sees only keys of its own sequence (one cu_seqlens for q and k:
+  each sequence attends to itself). max_seqlen, when given, must be at least
+  the longest sequence (FlashAttention sizes its grid with it; here it is
+  only checked).
+- scale: 1/sqrt(d) by default (FlashAttention's softmax_scale).
+- causal and window = (left, right) aligned to the bottom right: query i of
+  Lq sees key j of Lk iff i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1
+  leaving a side unbounded; causal is right = 0. (In a packed batch,
+  positions count within each sequence.)
+- alibi_slopes (H,) float: adds -slope_h * |i + Lk - Lq - j| to the score.
+  It gets no gradient (as FlashAttention's): a tensor that requires grad is
+  refused, so that a slope meant to be trained does not silently stay put.
+- softcap > 0: the scaled score s becomes softcap * tanh(s / softcap), before
+  ALiBi and the masks; 0 or None: off.
+- sinks (H,) float (gpt-oss): one more logit per head in each row's softmax
+  denominator with no value; they get a gradient.
+- dropout_p: dropout on the weights whenever it is positive (as
+  FlashAttention's function: pass 0.0 in evaluation); the mask is drawn from
+  a key taken from torch's generator (torch.manual_seed repeats it), not
+  FlashAttention's.
+- A query with no key to see (causal with Lq > Lk, a window past the keys)
+  gets zeros, as FlashAttention's, never NaN; no gradient flows through it.
+- Autograd: gradients for q, k, v and sinks; each call keeps its own
+  context; double backward raises.
+- dtypes: float32; bfloat16 and float16 are computed in float32 and returned
+  in their dtype; float64 raises TypeError. CPU tensors only.
+"""
+import math
+
+import torch
+
+from . import _checks, _core
+
+_calls = _core._attention_calls
+OP = "mha.torch.attention"
+
+__all__ = ["attention"]
+
+
+def _check_tensor(x, name):
+    if not isinstance(x, torch.Tensor):
+        raise _checks.wrong_kind(OP, name, x, "a torch.Tensor")
+    if x.device.type != "cpu":
+        raise ValueError(f"[{OP}] {name}: a tensor on {x.device}; mha.torch computes on the CPU "
+                         "only (the CUDA path does not exist yet): pass x.cpu()")
+
+
+class _Attention(torch.autograd.Function):
+    """forward(q, k, v, sinks, call) on (B, L, heads, width) float32 tensors -> out; backward from the call's
+    own context."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, call):
+        out, ctx.context = call(True)
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"[{OP}] backward with create_graph=True: mha's attention has no double "
+                               "backward; its first-order gradients are exact")
+        sq, sk, sv = ctx.shapes
+        g = grad_out.detach().float().contiguous().reshape(*sq[:3], -1).numpy()  # (B, L, H, dv)
+        gq, gk, gv, gs = _calls.backward(ctx.context, g)
+        ctx.context = None
+        gs = None if gs is None else torch.from_numpy(gs)
+        return (torch.from_numpy(gq).reshape(sq), torch.from_numpy(gk).reshape(sk), torch.from_numpy(gv).reshape(sv),
+                gs, None)
+
+
+def _per_head(x, name, H):
+    """alibi_slopes / sinks: None or a (H,) floating tensor -> None or a float32 numpy array."""
+    if x is None:
+        return None
+    _check_tensor(x, name)
+    if not x.is_floating_point():
+        raise TypeError(f"[{OP}] {name}: dtype {x.dtype}; wanted a floating tensor (one value per query head)")
+    if tuple(x.shape) != (H,):
+        raise ValueError(f"[{OP}] {name}: shape {tuple(x.shape)}; wanted ({H},), one value per query head")
+    a = x.detach().float().contiguous()
+    if not bool(torch.isfinite(a).all()):
+        raise ValueError(f"[{OP}] {name}: {a.tolist()} holds a value that is not finite; wanted finite numbers")
+    return a.numpy()
+
+
+def _window(window, causal):
+    """(left, right) from window and causal (right = 0 when causal), each >= -1."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+            raise _checks.wrong_kind(OP, "window", window, "None or a pair (left, right) of integers (-1: unbounded)")
+        left, right = window
+        if left < -1 or right < -1:
+            raise ValueError(f"[{OP}] window: ({left}, {right}) has a side below -1; wanted each side >= 0 keys, "
+                             "or -1 for unbounded")
+    # A side wider than any axis bounds nothing: the same as -1 (and no int64 overflow in the kernels).
+    left, right = (-1 if w > 2**31 else w for w in (left, right))
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _documents(cu_seqlens, max_seqlen, T):
+    """cu_seqlens (B + 1 offsets from 0 to T) -> an int64 numpy array; max_seqlen checked against them."""
+    _check_tensor(cu_seqlens, "cu_seqlens")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"[{OP}] cu_seqlens: dtype {cu_seqlens.dtype}; wanted torch.int32 (as FlashAttention's) "
+                        "or torch.int64")
+    o = cu_seqlens.detach().to(torch.int64).contiguous()
+    if o.dim() != 1 or o.numel() < 2:
+        raise ValueError(f"[{OP}] cu_seqlens: shape {tuple(o.shape)}; wanted (B + 1,) offsets with B >= 1")
+    lengths = o[1:] - o[:-1]
+    if int(o[0]) != 0 or int(o[-1]) != T or bool((lengths < 0).any()):
+        shown = o.tolist() if o.numel() <= 12 else o[:12].tolist() + ["..."]
+        raise ValueError(f"[{OP}] cu_seqlens: {shown}; wanted nondecreasing offsets from 0 to the {T} packed rows")
+    if max_seqlen is not None:
+        max_seqlen = _checks.integer(max_seqlen, OP, "max_seqlen")
+        if max_seqlen > 2**31 - 1:
+            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at most 2147483647 (FlashAttention's int32)")
+        longest = int(lengths.max())
+        if max_seqlen < longest:
+            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "
+                             f"({longest} rows); wanted at least {longest}")
+    return o.numpy()
+
+
+def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=None, sinks=None, cu_seqlens=None,
+              max_seqlen=None, scale=None, dropout_p=0.0):
+    """softmax(softcap(q k^T * scale) + ALiBi, masked by causal/window/sequences, with sinks) v, with
+    FlashAttention's arguments and conventions (module docstring); gradients by mha's attention backward."""
+    for x, n in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(x, n)
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"[{OP}] {n}: dtype {x.dtype}; mha computes in float32 (bfloat16 and float16 are "
+                            "widened and the result narrowed back): pass x.float()")
+    causal = _checks.flag(causal, OP, "causal")
+    dropout_p = _checks.real(dropout_p, OP, "dropout_p")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"[{OP}] dropout_p: {dropout_p:g} is not a probability in [0, 1]")
+    packed = cu_seqlens is not None
+    rank = 3 if packed else 4
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        want = "(T, H, d), (T, Hkv, d), (T, Hkv, dv) with cu_seqlens" if packed else \
+            "(B, Lq, H, d), (B, Lk, Hkv, d), (B, Lk, Hkv, dv) (packed (T, H, d) rows need cu_seqlens)"
+        raise ValueError(f"[{OP}] q, k, v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
+                         f"wanted {want}")
+    if not packed and max_seqlen is not None:
+        raise ValueError(f"[{OP}] max_seqlen: {max_seqlen!r} without cu_seqlens; wanted it only with a packed batch")
+    q4, k4, v4 = (x.unsqueeze(0) for x in (q, k, v)) if packed else (q, k, v)
+    B, Lq, H, d = q4.shape
+    Lk, Hkv = k4.shape[1], k4.shape[2]
+    dv = v4.shape[3]
+    if (k4.shape[0] != B or k4.shape[3] != d or tuple(v4.shape[:3]) != tuple(k4.shape[:3])
+            or (packed and Lk != Lq)):
+        rows = "T" if packed else "B, Lk"
+        raise ValueError(f"[{OP}] k, v: shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}; "
+                         f"wanted k ({rows}, Hkv, {d}) and v ({rows}, Hkv, dv) with q's "
+                         f"{'T' if packed else 'B'}")
+    if Hkv < 1 or H % Hkv != 0:
+        raise ValueError(f"[{OP}] k: {Hkv} heads do not divide q's {H}; wanted Hkv dividing H (grouped heads)")
+    left, right = _window(window, causal)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    else:
+        scale = _checks.real(scale, OP, "scale")
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"[{OP}] scale: {scale:g}; wanted a finite number > 0 (1/sqrt(d) when None)")
+    if softcap is None:
+        softcap = 0.0
+    else:
+        softcap = _checks.real(softcap, OP, "softcap")
+        if not (softcap >= 0 and math.isfinite(softcap)):
+            raise ValueError(f"[{OP}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    if alibi_slopes is not None and isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.requires_grad \
+            and torch.is_grad_enabled():
+        raise NotImplementedError(f"[{OP}] alibi_slopes: requires grad; the slopes get no gradient (as "
+                                  "FlashAttention's): pass alibi_slopes.detach()")
+    slopes = _per_head(alibi_slopes, "alibi_slopes", H)
+    sink_values = _per_head(sinks, "sinks", H)
+    offsets = _documents(cu_seqlens, max_seqlen, Lq) if packed else None
+    out_dtype = q.dtype
+    out_shape = (*q.shape[:-1], dv)
+    if B * H * Lq * Lk * d == 0 or dv == 0:
+        # Nothing to attend to (Lk = 0: every query sees no key, so zeros) or nothing to compute.
+        tie = 0.0 * (q.sum() + k.sum() + v.sum() + (sinks.sum() if sinks is not None else 0.0))
+        return q.new_zeros(out_shape) + tie
+    q32, k32, v32 = (x.detach().float().contiguous() for x in (q4, k4, v4))
+    key_ = int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item()) if dropout_p > 0 else 0
+
+    def call(keep):
+        return _calls.forward(q32.numpy(), k32.numpy(), v32.numpy(), causal, left, right, float(softcap), slopes,
+                              sink_values, offsets, float(scale), float(dropout_p), key_, keep)
+
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, sinks))
+    if needs_grad:
+        # float(): a bfloat16 input gets its gradient through the widening.
+        out = _Attention.apply(q4.float(), k4.float(), v4.float(), None if sinks is None else sinks.float(), call)
+    else:
+        out = torch.from_numpy(call(False)[0])
+    out = out.reshape(out_shape)
+    return out if out_dtype == torch.float32 else out.to(out_dtype)
