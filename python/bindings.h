@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include "mha/masks.h"
+#include "mha/rotary.h"
 
 namespace mha::python {
 
@@ -20,6 +21,10 @@ CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& at
 // window=None (no window) or a pair (left, right) of integers (mha/masks.h
 // Window; the values are checked by the module).
 Window to_window(const py::object& window, const char* op);
+// rotary= (mha/rotary.h): None or False (off), True (every entry of a head of
+// width head_dim, base 10000, rotate_half pairs), an mha.Rotary, or a dict
+// of dims (default: head_dim), base and interleaved; checked for head_dim.
+Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim);
 
 // Each binding file's part of mha._core, in the order module.cpp calls them.
 void add_plot_bindings(py::module_& m);   // plot_bindings.cpp: heatmaps, PNG
