@@ -226,11 +226,11 @@ mha::Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim)
 void mha::python::bind_torch(py::module_& m) {
   m.def(
       "_to_rotary",
-      [](const py::object& value, const std::string& op, int64_t head_dim) -> std::optional<mha::Rotary> {
-        const mha::Rotary r = to_rotary(value, op.c_str(), head_dim);
+      [](const py::object& rotary, const std::string& op, int64_t head_dim) -> std::optional<mha::Rotary> {
+        const mha::Rotary r = to_rotary(rotary, op.c_str(), head_dim);
         return r.enabled() ? std::optional<mha::Rotary>(r) : std::nullopt;
       },
-      py::arg("value"), py::arg("op"), py::arg("head_dim"),
+      py::arg("rotary"), py::arg("op"), py::arg("head_dim"),
       "A rotary= argument (None, a bool, an mha.Rotary or a dict) checked against heads of width head_dim "
       "-> mha.Rotary or None (internal: the modules' rotary=)");
   py::enum_<mha::Causal>(m, "Causal", "Causal masking; TOP_LEFT is PyTorch's is_causal=True.")

@@ -240,7 +240,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
              const mha::Precision p = mha::parse_precision("MultiHeadAttention", precision);
              auto m = std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
              m->set_precision(p);
-             m->set_rotary(mha::python::to_rotary(rotary, "MultiHeadAttention.set_rotary", m->head_dim()));
+             m->set_rotary(mha::python::to_rotary(rotary, "MultiHeadAttention", m->head_dim()));
              return m;
            }),
            py::arg("num_hiddens"), py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias").noconvert() = false,
