@@ -1,6 +1,7 @@
 // Rotary position embeddings (src/nn/rotary.h, mha/rotary.h).
 #include "nn/rotary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -64,29 +65,39 @@ void rotate_row_reference(float* row, int64_t position, const Rotary& r, bool in
 }
 
 void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse) {
-  if (!r.enabled()) return;
+  if (!r.enabled() || rows <= 0) return;
   const int64_t B = x.shape[0], heads = x.shape[1], half = r.dims / 2;
   std::vector<float> theta(static_cast<size_t>(half));
   rotary_frequencies(r, theta.data());
-  // One batch row per task: its positions' cosines and sines once, then
-  // every head's rows (each element written by one thread: any thread count
-  // gives the same bits).
+  // The cosines and sines of the call's positions [p_lo, p_hi), once for
+  // every batch row and head (an uncached call: 0..rows-1; a cached one: the
+  // rows' new positions, each row's starting at its cached length). Each
+  // entry is computed alone, as rotate_row_reference computes it.
+  int64_t p_lo = 0, p_hi = rows;
+  if (first) {
+    p_lo = first[0], p_hi = first[0] + rows;
+    for (int64_t b = 1; b < B; ++b) p_lo = std::min(p_lo, first[b]), p_hi = std::max(p_hi, first[b] + rows);
+  }
+  const int64_t P = p_hi - p_lo;
+  std::vector<float> cs(static_cast<size_t>(2 * half * P));
+  float* const cos_a = cs.data();
+  float* const sin_a = cs.data() + half * P;
+  core::parallel_for(P, core::team_for(static_cast<double>(P) * half * 40, P), [&](int64_t i) {
+    for (int64_t m = 0; m < half; ++m) {
+      const float angle = static_cast<float>(p_lo + i) * theta[static_cast<size_t>(m)];
+      cos_a[i * half + m] = std::cos(angle);
+      sin_a[i * half + m] = std::sin(angle);
+    }
+  });
+  // One (batch row, head) per task; each element is written by one thread:
+  // any thread count gives the same bits.
   const double work = static_cast<double>(B) * heads * rows * r.dims * 3;
-  core::parallel_for(B, core::team_for(work, B), [&](int64_t b) {
-    std::vector<float> cs(static_cast<size_t>(2 * half * rows));
-    float* cos_a = cs.data();
-    float* sin_a = cs.data() + half * rows;
-    const int64_t p0 = first ? first[b] : 0;
+  core::parallel_for(B * heads, core::team_for(work, B * heads), [&](int64_t bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const int64_t p0 = (first ? first[b] : 0) - p_lo;
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t m = 0; m < half; ++m) {
-        const float angle = static_cast<float>(p0 + i) * theta[static_cast<size_t>(m)];
-        cos_a[i * half + m] = std::cos(angle);
-        sin_a[i * half + m] = std::sin(angle);
-      }
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < rows; ++i)
-        rotate(x.data + b * x.stride[0] + h * x.stride[1] + i * x.stride[2], r, cos_a + i * half, sin_a + i * half,
-               inverse);
+      rotate(x.data + b * x.stride[0] + h * x.stride[1] + i * x.stride[2], r, cos_a + (p0 + i) * half,
+             sin_a + (p0 + i) * half, inverse);
   });
 }
 
