@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "bindings.h"
@@ -203,9 +204,17 @@ mha::Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim)
       const py::handle v = kv.second;
       auto integer = [&] { return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v); };
       if (key == "dims" && (v.is_none() || integer())) {
-        if (!v.is_none()) r.dims = v.cast<int64_t>();
+        if (!v.is_none()) {
+          int overflow = 0;
+          r.dims = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+          if (overflow != 0)
+            fail(op, "rotary dims: ", std::string(py::repr(v)), "; wanted an even number in [0, head_dim = ", head_dim,
+                 "] (the rotated entries of each head)");
+        }
       } else if (key == "base" && (py::isinstance<py::float_>(v) || integer())) {
-        r.base = v.cast<float>();
+        double base = PyFloat_AsDouble(v.ptr());  // an int too large for a double: infinite (refused below)
+        if (PyErr_Occurred()) PyErr_Clear(), base = HUGE_VAL;
+        r.base = static_cast<float>(base);
       } else if (key == "interleaved" && py::isinstance<py::bool_>(v)) {
         r.layout = v.cast<bool>() ? mha::Rotary::Layout::Interleaved : mha::Rotary::Layout::Half;
       } else {

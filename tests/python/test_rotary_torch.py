@@ -213,6 +213,9 @@ def test_numpy_modules_take_the_same_forms():
     (lambda r: mt.MultiHeadAttention(16, 2, 0.0, rotary=r), {"dim": 4}, "rotary: entry 'dim': 4; wanted dims"),
     (lambda r: mt.MultiHeadAttention(16, 2, 0.0, rotary=r), "yes", "rotary: 'yes' is not None, a bool"),
     (lambda r: mha.MultiHeadAttention(16, 2, rotary=r), {"interleaved": 1}, "rotary: entry 'interleaved': 1"),
+    (lambda r: mha.MultiHeadAttention(16, 2, rotary=r), {"dims": 2**70}, f"rotary dims: {2**70}; wanted an even"),
+    (lambda r: mt.MultiheadAttention(16, 2, rotary=r), {"base": 10**400}, "rotary base: inf; wanted a finite"),
+    (lambda r: mt.MultiheadAttention(16, 2, rotary=r), {"base": float("nan")}, "rotary base: nan; wanted a finite"),
 ])
 def test_bad_rotary_values_are_refused_with_the_operation_and_the_value(make, bad, message):
     with pytest.raises(ValueError, match="rotary") as e:
