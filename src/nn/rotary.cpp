@@ -34,20 +34,29 @@ void rotary_frequencies(const Rotary& r, float* theta) {
 
 namespace {
 
-// The pair (lo, hi) of index m in a row: Half (m, m + dims/2), Interleaved (2m, 2m + 1).
-inline void pair_of(const Rotary& r, int64_t m, int64_t& lo, int64_t& hi) {
-  if (r.layout == Rotary::Layout::Half) lo = m, hi = m + r.dims / 2;
-  else lo = 2 * m, hi = 2 * m + 1;
-}
-
+// Rotates the pairs of one row by the angles of cos_a / sin_a (minus them
+// when inverse). One loop per layout, without a branch inside, so that the
+// compiler vectorises it (the half layout reads two contiguous runs); each
+// entry's arithmetic is the same in either case, so bits do not change.
 inline void rotate(float* row, const Rotary& r, const float* cos_a, const float* sin_a, bool inverse) {
-  for (int64_t m = 0; m < r.dims / 2; ++m) {
-    int64_t lo, hi;
-    pair_of(r, m, lo, hi);
-    const float c = cos_a[m], s = inverse ? -sin_a[m] : sin_a[m];
-    const float x1 = row[lo], x2 = row[hi];
-    row[lo] = x1 * c - x2 * s;
-    row[hi] = x2 * c + x1 * s;
+  const int64_t half = r.dims / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  if (r.layout == Rotary::Layout::Half) {  // pairs (x[m], x[m + dims/2])
+    float* __restrict lo = row;
+    float* __restrict hi = row + half;
+    for (int64_t m = 0; m < half; ++m) {
+      const float c = cos_a[m], s = sign * sin_a[m];
+      const float x1 = lo[m], x2 = hi[m];
+      lo[m] = x1 * c - x2 * s;
+      hi[m] = x2 * c + x1 * s;
+    }
+  } else {  // pairs (x[2m], x[2m + 1])
+    for (int64_t m = 0; m < half; ++m) {
+      const float c = cos_a[m], s = sign * sin_a[m];
+      const float x1 = row[2 * m], x2 = row[2 * m + 1];
+      row[2 * m] = x1 * c - x2 * s;
+      row[2 * m + 1] = x2 * c + x1 * s;
+    }
   }
 }
 
