@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "bindings.h"
@@ -208,9 +209,58 @@ mha::Window to_window(const py::object& window, const char* op) {
   return {window[py::int_(0)].cast<int64_t>(), window[py::int_(1)].cast<int64_t>()};
 }
 
+mha::Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim) {
+  mha::Rotary r;
+  if (value.is_none() || (py::isinstance<py::bool_>(value) && !value.cast<bool>())) return r;
+  if (py::isinstance<py::bool_>(value)) {  // True: every entry of each head, base 10000, rotate_half
+    r.dims = head_dim;
+  } else if (py::isinstance<mha::Rotary>(value)) {
+    r = value.cast<mha::Rotary>();
+  } else if (py::isinstance<py::dict>(value)) {  // dims (default: the head width), base, interleaved
+    r.dims = head_dim;
+    for (const auto& kv : value.cast<py::dict>()) {
+      const std::string key = py::isinstance<py::str>(kv.first) ? kv.first.cast<std::string>() : "";
+      const py::handle v = kv.second;
+      auto integer = [&] { return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v); };
+      if (key == "dims" && (v.is_none() || integer())) {
+        if (!v.is_none()) {
+          int overflow = 0;
+          r.dims = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+          if (overflow != 0)
+            fail(op, "rotary dims: ", std::string(py::repr(v)), "; wanted an even number in [0, head_dim = ", head_dim,
+                 "] (the rotated entries of each head)");
+        }
+      } else if (key == "base" && (py::isinstance<py::float_>(v) || integer())) {
+        double base = PyFloat_AsDouble(v.ptr());  // an int too large for a double: infinite (refused below)
+        if (PyErr_Occurred()) PyErr_Clear(), base = HUGE_VAL;
+        r.base = static_cast<float>(base);
+      } else if (key == "interleaved" && py::isinstance<py::bool_>(v)) {
+        r.layout = v.cast<bool>() ? mha::Rotary::Layout::Interleaved : mha::Rotary::Layout::Half;
+      } else {
+        fail(kType, op, "rotary: entry ", std::string(py::repr(kv.first)), ": ", std::string(py::repr(v)),
+             "; wanted dims (an even integer or None: the head width), base (a number > 1) or interleaved (a bool)");
+      }
+    }
+  } else {
+    fail(kType, op, "rotary: ", std::string(py::repr(value)),
+         " is not None, a bool, an mha.Rotary or a dict of dims, base and interleaved");
+  }
+  check_rotary(op, r, head_dim);
+  return r;
+}
+
 }  // namespace mha::python
 
 void mha::python::bind_torch(py::module_& m) {
+  m.def(
+      "_to_rotary",
+      [](const py::object& rotary, const std::string& op, int64_t head_dim) -> std::optional<mha::Rotary> {
+        const mha::Rotary r = to_rotary(rotary, op.c_str(), head_dim);
+        return r.enabled() ? std::optional<mha::Rotary>(r) : std::nullopt;
+      },
+      py::arg("rotary"), py::arg("op"), py::arg("head_dim"),
+      "A rotary= argument (None, a bool, an mha.Rotary or a dict) checked against heads of width head_dim "
+      "-> mha.Rotary or None (internal: the modules' rotary=)");
   py::enum_<mha::Causal>(m, "Causal", "Causal masking; TOP_LEFT is PyTorch's is_causal=True.")
       .value("NONE", mha::Causal::None)
       .value("TOP_LEFT", mha::Causal::TopLeft, "query i sees keys j <= i")
@@ -389,8 +439,9 @@ softcap and alibi_slopes). Rows with every key masked get fully_masked_rows, nev
           [](const TMHA& s) -> std::optional<mha::Rotary> {
             return s.rotary().enabled() ? std::optional<mha::Rotary>(s.rotary()) : std::nullopt;
           },
-          [](TMHA& s, const std::optional<mha::Rotary>& r) { s.set_rotary(r ? *r : mha::Rotary{}); },
-          "Rotary position embeddings on q and k (mha.Rotary), or None (default); the appended bias_k\n"
+          [](TMHA& s, const py::object& r) { s.set_rotary(to_rotary(r, "TorchMultiheadAttention.set_rotary", s.head_dim())); },
+          "Rotary position embeddings on q and k: None/False (default), True (every entry of each head,\n"
+          "base 10000, rotate_half pairs), an mha.Rotary or a dict of dims, base, interleaved; the appended bias_k\n"
           "and zero key rows are not rotated.")
       .def_property(
           "precision", [](const TMHA& s) { return std::string(mha::to_string(s.precision())); },

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include "mha/masks.h"
+#include "mha/rotary.h"
 
 namespace mha::python {
 
@@ -24,6 +25,10 @@ Window to_window(const py::object& window, const char* op);
 // one slope per head (mha/masks.h ScoreOptions; the values are checked by
 // the module).
 ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op);
+// rotary= (mha/rotary.h): None or False (off), True (every entry of a head of
+// width head_dim, base 10000, rotate_half pairs), an mha.Rotary, or a dict
+// of dims (default: head_dim), base and interleaved; checked for head_dim.
+Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim);
 
 // Each binding file's part of mha._core, in the order module.cpp calls them.
 void add_plot_bindings(py::module_& m);   // plot_bindings.cpp: heatmaps, PNG

@@ -194,7 +194,10 @@ of each head (even, at most the head width) form pairs that turn by
 position * base**(-2m/dims); interleaved=False pairs (x[m], x[m + dims/2])
 as Hugging Face's rotate_half (LLaMA, GPT-NeoX, Mistral), True pairs
 (x[2m], x[2m+1]) as GPT-J and Meta's LLaMA. Set it on a module with
-module.rotary = mha.Rotary(...) (None: off); cached calls number positions
+module.rotary = mha.Rotary(...) or rotary= when made (None: off; True: every
+entry of each head, base 10000, interleaved=False; a dict such as
+{"dims": 32, "base": 500000.0, "interleaved": True}, dims defaulting to the
+head width, is read as these arguments); cached calls number positions
 from each row's cached length. The backward rotates the gradients back.
 )doc")
       .def(py::init([](int64_t dims, mha::python::Real base, bool interleaved) {
@@ -237,11 +240,11 @@ fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
 )doc")
       .def(py::init([](int64_t num_hiddens, int64_t num_heads, mha::python::Real dropout, bool bias, uint64_t seed,
-                       const std::string& precision, const std::optional<mha::Rotary>& rotary) {
+                       const std::string& precision, const py::object& rotary) {
              const mha::Precision p = mha::parse_precision("MultiHeadAttention", precision);
              auto m = std::make_unique<mha::MultiHeadAttention>(num_hiddens, num_heads, dropout, bias, seed);
              m->set_precision(p);
-             if (rotary) m->set_rotary(*rotary);
+             m->set_rotary(mha::python::to_rotary(rotary, "MultiHeadAttention", m->head_dim()));
              return m;
            }),
            py::arg("num_hiddens"), py::arg("num_heads"), py::arg("dropout") = 0.0f, py::arg("bias").noconvert() = false,
@@ -338,8 +341,11 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
             const mha::Rotary r = s.rotary();
             return r.enabled() ? std::optional<mha::Rotary>(r) : std::nullopt;
           },
-          [](mha::MultiHeadAttention& s, const std::optional<mha::Rotary>& r) { s.set_rotary(r ? *r : mha::Rotary{}); },
-          "Rotary position embeddings on q and k (mha.Rotary), or None (default).")
+          [](mha::MultiHeadAttention& s, const py::object& r) {
+            s.set_rotary(mha::python::to_rotary(r, "MultiHeadAttention.set_rotary", s.head_dim()));
+          },
+          "Rotary position embeddings on q and k: None/False (default), True (every entry of each head,\n"
+          "base 10000, rotate_half pairs), an mha.Rotary or a dict of dims, base, interleaved.")
       .def_property_readonly("num_hiddens", &mha::MultiHeadAttention::num_hiddens)
       .def_property_readonly("num_heads", &mha::MultiHeadAttention::num_heads)
       .def_property_readonly("dropout", &mha::MultiHeadAttention::dropout)

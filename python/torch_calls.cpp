@@ -222,7 +222,7 @@ void bind_torch_calls(py::module_& core) {
          const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
          bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
          FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
-         const py::object& window) {
+         const py::object& window, const std::optional<mha::Rotary>& rotary) {
         static const char* op = "mha.torch.MultiheadAttention";
         static const char* names[3] = {"query", "key", "value"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -243,7 +243,11 @@ void bind_torch_calls(py::module_& core) {
         const int64_t H = c.layers.q.out_features() / d;
         const int64_t Hkv = c.layers.k.out_features() / d;
         nn::TorchMhaShape shape{embed_dim, H, Hkv, d, batch_first, fully_masked};
-        const nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        if (rotary) {  // per head of width d (mha/rotary.h)
+          check_rotary(op, *rotary, d);
+          s.rotary = *rotary;
+        }
         nn::TorchMhaForward f;
         {
           py::gil_scoped_release release;
@@ -266,6 +270,7 @@ void bind_torch_calls(py::module_& core) {
       py::arg("need_weights"), py::arg("attn_mask"), py::arg("average_attn_weights"), py::arg("is_causal"),
       py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
       py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("window") = py::none(),
+      py::arg("rotary") = py::none(),
       "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
 
   m.def(
@@ -273,7 +278,8 @@ void bind_torch_calls(py::module_& core) {
       [](const std::shared_ptr<CallState>& state, const py::tuple& layers_t, const py::object& queries,
          const py::object& keys,
          const py::object& values, const py::object& valid_lens, int64_t num_heads, AttentionKernel kernel,
-         const std::string& precision, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context) {
+         const std::string& precision, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
+         const std::optional<mha::Rotary>& rotary) {
         static const char* op = "mha.torch.MultiHeadAttention";
         static const char* names[3] = {"queries", "keys", "values"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -284,7 +290,11 @@ void bind_torch_calls(py::module_& core) {
         const int64_t inner = c.layers.q.out_features();
         if (num_heads <= 0 || inner % num_heads != 0)
           fail(op, "num_heads: ", num_heads, " does not divide W_q's ", inner, " outputs");
-        const nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
+        if (rotary) {  // per head of width inner / num_heads (mha/rotary.h)
+          check_rotary(op, *rotary, inner / num_heads);
+          s.rotary = *rotary;
+        }
         nn::EngineOutput r;
         {
           py::gil_scoped_release release;
@@ -309,7 +319,7 @@ void bind_torch_calls(py::module_& core) {
       },
       py::arg("state"), py::arg("layers"), py::arg("queries"), py::arg("keys"), py::arg("values"),
       py::arg("valid_lens"), py::arg("num_heads"), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
-      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("rotary") = py::none(),
       "The d2l chapter's forward on the weights given -> (output, context or None)");
 
   m.def(

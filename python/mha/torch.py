@@ -347,6 +347,31 @@ class DotProductAttention(nn.Module):
         return None if w is None else w.reshape(-1, w.shape[2], w.shape[3])
 
 
+def _rotary_state(r):
+    """An mha.Rotary as plain values for pickle / deepcopy (None stays None)."""
+    return None if r is None else {"dims": r.dims, "base": r.base, "interleaved": r.interleaved}
+
+
+def _rotary_of_state(r):
+    return r if r is None or isinstance(r, _core.Rotary) else _core.Rotary(r["dims"], r["base"], r["interleaved"])
+
+
+def _rope(x, dims, base, interleaved):
+    """x (B, h, L, d) rotated at positions 0..L-1 by torch's ops, as mha/rotary.h defines it
+    (Hugging Face's float32 angles): for the differentiable weights."""
+    theta = 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims))
+    angle = torch.arange(x.shape[2]).float()[:, None] * theta[None, :]
+    cos, sin = angle.cos(), angle.sin()
+    rot, rest = x[..., :dims], x[..., dims:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).flatten(-2)
+    else:
+        x1, x2 = rot[..., :dims // 2], rot[..., dims // 2:]
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    return torch.cat([out, rest], -1)
+
+
 class MultiHeadAttention(nn.Module):
     """The d2l chapter's multi-head attention, computed and differentiated by mha.
 
@@ -366,7 +391,9 @@ class MultiHeadAttention(nn.Module):
     kwargs: kernel=mha.Kernel.* chooses mha's attention implementation;
     precision='bfloat16' ('bf16') runs the projections' products in bfloat16
     with float32 sums and rounds q, k, v to bfloat16 (attention, parameters,
-    gradients and optimiser steps stay float32; default 'float32').
+    gradients and optimiser steps stay float32; default 'float32');
+    rotary= rotary position embeddings on each head's q and k after the
+    projections (see mha.torch.MultiheadAttention; also the rotary property).
 
     Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
     mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
@@ -384,10 +411,12 @@ class MultiHeadAttention(nn.Module):
         bias = _checks.flag(bias, op, "bias")
         kernel = kwargs.pop("kernel", None)
         precision = _checks.precision(kwargs.pop("precision", "float32"), op)
+        rotary = kwargs.pop("rotary", None)
         if kwargs:
             raise TypeError(f"[{op}] unexpected keyword arguments: {', '.join(sorted(kwargs))}")
         # mha's own module checks the sizes (positive, divisible) with its messages.
         _core.MultiHeadAttention(num_hiddens, num_heads, 0.0, bias)
+        self._rotary = _core._to_rotary(rotary, op, num_hiddens // num_heads)
         self.num_heads = num_heads
         self.num_hiddens = num_hiddens
         self.attention = DotProductAttention(dropout, self)
@@ -409,13 +438,26 @@ class MultiHeadAttention(nn.Module):
 
     __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
 
+    @property
+    def rotary(self):
+        """The rotary position embeddings on q and k (an mha.Rotary), or None (off)."""
+        return self._rotary
+
+    @rotary.setter
+    def rotary(self, r):
+        self._rotary = _core._to_rotary(r, "mha.torch.MultiHeadAttention.rotary",
+                                        self.num_hiddens // self.original_num_heads)
+
     def __getstate__(self):  # copy.deepcopy / pickle: mha's per-module state is made anew
         state = dict(self.__dict__)
         for k in ("_weights", "_cache_impl", "_last_context"):
             state.pop(k, None)
+        state["_rotary"] = _rotary_state(state.get("_rotary"))
         return state
 
     def __setstate__(self, state):
+        state = dict(state)
+        state["_rotary"] = _rotary_of_state(state.get("_rotary"))
         super().__setstate__(state)
         self._make_state()
 
@@ -581,12 +623,13 @@ class MultiHeadAttention(nn.Module):
             cm.sync(named)
             impl.eval()
             impl.precision = precision
+            impl.rotary = self._rotary
             _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
             nq, nk, nv = _inputs_numpy(queries, keys, values)
             return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache)).to(out_dtype)
         p = _dropout_p(op, "attention.dropout.p", self.attention.dropout.p) if self.training else 0.0
         key = _dropout_key(p)
-        kernel, num_heads = self._kernel, self.num_heads
+        kernel, num_heads, rotary = self._kernel, self.num_heads, self._rotary
         weights = self._weights
         module = self
 
@@ -594,7 +637,8 @@ class MultiHeadAttention(nn.Module):
             nq, nk, nv = _inputs_numpy(q, k, v)
             layers = _with_gates(weights.layers(ps, lambda ps: module._call_layers(ps, weights)), gates)
             out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv,
-                                                 lens, num_heads, kernel, precision, for_backward, p, key, True)
+                                                 lens, num_heads, kernel, precision, for_backward, p, key, True,
+                                                 rotary)
             module._last_context = context
             return out, None, context
 
@@ -645,7 +689,7 @@ class MultiheadAttention(nn.Module):
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                        add_zero_attn=False, kdim=None, vdim=None, batch_first=False,
                        device=None, dtype=None, *, fully_masked_rows=mha.FullyMaskedRows.ZEROS,
-                       kernel=mha.Kernel.FUSED, precision='float32')
+                       kernel=mha.Kernel.FUSED, precision='float32', rotary=None)
 
     The same parameters, names, initialisation (torch's, from torch's generator)
     and state dict as nn.MultiheadAttention, so either's state dict loads into
@@ -673,13 +717,25 @@ class MultiheadAttention(nn.Module):
 
     head_gates ((num_heads,) tensor or None) and head_mask= multiply each head's
     output before out_proj (see mha.torch.head_importance).
+
+    rotary: rotary position embeddings (RoFormer; LLaMA, GPT-NeoX, GPT-J) on
+    each head's projected q and k (after in_proj and its bias), forward and
+    backward: None or False (default, off); True (every entry of each head,
+    base 10000, Hugging Face's rotate_half pairs (x[m], x[m + d/2])); a dict
+    {"dims": n, "base": b, "interleaved": bool} (dims: the first n entries of
+    each head, even, default the head width, as GPT-NeoX's rotary_pct;
+    interleaved=True pairs (x[2m], x[2m+1]) as GPT-J); or an mha.Rotary.
+    Query i and key j sit at positions i and j; in cached calls the new
+    positions follow each row's cached length, so decoding token by token
+    equals the uncached causal call. bias_k and add_zero_attn's keys are not
+    rotated. Also a property (module.rotary = ...).
     torch's TransformerEncoder(Layer) calls this module in eval mode under
     no_grad too (its own fused path is never taken for it).
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
-                 dtype=None, *, fully_masked_rows=None, kernel=None, precision="float32"):
+                 dtype=None, *, fully_masked_rows=None, kernel=None, precision="float32", rotary=None):
         super().__init__()
         op = "mha.torch.MultiheadAttention"
         embed_dim = _checks.integer(embed_dim, op, "embed_dim")
@@ -730,7 +786,17 @@ class MultiheadAttention(nn.Module):
                                    else fully_masked_rows)
         self._kernel = _core.Kernel.FUSED if kernel is None else kernel
         self._precision = _checks.precision(precision, op)
+        self._rotary = _core._to_rotary(rotary, op, self.head_dim)
         self._make_state()
+
+    @property
+    def rotary(self):
+        """The rotary position embeddings on q and k (an mha.Rotary), or None (off)."""
+        return self._rotary
+
+    @rotary.setter
+    def rotary(self, r):
+        self._rotary = _core._to_rotary(r, "mha.torch.MultiheadAttention.rotary", self.head_dim)
 
     def _make_state(self):
         self._weights = _Weights()
@@ -750,9 +816,12 @@ class MultiheadAttention(nn.Module):
         state = dict(self.__dict__)
         for k in ("_weights", "_cache_impl", "_last_context"):
             state.pop(k, None)
+        state["_rotary"] = _rotary_state(state.get("_rotary"))
         return state
 
     def __setstate__(self, state):
+        state = dict(state)
+        state["_rotary"] = _rotary_of_state(state.get("_rotary"))
         super().__setstate__(state)
         self._make_state()
 
@@ -925,6 +994,7 @@ class MultiheadAttention(nn.Module):
             impl.eval()
             impl.precision = precision
             impl.kernel = self._kernel
+            impl.rotary = self._rotary
             gates = _call_gates(op, self.head_gates, head_mask, self.num_heads)
             kept = self._kept()
             if kept is not None and gates is not None:
@@ -950,7 +1020,8 @@ class MultiheadAttention(nn.Module):
                             kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
                             gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
-                            kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window)
+                            kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window,
+                            rotary=self._rotary)
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -1056,7 +1127,7 @@ def _kept_mask_slices(op, am, kept, num_heads):
 
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None, kept=None, masks=None, window=None):
+                 module=None, gates=None, kept=None, masks=None, window=None, rotary=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -1080,7 +1151,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         out, w, context = _calls._torch_mha_forward(
             state, layers, nq, nk, nv,
             embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
-            fully_masked, for_backward, p, drop_key, p > 0.0, window)
+            fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary)
         if context is not None and module is not None:
             module._last_context = context
         last[0] = context
@@ -1097,7 +1168,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         # The weights as a function of query, key and the projections, by torch's ops (their
         # values equal mha's to float32 rounding), so that a loss on them has gradients.
         w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
-                                    masks, is_causal, fully_masked, p, last[0], average, kept, window)
+                                    masks, is_causal, fully_masked, p, last[0], average, kept, window, rotary)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
         w = None if w is None else w.to(out_dtype)
@@ -1301,7 +1372,7 @@ def head_importance(module, loss_fn, method="gradient"):
 
 
 def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
-                            p, context, average, kept, window=None):
+                            p, context, average, kept, window=None, rotary=None):
     """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
     torch's ops from the call's query, key and parameters, with the call's masks, fully masked
     policy and mha's dropout mask: what mha returned, now differentiable."""
@@ -1333,6 +1404,9 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
     Kt = k.shape[1]
     q = q.reshape(B, L, h, d).transpose(1, 2)
     k = k.reshape(B, Kt, h, d).transpose(1, 2)
+    if rotary is not None:  # the S given keys only (mha/rotary.h)
+        q = _rope(q, rotary.dims, rotary.base, rotary.interleaved)
+        k = torch.cat([_rope(k[:, :, :S], rotary.dims, rotary.base, rotary.interleaved), k[:, :, S:]], 2)
     s = q @ k.transpose(-2, -1) / math.sqrt(d)
     masked = torch.zeros(B, 1, L, Kt, dtype=torch.bool)
 

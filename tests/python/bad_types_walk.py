@@ -150,6 +150,8 @@ GOOD = {
     "MultiHeadAttention.head_gates =": dict(gates=ones(2)),
     "MultiHeadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
     "MultiHeadAttention.rotary =": dict(rotary=lambda: mha.Rotary(2)),
+    # internal: head_dim comes from a module's checked sizes (a callable: not in the --ints walk)
+    "_to_rotary": dict(rotary=lambda: {"base": 100.0, "dims": 2}, op="_to_rotary", head_dim=lambda: 4),
     "Rotary": dict(dims=2, base=10000.0, interleaved=False),
     "AttentionModel": dict(vocab_size=5, num_classes=3, max_len=8, num_hiddens=4, num_heads=2, num_layers=1,
                            dropout=0.0, bias=False, positions=mha.Positions.LEARNED, seed=0),
@@ -248,6 +250,8 @@ if torch is not None:
         "torch.MultiHeadAttention.forward": dict(queries=t3, keys=t3, values=t3, valid_lens=torch.tensor([1, 2])),
         "torch.MultiHeadAttention.kernel =": dict(kernel=mha.Kernel.BLAS),
         "torch.MultiHeadAttention.precision =": dict(precision="bf16"),
+        "torch.MultiHeadAttention.rotary =": dict(rotary=lambda: {"interleaved": True, "dims": 2}),
+        "torch.MultiheadAttention.rotary =": dict(rotary=lambda: {"base": 100.0, "dims": 2}),
         "torch.MultiheadAttention": dict(embed_dim=4, num_heads=2, dropout=0.0, bias=True, add_bias_kv=False,
                                          add_zero_attn=False, kdim=None, vdim=None, batch_first=True,
                                          device=None, dtype=None, fully_masked_rows=None, kernel=None,
@@ -318,6 +322,10 @@ NONE_OK = {
     ("torch.attention", "sinks"), ("torch.attention", "cu_seqlens"), ("torch.attention", "max_seqlen"),
     ("torch.attention", "scale"),
     ("torch.MultiheadAttention.head_gates =", "head_gates"),
+    # rotary=None: off
+    ("MultiHeadAttention.rotary =", "rotary"), ("TorchMultiheadAttention.rotary =", "rotary"),
+    ("torch.MultiHeadAttention.rotary =", "rotary"), ("torch.MultiheadAttention.rotary =", "rotary"),
+    ("_to_rotary", "rotary"),
     # PyTorch's functional form takes None for absent tensors though its signature has no defaults
     ("torch.multi_head_attention_forward", "in_proj_weight"), ("torch.multi_head_attention_forward", "in_proj_bias"),
     ("torch.multi_head_attention_forward", "bias_k"), ("torch.multi_head_attention_forward", "bias_v"),
@@ -371,6 +379,10 @@ OPS = {
     "torch.MultiheadAttention.prune_heads": ("mha.torch.MultiheadAttention.prune_heads",
                                              "TorchMultiheadAttention.prune_heads"),
     "torch.MultiheadAttention.head_gates =": "mha.torch.MultiheadAttention.head_gates",
+    "MultiHeadAttention.rotary =": "MultiHeadAttention.set_rotary",
+    "TorchMultiheadAttention.rotary =": "TorchMultiheadAttention.set_rotary",
+    "torch.MultiHeadAttention.rotary =": "mha.torch.MultiHeadAttention.rotary",
+    "torch.MultiheadAttention.rotary =": "mha.torch.MultiheadAttention.rotary",
 }
 
 # ---- enumeration -----------------------------------------------------------------

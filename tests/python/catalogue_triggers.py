@@ -38,6 +38,11 @@ def _torch_module(embed_dim, num_heads):
     return mha.torch.MultiheadAttention(embed_dim, num_heads)
 
 
+def _torch_chapter_module_with_rotary(rotary):
+    import mha.torch
+    return mha.torch.MultiHeadAttention(16, 2, 0.0, rotary=rotary)
+
+
 def _torch_module_with_precision(precision):
     import mha.torch
     return mha.torch.MultiheadAttention(16, 2, precision=precision)
@@ -405,8 +410,10 @@ PY = {
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
-    "rotary.dims": lambda t: mha.MultiHeadAttention(16, 2, rotary=mha.Rotary(10)),
+    "rotary.dims": lambda t: setattr(mha.MultiHeadAttention(16, 2), "rotary", mha.Rotary(10)),
     "rotary.even": lambda t: mha.Rotary(-1),
+    "rotary.kind": lambda t: setattr(mha.MultiHeadAttention(16, 2), "rotary", "yes"),
+    "rotary.key": lambda t: _torch_chapter_module_with_rotary({"dim": 4}),
     "rotary.base": lambda t: mha.Rotary(8, base=1.0),
     "py.precision": lambda t: _torch_module_with_precision("fp16"),
     "kv_cache.valid_lens": lambda t: _cached_call_with_lens(),
