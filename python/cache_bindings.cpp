@@ -128,9 +128,9 @@ want a cache each).
       .def(
           "kv_cache",
           [](const MultiHeadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
-             const py::object& window) {
+             std::optional<int64_t> window) {
             return s.kv_cache(batch_size, max_len, to_dtype(dtype, "MultiHeadAttention.kv_cache"),
-                              window.is_none() ? -1 : window.cast<int64_t>());
+                              window.value_or(-1));
           },
           py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
           "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache for cached calls,\n"
@@ -164,9 +164,9 @@ want a cache each).
       .def(
           "kv_cache",
           [](const TorchMultiheadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
-             const py::object& window) {
+             std::optional<int64_t> window) {
             return s.kv_cache(batch_size, max_len, to_dtype(dtype, "TorchMultiheadAttention.kv_cache"),
-                              window.is_none() ? -1 : window.cast<int64_t>());
+                              window.value_or(-1));
           },
           py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
           "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache (num_kv_heads\n"

@@ -99,6 +99,26 @@ Triggers torch_triggers() {
          call.window = {-2, 0};
          torch_call(Q, KV, KV, call);
        }},
+      {"scores.softcap", [] {
+         TorchMhaCall call;
+         call.scores.softcap = -1.0f;
+         torch_call(Q, KV, KV, call);
+       }},
+      {"scores.alibi_count", [] {
+         TorchMhaCall call;
+         call.scores.alibi_slopes = {0.5f};
+         torch_call(Q, KV, KV, call);
+       }},
+      {"scores.alibi_finite", [] {
+         TorchMhaCall call;
+         call.scores.alibi_slopes = {0.5f, INFINITY};
+         torch_call(Q, KV, KV, call);
+       }},
+      {"scores.alibi_appended", [] {
+         TorchMhaCall call;
+         call.scores.alibi_slopes = {0.1f, 0.2f};
+         torch_mha(torch_state({{"bias_k", ones({1, 1, 4})}, {"bias_v", ones({1, 1, 4})}})).forward(Q, KV, KV, call);
+       }},
       {"tmha.overflow", [] { torch_call(Tensor({2, 3, 4}, 1e20f), Tensor({2, 6, 4}, 1e20f), KV); }},
       {"tmha.mask_shape", [] {
          TorchMhaCall call;
