@@ -15,7 +15,7 @@ What is measured (docs/performance.md keeps the numbers)
               length: the key padding mask), as a padded batch is computed without cu_seqlens.
 - forward: under torch.no_grad(); fwd+bwd: on inputs that require grad, then backward of out.sum().
   Median of --reps calls after 2 warm-up calls, in ms; OMP_NUM_THREADS=1 and mha.set_num_threads(1).
-- Targets (issue's): packed <= 1.1x one by one, packed <= 0.5x padded.
+- Targets: packed <= 1.1x one by one, packed <= 0.5x padded.
 """
 import argparse
 import os
