@@ -222,7 +222,8 @@ void bind_torch_calls(py::module_& core) {
          const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
          bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
          FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
-         const py::object& window, const std::optional<mha::Rotary>& rotary) {
+         const py::object& window, const std::optional<mha::Rotary>& rotary, const py::object& softcap,
+         const py::object& alibi_slopes) {
         static const char* op = "mha.torch.MultiheadAttention";
         static const char* names[3] = {"query", "key", "value"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -235,6 +236,7 @@ void bind_torch_calls(py::module_& core) {
         call.attn_mask = masks.attn_mask;
         call.causal = masks.causal;
         call.window = masks.window;
+        call.scores = to_scores(softcap, alibi_slopes, op);
         call.need_weights = need_weights;
         call.average_attn_weights = average_attn_weights;
         if (num_heads <= 0 || embed_dim % num_heads != 0)
@@ -270,7 +272,7 @@ void bind_torch_calls(py::module_& core) {
       py::arg("need_weights"), py::arg("attn_mask"), py::arg("average_attn_weights"), py::arg("is_causal"),
       py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
       py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("window") = py::none(),
-      py::arg("rotary") = py::none(),
+      py::arg("rotary") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
       "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
 
   m.def(

@@ -960,13 +960,17 @@ class MultiheadAttention(nn.Module):
         return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None):
+                average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None,
+                softcap=None, alibi_slopes=None):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-        average_attn_weights=True, is_causal=False, *, cache=None, window=None) -> (attn_output,
-        attn_weights or None); shapes in the class docstring. window: None or (left, right), a
-        sliding window as FlashAttention's window_size (query i of L sees key j of S iff
-        i + S - L - left <= j <= i + S - L + right, -1 unbounded), intersected with the other
-        masks. With cache= (an mha.KVCache of kv_cache()): the cached call of the n new
+        average_attn_weights=True, is_causal=False, *, cache=None, window=None, softcap=None,
+        alibi_slopes=None) -> (attn_output, attn_weights or None); shapes in the class docstring.
+        window: None or (left, right), a sliding window as FlashAttention's window_size (query i
+        of L sees key j of S iff i + S - L - left <= j <= i + S - L + right, -1 unbounded),
+        intersected with the other masks. softcap: None or c > 0, each scaled score s becomes
+        c * tanh(s / c) (Gemma 2); alibi_slopes: None or one slope per head (a tensor or array,
+        no gradient), subtracting slope_h * |i + S - L - j| (ALiBi); both before the masks, as
+        FlashAttention's softcap and alibi_slopes. With cache= (an mha.KVCache of kv_cache()): the cached call of the n new
         positions (eval mode, no gradients, causal over the new positions, no attn_mask;
         key_padding_mask over the cached and new keys; window over each row's keys),
         -> (attn_output, None)."""
@@ -980,8 +984,17 @@ class MultiheadAttention(nn.Module):
         precision = mode or self._precision
         query, key, value = _as_float32(query, key, value)
         batch_first = bool(self.batch_first)
+        if isinstance(alibi_slopes, torch.Tensor):
+            if alibi_slopes.requires_grad and torch.is_grad_enabled():
+                raise ValueError(f"[{op}] alibi_slopes: requires grad; mha gives ALiBi slopes no gradient "
+                                 "(FlashAttention neither): pass alibi_slopes.detach()")
+            alibi_slopes = alibi_slopes.detach().float().cpu().numpy()
         if cache is not None:
             _check_cached(op, cache, [query, key, value, *params])
+            if softcap is not None or alibi_slopes is not None:
+                raise ValueError(f"[{op}] {'softcap' if softcap is not None else 'alibi_slopes'}: given with "
+                                 "cache=; cached calls of this module take no score options (mha.torch.attention "
+                                 "takes them on every call)")
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
                                  "causal already); pass key_padding_mask over the cached and new keys")
@@ -1021,7 +1034,7 @@ class MultiheadAttention(nn.Module):
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
                             gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
                             kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window,
-                            rotary=self._rotary)
+                            rotary=self._rotary, softcap=softcap, alibi_slopes=alibi_slopes)
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -1127,7 +1140,8 @@ def _kept_mask_slices(op, am, kept, num_heads):
 
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None, kept=None, masks=None, window=None, rotary=None):
+                 module=None, gates=None, kept=None, masks=None, window=None, rotary=None, softcap=None,
+                 alibi_slopes=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -1151,7 +1165,8 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         out, w, context = _calls._torch_mha_forward(
             state, layers, nq, nk, nv,
             embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
-            fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary)
+            fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary, softcap=softcap,
+            alibi_slopes=alibi_slopes)
         if context is not None and module is not None:
             module._last_context = context
         last[0] = context
@@ -1168,7 +1183,8 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         # The weights as a function of query, key and the projections, by torch's ops (their
         # values equal mha's to float32 rounding), so that a loss on them has gradients.
         w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
-                                    masks, is_causal, fully_masked, p, last[0], average, kept, window, rotary)
+                                    masks, is_causal, fully_masked, p, last[0], average, kept, window, rotary,
+                                    softcap, alibi_slopes)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
         w = None if w is None else w.to(out_dtype)
@@ -1372,7 +1388,7 @@ def head_importance(module, loss_fn, method="gradient"):
 
 
 def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
-                            p, context, average, kept, window=None, rotary=None):
+                            p, context, average, kept, window=None, rotary=None, softcap=None, alibi_slopes=None):
     """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
     torch's ops from the call's query, key and parameters, with the call's masks, fully masked
     policy and mha's dropout mask: what mha returned, now differentiable."""
@@ -1408,6 +1424,11 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
         q = _rope(q, rotary.dims, rotary.base, rotary.interleaved)
         k = torch.cat([_rope(k[:, :, :S], rotary.dims, rotary.base, rotary.interleaved), k[:, :, S:]], 2)
     s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    if softcap:  # Gemma 2's softcapping, then ALiBi, before the masks (mha/masks.h ScoreOptions)
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:  # only without appended keys (refused otherwise): Kt == S
+        dist = (torch.arange(L)[:, None] + S - L - torch.arange(Kt)[None, :]).abs().float()
+        s = s - torch.from_numpy(np.asarray(alibi_slopes, np.float32))[None, :, None, None] * dist
     masked = torch.zeros(B, 1, L, Kt, dtype=torch.bool)
 
     def padded(t, fill):  # a mask over the S given keys, extended over the appended ones

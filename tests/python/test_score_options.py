@@ -185,3 +185,57 @@ def test_alibi_with_appended_keys_is_refused():
         t(X, X, X, alibi_slopes=[0.1, 0.2])
     out, _ = t(X, X, X, softcap=5.0)  # softcap applies to every key, appended ones too
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_mha_torch_drop_in_with_softcap_and_alibi_matches_plain_torch_through_autograd(index, one_torch_thread):
+    """mha.torch.MultiheadAttention(..., softcap=, alibi_slopes=): the output and the returned
+    per-head weights against the plain ops, and every gradient of a loss on both."""
+    import mha.torch as mt
+    rng = np.random.default_rng(9900 + index)
+    c = window_case(rng)
+    c["lens"] = None
+    E, h = c["E"], c["h"]
+    if c["Dk"] != E or c["Dv"] != E:
+        c["Dk"] = c["Dv"] = E
+        c["keys"] = c["keys"][..., :E].copy()
+        c["values"] = c["values"][..., :E].copy()
+        for n in "kv":
+            c["state"][f"W_{n}.weight"] = c["state"][f"W_{n}.weight"][:, :E].copy()
+    attn, kpm = torch_with_window(c)
+    if torch.isinf(attn).all(-1).any():
+        pytest.skip("a query without keys once the lengths are dropped")
+    softcap, slopes = draw_scores(rng, h)
+    t = torch_module(c)
+    ours = mt.MultiheadAttention(E, h, batch_first=True)
+    ours.load_state_dict(t.state_dict())
+    q, k, v = (torch.from_numpy(c[n]).requires_grad_() for n in ("queries", "keys", "values"))
+    want, want_w = plain(t, q, k, v, attn, kpm, h, softcap, slopes)
+    G, Gw = torch.randn(want.shape), torch.randn(want_w.shape)
+    ((want * G).sum() + (want_w * Gw).sum()).backward()
+    q2, k2, v2 = (torch.from_numpy(c[n]).requires_grad_() for n in ("queries", "keys", "values"))
+    out, w = ours(q2, k2, v2, key_padding_mask=None if c["kpm"] is None else torch.from_numpy(c["kpm"]),
+                  attn_mask=None if c["am"] is None else torch.from_numpy(c["am"]), average_attn_weights=False,
+                  is_causal=c["causal"], window=c["window"], softcap=softcap,
+                  alibi_slopes=None if slopes is None else torch.from_numpy(slopes))
+    close(out.detach().numpy(), want.detach().numpy(), 1e-5)
+    close(w.detach().numpy(), want_w.detach().numpy(), 1e-5)
+    ((out * G).sum() + (w * Gw).sum()).backward()
+    largest = input_gradient_scale((q, k, v))
+    for got, x in zip((q2, k2, v2), (q, k, v)):
+        close(got.grad.numpy(), x.grad.numpy(), 2e-5, like=largest)
+    mine = dict(ours.named_parameters())
+    for name, p in t.named_parameters():
+        close(mine[name].grad.numpy(), p.grad.numpy(), 2e-5)
+
+
+def test_mha_torch_refuses_slopes_that_want_a_gradient_and_scores_in_cached_calls():
+    import mha.torch as mt
+    m = mt.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.ones(1, 3, 8)
+    with pytest.raises(ValueError, match=r"alibi_slopes: requires grad"):
+        m(x, x, x, alibi_slopes=torch.ones(2, requires_grad=True))
+    m.eval()
+    cache = m.kv_cache(1, 8)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"softcap: given with cache="):
+        m(x, x, x, cache=cache, softcap=2.0)
