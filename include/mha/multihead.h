@@ -142,8 +142,10 @@ class MultiHeadAttention {
   // new query i at its row's position (cached length + i): it also sees
   // only keys from that position - window.left on (window.right is moot
   // beside causality); as an uncached causal call with the window.
+  //   scores: softcap and ALiBi (mha/masks.h ScoreOptions), ALiBi's
+  // distances from each new query's position; as the uncached call's.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
-                 KVCache& cache, const Window& window = {});
+                 KVCache& cache, const Window& window = {}, const ScoreOptions& scores = {});
 
   // Same as forward(), as the d2l chapter calls it: attention(X, Y, Y, valid_lens).
   Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values,

@@ -167,8 +167,10 @@ class TorchMultiheadAttention {
   // fully_masked_rows(), as a call without a cache.
   //   window: a sliding window (mha/masks.h Window) over each row's keys, as
   // an uncached call with is_causal and the window gives for the new rows.
+  //   scores: softcap and ALiBi (mha/masks.h ScoreOptions), as the uncached call's.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
-                 const Mask& key_padding_mask = {}, const Window& window = {});
+                 const Mask& key_padding_mask = {}, const Window& window = {},
+                 const ScoreOptions& scores = {});
 
   // The parameters by PyTorch's names, in the layout they were loaded in.
   StateDict state_dict() const;

@@ -991,10 +991,6 @@ class MultiheadAttention(nn.Module):
             alibi_slopes = alibi_slopes.detach().float().cpu().numpy()
         if cache is not None:
             _check_cached(op, cache, [query, key, value, *params])
-            if softcap is not None or alibi_slopes is not None:
-                raise ValueError(f"[{op}] {'softcap' if softcap is not None else 'alibi_slopes'}: given with "
-                                 "cache=; cached calls of this module take no score options (mha.torch.attention "
-                                 "takes them on every call)")
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
                                  "causal already); pass key_padding_mask over the cached and new keys")
@@ -1018,7 +1014,8 @@ class MultiheadAttention(nn.Module):
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
             nq, nk, nv = _inputs_numpy(query, key, value)
             mask = _mask_numpy(key_padding_mask, "key_padding_mask")
-            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window))
+            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window, softcap=softcap,
+                                        alibi_slopes=alibi_slopes))
             if seq_first:
                 out = out.transpose(0, 1)
             return out.to(out_dtype), None

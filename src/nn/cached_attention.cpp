@@ -21,6 +21,8 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
   call.valid_lens.check(call.op, B, n);
   check_window(call.op, call.window);
+  AttentionMasks scored;  // the modules' checks of softcap and the slopes (one per query head)
+  add_score_options(call.op, call.scores, {true, B, n, n, n, H}, scored);
   CacheAccess::check_call(call.op, cache, call.who, B, n, call.window.left);
   const Mask& kpm = call.key_padding_mask;
   int64_t S = 0;  // the key axis a key_padding_mask covers: the longest row after the append
@@ -54,6 +56,8 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   p.masks.fill = call.fill;
   p.masks.fully_masked = call.fully_masked;
   p.masks.window_left = call.window.left, p.masks.window_right = call.window.right;
+  p.masks.softcap = scored.softcap;
+  p.masks.alibi_slopes = scored.alibi_slopes.empty() ? nullptr : scored.alibi_slopes.data();
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
   p.cache.lengths = lengths.data();

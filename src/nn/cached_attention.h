@@ -55,6 +55,9 @@ struct CachedCall {
   // row's keys (cached, then new), intersected with causality: query i of
   // the n new ones sits at its row's position K - n + i. Checked here.
   Window window;
+  // Softcapping and ALiBi (mha/masks.h), ALiBi's distances from each new
+  // query's position. Checked here.
+  ScoreOptions scores;
 };
 
 // The call (file comment). Shapes and widths must already be checked against

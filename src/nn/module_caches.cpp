@@ -31,7 +31,8 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                                   const ValidLens& valid_lens, KVCache& cache, const Window& window) {
+                                   const ValidLens& valid_lens, KVCache& cache, const Window& window,
+                                   const ScoreOptions& scores) {
   static const char* op = "MultiHeadAttention.forward";
   for (const auto& [t, name, wanted] : {std::tuple{&queries, "queries", "(B, n, Dq)"},
                                         std::tuple{&keys, "keys", "(B, n, Dk)"},
@@ -67,6 +68,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   call.out_shape = {B, n, num_hiddens_};
   call.valid_lens = valid_lens;  // checked against (B, n) with the cache
   call.window = window;
+  call.scores = scores;
   call.precision = precision_.get();
   call.rotary = rotary();
   return nn::cached_attention_forward(queries, keys, values, layers, call, cache);
@@ -80,7 +82,8 @@ KVCache TorchMultiheadAttention::kv_cache(int64_t batch_size, int64_t max_len, K
 }
 
 Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
-                                        const Mask& key_padding_mask, const Window& window) {
+                                        const Mask& key_padding_mask, const Window& window,
+                                        const ScoreOptions& scores) {
   static const char* op = "TorchMultiheadAttention.forward";
   const bool batched = query.dim() == 3;
   if (query.dim() != 2 && query.dim() != 3)
@@ -128,6 +131,7 @@ Tensor TorchMultiheadAttention::forward(const Tensor& query, const Tensor& key, 
   call.precision = precision_;
   call.rotary = rotary_;
   call.window = window;
+  call.scores = scores;
   return nn::cached_attention_forward(query, key, value, layers, call, cache);
 }
 

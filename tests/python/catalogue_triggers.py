@@ -49,14 +49,6 @@ def _torch_alibi_grad():
     _torch_module(8, 2)(x, x, x, alibi_slopes=torch.ones(2, requires_grad=True))
 
 
-def _torch_cached_scores():
-    import torch
-    m = _torch_module(8, 2).eval()
-    x = torch.ones(3, 1, 8)
-    with torch.no_grad():
-        m(x, x, x, cache=m.kv_cache(1, 8), softcap=2.0)
-
-
 def _torch_module_with_precision(precision):
     import mha.torch
     return mha.torch.MultiheadAttention(16, 2, precision=precision)
@@ -389,7 +381,6 @@ PY = {
     "torch.device_arg": lambda t: _torch_call("device_arg"),
     "torch.rank": lambda t: _torch_call("rank"),
     "torch.alibi_grad": lambda t: _torch_alibi_grad(),
-    "torch.cached_scores": lambda t: _torch_cached_scores(),
     "torch.cache_grad": lambda t: _torch_call("cache_grad"),
     "torch.cache_attn_mask": lambda t: _torch_call("cache_attn_mask"),
     "torch_mha.set_dropout": lambda t: _torch_call("dropout"),

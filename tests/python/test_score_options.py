@@ -229,13 +229,47 @@ def test_mha_torch_drop_in_with_softcap_and_alibi_matches_plain_torch_through_au
         close(mine[name].grad.numpy(), p.grad.numpy(), 2e-5)
 
 
-def test_mha_torch_refuses_slopes_that_want_a_gradient_and_scores_in_cached_calls():
+def test_mha_torch_refuses_slopes_that_want_a_gradient():
     import mha.torch as mt
     m = mt.MultiheadAttention(8, 2, batch_first=True)
     x = torch.ones(1, 3, 8)
     with pytest.raises(ValueError, match=r"alibi_slopes: requires grad"):
         m(x, x, x, alibi_slopes=torch.ones(2, requires_grad=True))
-    m.eval()
-    cache = m.kv_cache(1, 8)
-    with torch.no_grad(), pytest.raises(ValueError, match=r"softcap: given with cache="):
-        m(x, x, x, cache=cache, softcap=2.0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("softcap, slopes", [(0.6, None), (None, [0.4, -0.2, 0.1]), (5.0, [0.3, 0.3, -0.5])])
+def test_cached_decoding_with_scores_equals_the_uncached_causal_call(kernel, softcap, slopes):
+    """Both numpy modules and mha.torch.MultiheadAttention: a prompt then steps of 1 and 2 through a
+    KV cache with softcap / ALiBi equal one uncached causal call with them (ALiBi's distances from
+    each new query's position in its row), within 1e-5."""
+    import mha.torch as mt
+    rng = np.random.default_rng(17)
+    B, L, E, h = 2, 11, 12, 3
+    x = (rng.standard_normal((B, L, E)) * 2).astype(np.float32)
+    sl = None if slopes is None else np.array(slopes, np.float32)
+    torch.manual_seed(4)
+    t = torch.nn.MultiheadAttention(E, h, batch_first=True)
+    state = {n: p.detach().numpy() for n, p in t.state_dict().items()}
+    m = mha.MultiHeadAttention(E, h, seed=2, bias=True).eval()
+    m.kernel = kernel
+    want_m = m(x, x, x, is_causal=mha.Causal.BOTTOM_RIGHT, softcap=softcap, alibi_slopes=sl)
+    d = mha.TorchMultiheadAttention.from_state_dict(state, h, batch_first=True).eval()
+    d.kernel = kernel
+    want_d, _ = d(x, x, x, need_weights=False, is_causal=True, softcap=softcap, alibi_slopes=sl)
+    tm = mt.MultiheadAttention(E, h, batch_first=True).eval()
+    tm.load_state_dict(t.state_dict())
+    cm, cd, ct = m.kv_cache(B, L), d.kv_cache(B, L), tm.kv_cache(B, L)
+    got_m, got_d, got_t = [], [], []
+    for a, b in ((0, 5), (5, 6), (6, 8), (8, 9), (9, 11)):
+        s = x[:, a:b]
+        got_m.append(m(s, s, s, cache=cm, softcap=softcap, alibi_slopes=sl))
+        got_d.append(d(s, s, s, cache=cd, softcap=softcap, alibi_slopes=sl))
+        with torch.no_grad():
+            ts = torch.from_numpy(s)
+            got_t.append(tm(ts, ts, ts, cache=ct, softcap=softcap, alibi_slopes=sl)[0].numpy())
+    close(np.concatenate(got_m, 1), want_m, 1e-5)
+    close(np.concatenate(got_d, 1), want_d, 1e-5)
+    close(np.concatenate(got_t, 1), want_d, 1e-5)
+    plain = m(x, x, x, is_causal=mha.Causal.BOTTOM_RIGHT)
+    assert np.abs(plain - want_m).max() > 1e-3  # the options change the result
