@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/bf16.h"
+#include "cpu/decode/decode.h"
 #include "kernels/params.h"
 #include "mha/random.h"
+#include "mha/threads.h"
 
 namespace mha::kernels::test {
 
@@ -94,6 +97,24 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
       ++bad;
     }
   }
+}
+
+// The call params(out, dtype) makes (a DecodeParams on out) gives the same
+// bits at one and two threads, with float32 and bfloat16 caches.
+template <class Params>
+void expect_bitwise_at_one_and_two_threads(Params params) {
+  const int saved = num_threads();
+  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
+    std::vector<float> one, two;
+    set_num_threads(1);
+    decode_attention(params(one, dtype));
+    set_num_threads(2);
+    decode_attention(params(two, dtype));
+    EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
+        << "the output depends on the thread count (" << (dtype == CacheDtype::BF16 ? "bfloat16" : "float32")
+        << " cache)";
+  }
+  set_num_threads(saved);
 }
 
 }  // namespace mha::kernels::test

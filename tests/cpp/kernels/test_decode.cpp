@@ -165,6 +165,21 @@ struct MaskVariant {
   MaskFill fill;
   FullyMaskedRows policy;
   int64_t window_left = -1, window_right = -1;  // a sliding window (none: -1, -1)
+
+  // p (a call on S cache slots per row) with these masks on the test's
+  // lengths, key_keep and key_bias ([B, S] each).
+  DecodeParams apply(DecodeParams p, const std::vector<float>& lens, const std::vector<uint8_t>& keep,
+                     const std::vector<float>& bias, int64_t S) const {
+    p.length_kind = kind;
+    p.lens = kind == LengthKind::None ? nullptr : lens.data();
+    p.masks.key_keep = this->keep ? keep.data() : nullptr;
+    p.masks.key_bias = this->bias ? bias.data() : nullptr;
+    p.masks.key_stride_b = S;
+    p.masks.fill = fill;
+    p.masks.fully_masked = policy;
+    p.masks.window_left = window_left, p.masks.window_right = window_right;
+    return p;
+  }
 };
 
 TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
@@ -211,16 +226,7 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
           if (mv.bias) bias[static_cast<size_t>(b * S + j)] = gen.uniform(0.0f, 1.0f) < 0.1f ? -INFINITY : gen.uniform(-2.0f, 2.0f);
         }
       auto masked = [&](std::vector<float>& o, CacheDtype dtype) {
-        DecodeParams p = pb.params(o, dtype);
-        p.length_kind = mv.kind;
-        p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-        p.masks.key_keep = mv.keep ? keep.data() : nullptr;
-        p.masks.key_bias = mv.bias ? bias.data() : nullptr;
-        p.masks.key_stride_b = S;
-        p.masks.fill = mv.fill;
-        p.masks.fully_masked = mv.policy;
-        p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
-        return p;
+        return mv.apply(pb.params(o, dtype), lens, keep, bias, S);
       };
       const std::string what = c.name() + " " + mv.name;
       for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
@@ -308,18 +314,7 @@ TEST(Decode, FusedPrefillIsTheDecodeKernel) {
       }
       keep[0] = 0;  // row 0's first key: early queries of a row with few cached keys may have none left
       for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-        auto masked = [&](std::vector<float>& o) {
-          DecodeParams p = pb.params(o, dtype);
-          p.length_kind = mv.kind;
-          p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-          p.masks.key_keep = mv.keep ? keep.data() : nullptr;
-          p.masks.key_bias = mv.bias ? bias.data() : nullptr;
-          p.masks.key_stride_b = S;
-          p.masks.fill = mv.fill;
-          p.masks.fully_masked = mv.policy;
-          p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
-          return p;
-        };
+        auto masked = [&](std::vector<float>& o) { return mv.apply(pb.params(o, dtype), lens, keep, bias, S); };
         std::vector<float> dec, fus, via;
         decode_attention(masked(dec));
         decode_attention_fused(masked(fus));
@@ -345,17 +340,8 @@ TEST(Decode, BitwiseTheSameAtOneAndTwoThreads) {
   // 2 rows x 2 cache heads x 5000 keys: many chunks, merged in order.
   Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, 300);
   ASSERT_GT(pb.c.lengths[0], 4 * decode_chunk_keys(pb.params(pb.out)));
-  const int saved = num_threads();
-  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-    std::vector<float> one, two;
-    set_num_threads(1);
-    decode_attention(pb.params(one, dtype));
-    set_num_threads(2);
-    decode_attention(pb.params(two, dtype));
-    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
-        << "the output depends on the thread count";
-  }
-  set_num_threads(saved);
+  test::expect_bitwise_at_one_and_two_threads(
+      [&](std::vector<float>& o, CacheDtype dtype) { return pb.params(o, dtype); });
 }
 
 TEST(Decode, ChunksDependOnShapesOnly) {

@@ -273,17 +273,8 @@ TEST(DecodeScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
   Options o{"all three, window"};
   o.softcap = 4.0f, o.alibi = true, o.sinks = true, o.window_left = 3000, o.window_right = 0;
   Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, o, 300);
-  const int saved = num_threads();
-  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-    std::vector<float> one, two;
-    set_num_threads(1);
-    decode_attention(pb.params(one, dtype));
-    set_num_threads(2);
-    decode_attention(pb.params(two, dtype));
-    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
-        << "the output depends on the thread count";
-  }
-  set_num_threads(saved);
+  test::expect_bitwise_at_one_and_two_threads(
+      [&](std::vector<float>& out, CacheDtype dtype) { return pb.params(out, dtype); });
 }
 
 // Whether the fused kernel honours the score options (it does once they
