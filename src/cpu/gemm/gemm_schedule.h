@@ -19,6 +19,10 @@
 //    depend on the thread count.
 // 4. Jobs run largest first on `team` threads, so that the threads finish
 //    together; the order changes no block's result.
+// 5. A product's row epilogue (RowEpilogue, parallel_gemm.h) runs on each of
+//    its row blocks right after the block, in the same job; the products of
+//    step 2 (few rows, computed a few panels per job) get theirs after all
+//    their panels.
 //
 #pragma once
 
@@ -57,11 +61,12 @@ struct GemmBackend {
 
 // products[i] reads B rows at b_rows[i] (stacked weights) or as its B, ldb,
 // or, where given(i) is not null, the packing given(i); shares_b(x, y):
-// products x and y read the same right-hand matrix.
+// products x and y read the same right-hand matrix; epilogues[i]: product
+// i's row epilogue (or none).
 template <class Pack, class SharesB, class Given>
 void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmBlock>& products,
                        const std::vector<std::vector<const float*>>& b_rows, const SharesB& shares_b,
-                       const Given& given, int team) {
+                       const Given& given, const std::vector<RowEpilogue>& epilogues, int team) {
   const auto rows_ptr = [&](size_t i) { return b_rows[i].empty() ? nullptr : b_rows[i].data(); };
   std::vector<size_t> pack_of(products.size());
   std::vector<size_t> firsts;  // the product each packing is made from
@@ -109,6 +114,8 @@ void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmB
     const std::vector<GemmBlock>* group;
     const float* const* rows;
     int64_t panel0, panel1;
+    const RowEpilogue* epilogue;  // a row block's (null: none)
+    int64_t r0;                   // the block's first row in its product
     double work(int64_t w) const {  // w: the backend's panel width
       if (b) return static_cast<double>(block.M) * static_cast<double>(block.N) * static_cast<double>(block.K);
       const int64_t cols = std::min(block.N, panel1 * w) - panel0 * w;
@@ -127,28 +134,38 @@ void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmB
     const GemmBlock& g = products[firsts[p]];
     const int64_t panels = (g.N + w - 1) / w;
     for (int64_t j = 0; j < panels; j += kPanelsPerJob)
-      jobs.push_back({g, nullptr, &groups[p], rows_ptr(firsts[p]), j, std::min(j + kPanelsPerJob, panels)});
+      jobs.push_back({g, nullptr, &groups[p], rows_ptr(firsts[p]), j, std::min(j + kPanelsPerJob, panels), nullptr, 0});
   }
   const int64_t rows = gemm_row_block(total);
   for (size_t i = 0; i < products.size(); ++i) {
     const GemmBlock& g = products[i];
     if (!packs[pack_of[i]]) continue;
     const int64_t a_step = g.trans_a ? 1 : g.lda;  // row r of op(A) starts at A + r * a_step
+    const RowEpilogue* epilogue = epilogues[i] ? &epilogues[i] : nullptr;
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
       GemmBlock b = g;
       b.M = std::min(rows, g.M - r0);
       b.A = g.A + r0 * a_step;
       b.C = g.C + r0 * g.ldc;
-      jobs.push_back({b, packs[pack_of[i]], nullptr, nullptr, 0, 0});
+      jobs.push_back({b, packs[pack_of[i]], nullptr, nullptr, 0, 0, epilogue, r0});
     }
   }
   std::stable_sort(jobs.begin(), jobs.end(), [w](const Job& a, const Job& b) { return a.work(w) > b.work(w); });
   const int64_t n = static_cast<int64_t>(jobs.size());
   core::parallel_for(n, static_cast<int>(std::min<int64_t>(team, n)), [&](int64_t i) {
     const Job& j = jobs[static_cast<size_t>(i)];
-    if (j.b) backend.run_packed(j.block, *j.b);
-    else backend.run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
+    if (j.b) {
+      backend.run_packed(j.block, *j.b);
+      if (j.epilogue) (*j.epilogue)(j.block.C, j.block.ldc, j.r0, j.block.M);  // the block still in cache
+    } else {
+      backend.run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
+    }
   });
+  // The unpacked products' epilogues, once all their panels are written: on
+  // this thread, as their rows are few (at most max_unpacked_rows per
+  // right-hand matrix), too few to be worth waking a team.
+  for (size_t i = 0; i < products.size(); ++i)
+    if (!packs[pack_of[i]] && epilogues[i]) epilogues[i](products[i].C, products[i].ldc, 0, products[i].M);
 }
 
 }  // namespace mha::cpu
