@@ -20,9 +20,8 @@
 // 4. Jobs run largest first on `team` threads, so that the threads finish
 //    together; the order changes no block's result.
 // 5. A product's row epilogue (RowEpilogue, parallel_gemm.h) runs on each of
-//    its row blocks right after the block, in the same job; the products of
-//    step 2 (few rows, computed a few panels per job) get theirs after all
-//    their panels.
+//    its row blocks right after the block, in the same job. Only products
+//    with a given packing (step 0, never run unpacked) carry one.
 //
 #pragma once
 
@@ -141,7 +140,7 @@ void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmB
     const GemmBlock& g = products[i];
     if (!packs[pack_of[i]]) continue;
     const int64_t a_step = g.trans_a ? 1 : g.lda;  // row r of op(A) starts at A + r * a_step
-    const RowEpilogue* epilogue = epilogues[i] ? &epilogues[i] : nullptr;
+    const RowEpilogue* epilogue = epilogues[i] ? &epilogues[i] : nullptr;  // only given packings have one
     for (int64_t r0 = 0; r0 < g.M; r0 += rows) {
       GemmBlock b = g;
       b.M = std::min(rows, g.M - r0);
@@ -161,11 +160,6 @@ void run_gemm_schedule(const GemmBackend<Pack>& backend, const std::vector<GemmB
       backend.run_unpacked(j.group->data(), static_cast<int64_t>(j.group->size()), j.rows, j.panel0, j.panel1);
     }
   });
-  // The unpacked products' epilogues, once all their panels are written: on
-  // this thread, as their rows are few (at most max_unpacked_rows per
-  // right-hand matrix), too few to be worth waking a team.
-  for (size_t i = 0; i < products.size(); ++i)
-    if (!packs[pack_of[i]] && epilogues[i]) epilogues[i](products[i].C, products[i].ldc, 0, products[i].M);
 }
 
 }  // namespace mha::cpu

@@ -80,12 +80,14 @@ class GemmBatch {
   // Adds C:[M,N] = A W^T + bias with W:[N,K] packed once beforehand
   // (cpu/gemm/packed_weight.h; w.precision must be the batch's): no packing per
   // call, whatever M; the same bits as add(M, N, K, A, lda, W, K, true, ...).
-  // `w` (and the epilogue's context) must outlive run().
+  // `w` (and the epilogue's context) must outlive run(). The epilogue runs
+  // on each row block of C as soon as it is computed.
   void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,
                   int64_t ldc, RowEpilogue epilogue = {});
   // Adds C:[M,N] = A W^T + bias with W:[N,K] read in place, as dot products
   // (cpu/gemm/few_rows.h: faster at one row; other bits than the packed
-  // product). Only where dot_products_serve(M, the batch's precision).
+  // product). Only where dot_products_serve(M, the batch's precision). The
+  // epilogue runs on all M rows once they are computed.
   void add_dot_products(int64_t M, const float* A, int64_t lda, const float* W, int64_t N, int64_t K,
                         const float* bias, float* C, int64_t ldc, RowEpilogue epilogue = {});
   // Packs each distinct right-hand matrix once, then runs every block on
@@ -110,7 +112,7 @@ class GemmBatch {
   std::vector<std::vector<const float*>> rows_;
   // Per product: its packed weight (add_packed), else null.
   std::vector<const PackedWeight*> packed_;
-  // Per product: its row epilogue (add_packed), else none.
+  // Per product: its row epilogue (add_packed only), else none.
   std::vector<RowEpilogue> epilogues_;
   // Products of few rows run as dot products (add_dot_products).
   struct DotProduct {
