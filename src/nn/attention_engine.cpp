@@ -324,9 +324,10 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // shared: all_weights() never writes those weights.)
   p.fwd.weights = c.stats.empty() && c.have_all.load(std::memory_order_acquire) ? c.weights.data() : nullptr;
   kernels::attention_backward(c.kernel, p);
-  if (c.rotary.enabled()) {  // the gradients of the unrotated projections
-    apply_rotary(p.grad_q, c.Q, c.rotary, nullptr, /*inverse=*/true);
-    apply_rotary(p.grad_k, c.K, c.rotary, nullptr, /*inverse=*/true);
+  if (c.rotary.enabled()) {  // the gradients of the unrotated projections (one table for both)
+    const RotaryTable table(c.rotary, 0, std::max(c.Q, c.K));
+    apply_rotary(p.grad_q, c.Q, table, nullptr, /*inverse=*/true);
+    apply_rotary(p.grad_k, c.K, table, nullptr, /*inverse=*/true);
   }
 
   // bias_k / bias_v: row K of every batch row's keys / values.

@@ -107,16 +107,20 @@ void rotary_positions(const int64_t* first, int64_t B, int64_t rows, int64_t& p_
 
 void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse) {
   if (!r.enabled() || rows <= 0) return;
-  const int64_t B = x.shape[0], heads = x.shape[1];
   // The cosines and sines of the call's positions, once for every batch row
   // and head (an uncached call: 0..rows-1; a cached one: the rows' new
   // positions, each row's starting at its cached length).
   int64_t p_lo = 0, p_hi = 0;
-  rotary_positions(first, B, rows, p_lo, p_hi);
-  const RotaryTable table(r, p_lo, p_hi);
+  rotary_positions(first, x.shape[0], rows, p_lo, p_hi);
+  apply_rotary(x, rows, RotaryTable(r, p_lo, p_hi), first, inverse);
+}
+
+void apply_rotary(const TensorView& x, int64_t rows, const RotaryTable& table, const int64_t* first, bool inverse) {
+  if (!table.enabled() || rows <= 0) return;
+  const int64_t B = x.shape[0], heads = x.shape[1];
   // One (batch row, head) per task; each element is written by one thread:
   // any thread count gives the same bits.
-  const double work = static_cast<double>(B) * heads * rows * r.dims * 3;
+  const double work = static_cast<double>(B) * heads * rows * table.rotary().dims * 3;
   core::parallel_for(B * heads, core::team_for(work, B * heads), [&](int64_t bh) {
     const int64_t b = bh / heads, h = bh % heads;
     const int64_t p0 = first ? first[b] : 0;

@@ -7,7 +7,9 @@
 // right after it is computed: nn/projections.h, ProjectionShape::rotary),
 // before bfloat16 rounding, so the kernels see the rounded rotated values;
 // the engine rotates their gradients back after the attention backward
-// (apply_rotary, a separate pass: see attention_engine.cpp).
+// (apply_rotary, a separate pass: the first product that reads them,
+// dW_q += dq^T X, sums over all their rows, so no row block of them is
+// consumed alone before the whole is; the kernels write them).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,8 @@ void rotary_positions(const int64_t* first, int64_t B, int64_t rows, int64_t& p_
 // Rotates rows [0, rows) of every (b, head) of x by their positions' angles;
 // `inverse` rotates by minus the angle (the backward). rows <= x.shape[2].
 void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse);
+// The same with the angles of `table` (which must cover the rows' positions).
+void apply_rotary(const TensorView& x, int64_t rows, const RotaryTable& table, const int64_t* first, bool inverse);
 
 // The plain loop of one row (the reference the tests hold apply_rotary and
 // the projections' epilogue to).

@@ -18,8 +18,9 @@
 // bits as the packed path, so a row's result never depends on the path.
 //
 // A product may carry a row epilogue (RowEpilogue): it runs on each row block
-// of the product's C right after that block is computed, on the thread that
-// computed it, while the block is still in cache (the projections rotate q
+// of the product's C (in pieces of at most 192 rows: gemm_schedule.h) right
+// after that piece is computed, on the thread that computed it, while the
+// piece is still in cache (the projections rotate q
 // and k there: nn/projections.h). It must change each row alone, so that
 // its result does not depend on how rows are cut into blocks.
 //
@@ -81,7 +82,7 @@ class GemmBatch {
   // (cpu/gemm/packed_weight.h; w.precision must be the batch's): no packing per
   // call, whatever M; the same bits as add(M, N, K, A, lda, W, K, true, ...).
   // `w` (and the epilogue's context) must outlive run(). The epilogue runs
-  // on each row block of C as soon as it is computed.
+  // on the rows of C piece by piece as soon as they are computed.
   void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,
                   int64_t ldc, RowEpilogue epilogue = {});
   // Adds C:[M,N] = A W^T + bias with W:[N,K] read in place, as dot products
