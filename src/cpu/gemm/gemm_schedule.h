@@ -51,11 +51,13 @@ inline int gemm_team(const std::vector<GemmBlock>& products, double speed, int t
 // runs as pieces of this many rows, each followed by its epilogue. 192 rows
 // of a 768-wide q projection are 576 KiB, within L2; a whole row block
 // (up to 1152 rows, 3.5 MiB) is not. Measured on rotary q and k (one
-// thread, the 2-core machine under load 3-8, bench in the commit adding
-// this), rotary's cost over the projections alone, median of 31 paired
-// rounds: B8 L512 E768 h12 (projections ~85 ms unloaded): separate pass
-// +11.0 ms, epilogue per row block +12.1, per 192-row piece +5.6;
-// B1 L4096 E512 h8 (~37 ms): +13.3, +7.2, +3.0.
+// thread, the 2-core development machine under load 3-8): self-attention
+// project_qkv alone, then with apply_rotary over q and k afterwards, with
+// the epilogue per row block and per 192-row piece, 31 rounds alternating
+// the four; rotary's cost over the projections alone, median of the
+// per-round differences: B8 L512 E768 h12 (projections ~85 ms unloaded):
+// separate pass +11.0 ms, epilogue per row block +12.1, per 192-row piece
+// +5.6; B1 L4096 E512 h8 (~37 ms): +13.3, +7.2, +3.0.
 inline constexpr int64_t kEpiloguePiece = 192;
 
 // A backend: its kernels and the shape of its packing. Pack is its packed

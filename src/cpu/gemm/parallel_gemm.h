@@ -20,9 +20,9 @@
 // A product may carry a row epilogue (RowEpilogue): it runs on each row block
 // of the product's C (in pieces of at most 192 rows: gemm_schedule.h) right
 // after that piece is computed, on the thread that computed it, while the
-// piece is still in cache (the projections rotate q
-// and k there: nn/projections.h). It must change each row alone, so that
-// its result does not depend on how rows are cut into blocks.
+// piece is still in cache (the projections rotate q and k there:
+// nn/projections.h). It must change each row alone, so that its result does
+// not depend on how rows are cut into blocks.
 //
 // (Before mha had its own GEMM, each block was one single-threaded OpenBLAS
 // call: OpenBLAS threads a product by splitting its rows by the thread count
