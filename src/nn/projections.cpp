@@ -45,7 +45,9 @@ struct Output {
 // separate pass over the q and k buffers afterwards (which reads them back
 // from memory): rotary's cost over the projections alone went from +11.0 to
 // +5.6 ms at B8 L512 E768 h12 and from +13.3 to +3.0 ms at B1 L4096 E512 h8
-// (one thread, loaded machine; numbers and how in cpu/gemm/gemm_schedule.h).
+// (one thread, loaded machine; numbers and how in cpu/gemm/gemm_schedule.h);
+// at two threads (load 4-6) from +52 to +6 ms and from +56 to +15 ms (the
+// separate pass's own parallel regions wait for a busy core).
 //
 // The table is built per call, not cached per module: it took 0.10 ms (B8
 // L512, d 64) and 0.9 ms (L4096) at one thread, against ~85 and ~37 ms for
