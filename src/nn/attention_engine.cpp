@@ -183,8 +183,9 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
   // last kept key; the other kernels read every row).
   const bool masked = !c.lens.is_none() || c.masks.any();
   RowPlan plan = fused ? plan_rows(c.lens, c.masks, layout, Q, K, Kt, values, layers.v) : RowPlan{};
-  c.proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v, {layout, Q, K, Kt, H, Hkv, d, call.precision},
-                       plan.needs, reuse);
+  ProjectionShape shape{layout, Q, K, Kt, H, Hkv, d, call.precision};
+  shape.rotary = call.rotary;  // q and the K given keys at positions 0.., rotated in the products' epilogue
+  c.proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v, shape, plan.needs, reuse);
   if (Kt > K) {
     append_rows(c.proj.k, layers.bias_k, layers.zero_row, K);
     append_rows(c.proj.v, layers.bias_v, layers.zero_row, K);
@@ -193,10 +194,6 @@ EngineOutput attention_forward(const Tensor& queries, const Tensor& keys, const 
     flag_nonfinite_values(plan, c.proj.v, Hkv * d);
     if (!c.masks.neg_inf_fill)
       complete_values_near_fill(c.proj, plan.needs, values, K, layers.v, c.scale_divisor, call.precision);
-  }
-  if (call.rotary.enabled()) {  // positions 0.. of the queries and of the K given keys
-    apply_rotary(c.proj.q, Q, call.rotary, nullptr, /*inverse=*/false);
-    apply_rotary(c.proj.k, K, call.rotary, nullptr, /*inverse=*/false);
   }
   if (call.precision == Precision::BFloat16) round_to_bf16(c.proj);
   c.read_all_keys = std::move(plan.read_all_keys);
@@ -327,9 +324,10 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // shared: all_weights() never writes those weights.)
   p.fwd.weights = c.stats.empty() && c.have_all.load(std::memory_order_acquire) ? c.weights.data() : nullptr;
   kernels::attention_backward(c.kernel, p);
-  if (c.rotary.enabled()) {  // the gradients of the unrotated projections
-    apply_rotary(p.grad_q, c.Q, c.rotary, nullptr, /*inverse=*/true);
-    apply_rotary(p.grad_k, c.K, c.rotary, nullptr, /*inverse=*/true);
+  if (c.rotary.enabled()) {  // the gradients of the unrotated projections (one table for both)
+    const RotaryTable table(c.rotary, 0, std::max(c.Q, c.K));
+    apply_rotary(p.grad_q, c.Q, table, nullptr, /*inverse=*/true);
+    apply_rotary(p.grad_k, c.K, table, nullptr, /*inverse=*/true);
   }
 
   // bias_k / bias_v: row K of every batch row's keys / values.

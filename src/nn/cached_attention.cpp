@@ -11,7 +11,6 @@
 #include "mha/threads.h"
 #include "nn/call_masks.h"
 #include "nn/projections.h"
-#include "nn/rotary.h"
 
 namespace mha::nn {
 
@@ -79,12 +78,10 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   const Precision precision = call.precision;
   ProjectionShape shape{layout, n, n, n, H, Hkv, d, precision};
   shape.few_rows_as_dots = true;
+  const std::vector<int64_t> first = cache.lengths();  // row b's new positions follow its cached ones
+  shape.rotary = call.rotary;  // rotated in the products' epilogue
+  shape.rotary_first = first.data();
   Projected proj = project_qkv(queries, keys, values, layers.q, layers.k, layers.v, shape, RowNeeds{});
-  if (call.rotary.enabled()) {  // row b's new positions follow its cached ones
-    const std::vector<int64_t> first = cache.lengths();
-    apply_rotary(proj.q, n, call.rotary, first.data(), /*inverse=*/false);
-    apply_rotary(proj.k, n, call.rotary, first.data(), /*inverse=*/false);
-  }
   if (precision == Precision::BFloat16) round_to_bf16(proj);
   Tensor concat({B * n, E});
   const TensorView out = layout.heads(concat.data(), n, H, d, E);

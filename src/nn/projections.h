@@ -20,6 +20,11 @@
 // padding is skipped. Rows past a need are not written. Stacking q, v, k in
 // that order makes every row's need a prefix of the stacked outputs, so each
 // segment of rows is one product.
+//
+// Rotary (ProjectionShape::rotary, mha/rotary.h): q and k are rotated in
+// their products' epilogue (cpu/gemm/parallel_gemm.h, RowEpilogue), each row
+// block right after it is computed, with one cos/sin table per call; the
+// same bits as apply_rotary over the finished buffers (nn/rotary.h).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,7 @@
 
 #include "nn/layer_ref.h"
 #include "mha/precision.h"
+#include "mha/rotary.h"
 #include "mha/tensor.h"
 
 namespace mha::nn {
@@ -65,6 +71,11 @@ struct ProjectionShape {
   // the weights in place (cpu/gemm/few_rows.h), faster there; off, every
   // row gets the packed product's bits whatever the rows around it.
   bool few_rows_as_dots = false;
+  // Rotary position embeddings on q and k (off by default): row (b, i) of
+  // either at position i, or rotary_first[b] + i where rotary_first ([B])
+  // is given (a cached call's new positions follow each row's cached ones).
+  Rotary rotary = {};
+  const int64_t* rotary_first = nullptr;
 };
 
 // The layers must be initialised with the inputs' widths. Buffers are taken

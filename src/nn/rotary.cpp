@@ -73,40 +73,59 @@ void rotate_row_reference(float* row, int64_t position, const Rotary& r, bool in
   rotate(row, r, c.data(), s.data(), inverse);
 }
 
-void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse) {
-  if (!r.enabled() || rows <= 0) return;
-  const int64_t B = x.shape[0], heads = x.shape[1], half = r.dims / 2;
-  std::vector<float> theta(static_cast<size_t>(half));
+RotaryTable::RotaryTable(const Rotary& r, int64_t p_lo, int64_t p_hi)
+    : r_(r), p_lo_(p_lo), half_(r.dims / 2), P_(std::max<int64_t>(p_hi - p_lo, 0)) {
+  if (!r.enabled() || P_ == 0) return;
+  std::vector<float> theta(static_cast<size_t>(half_));
   rotary_frequencies(r, theta.data());
-  // The cosines and sines of the call's positions [p_lo, p_hi), once for
-  // every batch row and head (an uncached call: 0..rows-1; a cached one: the
-  // rows' new positions, each row's starting at its cached length). Each
-  // entry is computed alone, as rotate_row_reference computes it.
-  int64_t p_lo = 0, p_hi = rows;
-  if (first) {
-    p_lo = first[0], p_hi = first[0] + rows;
-    for (int64_t b = 1; b < B; ++b) p_lo = std::min(p_lo, first[b]), p_hi = std::max(p_hi, first[b] + rows);
-  }
-  const int64_t P = p_hi - p_lo;
-  std::vector<float> cs(static_cast<size_t>(2 * half * P));
-  float* const cos_a = cs.data();
-  float* const sin_a = cs.data() + half * P;
-  core::parallel_for(P, core::team_for(static_cast<double>(P) * half * 40, P), [&](int64_t i) {
+  cs_.resize(static_cast<size_t>(2 * half_ * P_));
+  float* const cos_a = cs_.data();
+  float* const sin_a = cs_.data() + half_ * P_;
+  const int64_t half = half_;
+  core::parallel_for(P_, core::team_for(static_cast<double>(P_) * half * 40, P_), [&](int64_t i) {
     for (int64_t m = 0; m < half; ++m) {
       const float angle = static_cast<float>(p_lo + i) * theta[static_cast<size_t>(m)];
       cos_a[i * half + m] = std::cos(angle);
       sin_a[i * half + m] = std::sin(angle);
     }
   });
+}
+
+void RotaryTable::rotate_heads(float* row, int64_t heads, int64_t d, int64_t position, bool inverse) const {
+  const int64_t i = position - p_lo_;
+  const float* c = cs_.data() + i * half_;
+  const float* s = cs_.data() + (P_ + i) * half_;
+  for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, r_, c, s, inverse);
+}
+
+void rotary_positions(const int64_t* first, int64_t B, int64_t rows, int64_t& p_lo, int64_t& p_hi) {
+  p_lo = 0, p_hi = rows;
+  if (!first || B <= 0) return;
+  p_lo = first[0], p_hi = first[0] + rows;
+  for (int64_t b = 1; b < B; ++b) p_lo = std::min(p_lo, first[b]), p_hi = std::max(p_hi, first[b] + rows);
+}
+
+void apply_rotary(const TensorView& x, int64_t rows, const Rotary& r, const int64_t* first, bool inverse) {
+  if (!r.enabled() || rows <= 0) return;
+  // The cosines and sines of the call's positions, once for every batch row
+  // and head (an uncached call: 0..rows-1; a cached one: the rows' new
+  // positions, each row's starting at its cached length).
+  int64_t p_lo = 0, p_hi = 0;
+  rotary_positions(first, x.shape[0], rows, p_lo, p_hi);
+  apply_rotary(x, rows, RotaryTable(r, p_lo, p_hi), first, inverse);
+}
+
+void apply_rotary(const TensorView& x, int64_t rows, const RotaryTable& table, const int64_t* first, bool inverse) {
+  if (!table.enabled() || rows <= 0) return;
+  const int64_t B = x.shape[0], heads = x.shape[1];
   // One (batch row, head) per task; each element is written by one thread:
   // any thread count gives the same bits.
-  const double work = static_cast<double>(B) * heads * rows * r.dims * 3;
+  const double work = static_cast<double>(B) * heads * rows * table.rotary().dims * 3;
   core::parallel_for(B * heads, core::team_for(work, B * heads), [&](int64_t bh) {
     const int64_t b = bh / heads, h = bh % heads;
-    const int64_t p0 = (first ? first[b] : 0) - p_lo;
+    const int64_t p0 = first ? first[b] : 0;
     for (int64_t i = 0; i < rows; ++i)
-      rotate(x.data + b * x.stride[0] + h * x.stride[1] + i * x.stride[2], r, cos_a + (p0 + i) * half,
-             sin_a + (p0 + i) * half, inverse);
+      table.rotate_heads(x.data + b * x.stride[0] + h * x.stride[1] + i * x.stride[2], 1, 0, p0 + i, inverse);
   });
 }
 

@@ -28,6 +28,7 @@ void GemmBatch::add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   products_.push_back({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc});
   rows_.emplace_back();
   packed_.push_back(nullptr);
+  epilogues_.emplace_back();
 }
 
 void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
@@ -36,6 +37,7 @@ void GemmBatch::add(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   products_.push_back({false, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc});
   rows_.emplace_back();
   packed_.push_back(nullptr);
+  epilogues_.emplace_back();
 }
 
 bool dot_products_serve(int64_t M, Precision precision) {
@@ -43,14 +45,14 @@ bool dot_products_serve(int64_t M, Precision precision) {
 }
 
 void GemmBatch::add_dot_products(int64_t M, const float* A, int64_t lda, const float* W, int64_t N, int64_t K,
-                                 const float* bias, float* C, int64_t ldc) {
+                                 const float* bias, float* C, int64_t ldc, RowEpilogue epilogue) {
   if (M <= 0 || N <= 0) return;
   assert(dot_products_serve(M, precision_));
-  dots_.push_back({M, N, K, A, W, bias, lda, C, ldc});
+  dots_.push_back({M, N, K, A, W, bias, lda, C, ldc, epilogue});
 }
 
 void GemmBatch::add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias,
-                           float* C, int64_t ldc) {
+                           float* C, int64_t ldc, RowEpilogue epilogue) {
   if (M <= 0) return;
   assert(w.precision == precision_ && w.current());
   // B is not read (the packing is); it stays null, so no other product
@@ -58,6 +60,7 @@ void GemmBatch::add_packed(int64_t M, const float* A, int64_t lda, const PackedW
   products_.push_back({false, true, M, w.N, w.K, 1.0f, A, lda, nullptr, w.K, 0.0f, bias, C, ldc});
   rows_.emplace_back();
   packed_.push_back(&w);
+  epilogues_.push_back(epilogue);
 }
 
 void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
@@ -71,6 +74,7 @@ void GemmBatch::add_stacked(int64_t M, int64_t K, const float* A, int64_t lda,
   products_.push_back({false, true, M, N, K, 1.0f, A, lda, rows[0], K, 0.0f, bias, C, ldc});
   rows_.push_back(std::move(rows));
   packed_.push_back(nullptr);
+  epilogues_.emplace_back();
 }
 
 namespace {
@@ -101,6 +105,7 @@ void GemmBatch::run_dots(int threads) const {
     const double work = static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
     dot_product_rows(p.A, p.M, p.lda, p.K, p.W, p.N, p.bias, p.C, p.ldc,
                      work < kDotProductMinParallelWork ? 1 : threads);
+    if (p.epilogue) p.epilogue(p.C, p.ldc, 0, p.M);  // a few rows (a decode step's), just written
   }
 }
 
@@ -114,7 +119,7 @@ void GemmBatch::run_float32(int threads) const {
   const GemmBackend<PackedB> float32{gemm_unpacked_max_rows(), gemm_panel_width(), gemm_packed, gemm_unpacked};
   run_gemm_schedule(
       float32, products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
-      [this](size_t i) { return packed_[i] ? packed_[i]->panels.get() : nullptr; }, team);
+      [this](size_t i) { return packed_[i] ? packed_[i]->panels.get() : nullptr; }, epilogues_, team);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

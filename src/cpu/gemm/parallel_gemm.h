@@ -17,6 +17,13 @@
 // jobs of a few column panels, each job passing all their rows; the same
 // bits as the packed path, so a row's result never depends on the path.
 //
+// A product may carry a row epilogue (RowEpilogue): it runs on each row block
+// of the product's C (in pieces of at most 192 rows: gemm_schedule.h) right
+// after that piece is computed, on the thread that computed it, while the
+// piece is still in cache (the projections rotate q and k there:
+// nn/projections.h). It must change each row alone, so that its result does
+// not depend on how rows are cut into blocks.
+//
 // (Before mha had its own GEMM, each block was one single-threaded OpenBLAS
 // call: OpenBLAS threads a product by splitting its rows by the thread count
 // and rounds a split's edge blocks differently, so its threaded results
@@ -38,6 +45,15 @@ struct PackedWeight;  // cpu/gemm/packed_weight.h
 // only a product's last block has an edge), within [192, 1152]. Depends on
 // the shapes only.
 int64_t gemm_row_block(int64_t M);
+
+// fn(ctx, C, ldc, r0, rows): rows [r0, r0 + rows) of a product's C (counted
+// from the product's first row; C points at row r0) are final.
+struct RowEpilogue {
+  void (*fn)(const void* ctx, float* C, int64_t ldc, int64_t r0, int64_t rows) = nullptr;
+  const void* ctx = nullptr;
+  explicit operator bool() const { return fn != nullptr; }
+  void operator()(float* C, int64_t ldc, int64_t r0, int64_t rows) const { fn(ctx, C, ldc, r0, rows); }
+};
 
 class GemmBatch {
  public:
@@ -65,14 +81,16 @@ class GemmBatch {
   // Adds C:[M,N] = A W^T + bias with W:[N,K] packed once beforehand
   // (cpu/gemm/packed_weight.h; w.precision must be the batch's): no packing per
   // call, whatever M; the same bits as add(M, N, K, A, lda, W, K, true, ...).
-  // `w` must outlive run().
+  // `w` (and the epilogue's context) must outlive run(). The epilogue runs
+  // on the rows of C piece by piece as soon as they are computed.
   void add_packed(int64_t M, const float* A, int64_t lda, const PackedWeight& w, const float* bias, float* C,
-                  int64_t ldc);
+                  int64_t ldc, RowEpilogue epilogue = {});
   // Adds C:[M,N] = A W^T + bias with W:[N,K] read in place, as dot products
   // (cpu/gemm/few_rows.h: faster at one row; other bits than the packed
-  // product). Only where dot_products_serve(M, the batch's precision).
+  // product). Only where dot_products_serve(M, the batch's precision). The
+  // epilogue runs on all M rows once they are computed.
   void add_dot_products(int64_t M, const float* A, int64_t lda, const float* W, int64_t N, int64_t K,
-                        const float* bias, float* C, int64_t ldc);
+                        const float* bias, float* C, int64_t ldc, RowEpilogue epilogue = {});
   // Packs each distinct right-hand matrix once, then runs every block on
   // mha::num_threads() threads.
   void run() const;
@@ -95,6 +113,8 @@ class GemmBatch {
   std::vector<std::vector<const float*>> rows_;
   // Per product: its packed weight (add_packed), else null.
   std::vector<const PackedWeight*> packed_;
+  // Per product: its row epilogue (add_packed only), else none.
+  std::vector<RowEpilogue> epilogues_;
   // Products of few rows run as dot products (add_dot_products).
   struct DotProduct {
     int64_t M, N, K;
@@ -102,6 +122,7 @@ class GemmBatch {
     int64_t lda;
     float* C;
     int64_t ldc;
+    RowEpilogue epilogue;
   };
   std::vector<DotProduct> dots_;
   void run_dots(int threads) const;

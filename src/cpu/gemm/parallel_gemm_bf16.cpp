@@ -45,7 +45,7 @@ void GemmBatch::run_bfloat16_amx(int threads) const {
   const GemmBackend<PackedBf16B> amx{32, PackedBf16B::kPanel, gemm_amx_packed, gemm_amx_unpacked};
   run_gemm_schedule(
       amx, products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
-      [this](size_t i) { return packed_[i] ? packed_[i]->tiles.get() : nullptr; }, team);
+      [this](size_t i) { return packed_[i] ? packed_[i]->tiles.get() : nullptr; }, epilogues_, team);
 }
 
 namespace {
@@ -83,6 +83,7 @@ void GemmBatch::run_bfloat16_portable(int threads) const {
       exact.products_.push_back(g);
       exact.rows_.emplace_back();
       exact.packed_.push_back(packed_[i]);
+      exact.epilogues_.push_back(epilogues_[i]);
       continue;
     }
     size_t b = copies.size();
@@ -98,6 +99,7 @@ void GemmBatch::run_bfloat16_portable(int threads) const {
     exact.products_.push_back(g);
     exact.rows_.emplace_back();
     exact.packed_.push_back(nullptr);
+    exact.epilogues_.push_back(epilogues_[i]);
   }
   exact.run_float32(threads);
 }
