@@ -17,6 +17,7 @@
 #include "cpu/gemm/packed_weight.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "dist/agree.h"
+#include "dist/call_masks.h"
 #include "kernels/dispatch.h"
 #include "kernels/softmax_merge.h"
 #include "mha/detail/published.h"
@@ -31,6 +32,8 @@ namespace mha::dist {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// log2(e) in float, as the fused kernel scales natural logits (cpu/fused/limits.h).
+constexpr float kLog2e = 1.4426950408889634f;
 // Message tags: a block's keys and values at ring step s, its gradients.
 constexpr int kTagKV = 1000, kTagGrad = 2000000;
 
@@ -180,6 +183,13 @@ struct RingAttention::State {
   Window window;
   float softcap = 0.0f;               // ScoreOptions::softcap of the call
   std::vector<float> alibi_slopes;    // [num_heads] of this module's heads, or empty
+  // Attention sinks of this ring's heads ([num_heads], or empty): joined to
+  // each row's denominator once, after its blocks merge (merge_sink), never
+  // by a block's kernel, which would count them once per block.
+  std::vector<float> sinks;
+  // dL/d sinks over the module's heads (zero outside this ring's): the last
+  // backward's, summed over the ranks, and the sum over backward calls.
+  std::vector<float> call_sinks_grad, sinks_grad;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   // Whether the call has masks beyond the chapter's lengths: then masked
@@ -307,14 +317,16 @@ RingAttention& RingAttention::operator=(RingAttention&&) noexcept = default;
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, Causal causal, FullyMaskedRows fully_masked) {
-  CallMasks masks;
-  masks.causal = causal;
-  masks.fully_masked_rows = fully_masked;
-  return forward(queries, keys, values, valid_lens, masks);
+  return forward(queries, keys, values, valid_lens, causal_call_masks(causal, fully_masked));
 }
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, const CallMasks& masks) {
+  return forward(queries, keys, values, valid_lens, masks, {});
+}
+
+Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks) {
   static const char* op = "dist.RingAttention.forward";
   const Causal causal = masks.causal;
   const FullyMaskedRows fully_masked = masks.fully_masked_rows;
@@ -353,6 +365,10 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     nn::AttentionMasks checked;  // the module's checks of softcap and the slopes (one per head of the module)
     nn::add_score_options(op, masks.scores, {true, queries.size(0), queries.size(1), keys.size(1), keys.size(1),
                                              s.module_heads}, checked);
+    if (!sinks.empty() && static_cast<int64_t>(sinks.size()) != s.module_heads)
+      fail(op, "sinks: ", sinks.size(), " logits for ", s.module_heads, " heads; wanted one per head of the module");
+    for (size_t h = 0; h < sinks.size(); ++h)
+      if (!std::isfinite(sinks[h])) fail(op, "sinks[", h, "]: ", sinks[h], "; wanted a finite logit per head");
     return 0;
   });
   // Every rank's block sizes, and one batch size for all.
@@ -416,6 +432,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   if (!masks.scores.alibi_slopes.empty())  // this module's heads of the whole module's slopes
     s.alibi_slopes.assign(masks.scores.alibi_slopes.begin() + s.first_head,
                           masks.scores.alibi_slopes.begin() + s.first_head + H);
+  s.sinks.clear();
+  if (!sinks.empty())  // this module's heads of the whole module's sinks
+    s.sinks.assign(sinks.begin() + s.first_head, sinks.begin() + s.first_head + H);
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
   s.xq = s.training ? queries : Tensor();
@@ -512,6 +531,18 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     }
     s.stats.step_seconds += seconds_since(step_start);
   }
+  // Each head's sink joins every row's denominator once, after the blocks
+  // (as one process's kernel adds it after its keys). A row with no live key
+  // anywhere (M = -inf: each block gave it the policy) then puts all its
+  // weight on the sink: merge_sink zeroes its sum of the blocks' outputs.
+  if (!s.sinks.empty())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Qr; ++i) {
+          const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
+          kernels::merge_sink({acc.data() + (b * Qr + i) * Hd + h * d, s.row_max2[st], s.row_sum[st]},
+                              s.sinks[static_cast<size_t>(h)] * kLog2e, d);
+        }
   // Normalise; a row with no live key anywhere gets uniform weights over
   // every key (the chapter's -1e6 fill, or the policy) or zeros.
   const bool zeros = s.masked_call() && fully_masked == FullyMaskedRows::Zeros;
@@ -677,6 +708,39 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   }
   g_out.wait();
 
+  // The sinks' gradient: dL/d sink_h = -sum over rows of the sink's weight
+  // 2^(t - M) / S (the merged statistics hold it) times D = dO . O. Each
+  // rank's rows in a fixed order, then every rank's share in its own slot
+  // of one all-reduce (slots of zeros elsewhere: exact in any order), added
+  // in rank order: the same bits on every rank and every run.
+  s.call_sinks_grad.assign(static_cast<size_t>(s.module_heads), 0.0f);
+  if (!s.sinks.empty()) {
+    const size_t M = static_cast<size_t>(s.module_heads);
+    std::vector<float> shares(static_cast<size_t>(P) * M, 0.0f);
+    for (int64_t h = 0; h < H; ++h) {
+      const float t = s.sinks[static_cast<size_t>(h)] * kLog2e;
+      double part = 0.0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Qr; ++i) {
+          const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
+          const int64_t at = (b * Qr + i) * Hd + h * d;
+          double D = 0.0;
+          for (int64_t x = 0; x < d; ++x)
+            D += static_cast<double>(dheads[static_cast<size_t>(at + x)]) * s.heads[static_cast<size_t>(at + x)];
+          part -= static_cast<double>(std::exp2(t - s.row_max2[st]) / s.row_sum[st]) * D;
+        }
+      shares[static_cast<size_t>(r) * M + static_cast<size_t>(s.first_head + h)] = static_cast<float>(part);
+    }
+    c.all_reduce_sum(shares.data(), static_cast<int64_t>(shares.size()));
+    for (size_t h = 0; h < M; ++h) {
+      double sum = 0.0;
+      for (int o = 0; o < P; ++o) sum += shares[static_cast<size_t>(o) * M + h];
+      s.call_sinks_grad[h] = static_cast<float>(sum);
+    }
+  }
+  if (s.sinks_grad.size() != s.call_sinks_grad.size()) s.sinks_grad.assign(s.call_sinks_grad.size(), 0.0f);
+  for (size_t h = 0; h < s.sinks_grad.size(); ++h) s.sinks_grad[h] += s.call_sinks_grad[h];
+
   // The projections' backward on this rank's rows.
   MultiHeadAttention::InputGrads grads{Tensor(s.xq.shape()), Tensor(s.xk.shape()), Tensor(s.xv.shape())};
   project_backward(dq.data(), s.xq.data(), B * Qr, s.p("W_q.weight"), g.at("W_q.weight"),
@@ -712,7 +776,10 @@ const StateDict& RingAttention::state_dict() const { return s_->params; }
 const StateDict& RingAttention::grads() const { return s_->grads; }
 void RingAttention::zero_grad() {
   for (auto& [name, t] : s_->grads) std::fill(t.values().begin(), t.values().end(), 0.0f);
+  std::fill(s_->sinks_grad.begin(), s_->sinks_grad.end(), 0.0f);
 }
+const std::vector<float>& RingAttention::sinks_grad() const { return s_->sinks_grad; }
+const std::vector<float>& RingAttention::last_sinks_grad() const { return s_->call_sinks_grad; }
 const Communicator& RingAttention::communicator() const { return s_->comm; }
 
 }  // namespace mha::dist
