@@ -85,11 +85,12 @@ Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const T
 }
 
 Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks) {
+                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks,
+                              const std::vector<int64_t>& doc_offsets) {
   State& s = *s_;
   // Each ring fails or succeeds as a whole; agree tells the other rings.
   Tensor out = agree(s.all, "dist.GridAttention.forward",
-                     [&] { return s.ring->forward(queries, keys, values, valid_lens, masks, sinks); });
+                     [&] { return s.ring->forward(queries, keys, values, valid_lens, masks, sinks, doc_offsets); });
   s.across_heads->all_reduce_sum(out);
   return out;
 }

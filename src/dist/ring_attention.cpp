@@ -190,11 +190,23 @@ struct RingAttention::State {
   // dL/d sinks over the module's heads (zero outside this ring's): the last
   // backward's, summed over the ranks, and the sum over backward calls.
   std::vector<float> call_sinks_grad, sinks_grad;
+  // A packed row of documents over global positions ([documents + 1]
+  // offsets from 0 to Q = K, or empty): a query sees keys of its own
+  // document only. A block that straddles a boundary of a query's document
+  // gets a (Q_r, K_o) keep mask (`doc_keep`); blocks wholly inside every
+  // query's document need none, and blocks wholly outside are skipped.
+  std::vector<int64_t> docs;
+  std::vector<uint8_t> doc_keep;
+  // [first, end) of the document holding global position x.
+  std::pair<int64_t, int64_t> document_of(int64_t x) const {
+    const auto it = std::upper_bound(docs.begin(), docs.end(), x);  // the first offset above x
+    return {*(it - 1), *it};
+  }
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   // Whether the call has masks beyond the chapter's lengths: then masked
   // scores are -inf and fully masked rows get `fully_masked`.
-  bool masked_call() const { return causal != Causal::None || window.any(); }
+  bool masked_call() const { return causal != Causal::None || window.any() || !docs.empty(); }
 
   const Tensor& p(const std::string& name) const { return params.at(name); }
   Tensor bias_of(const std::string& layer) const {
@@ -216,6 +228,11 @@ struct RingAttention::State {
     if (window.right >= 0 && window.right < K - diag) last = std::min(last, diag + window.right);
     const float n = lens.at(b, i);  // key j is live iff float(j) < n
     if (n < static_cast<float>(K)) last = std::min(last, static_cast<int64_t>(std::ceil(n)) - 1);
+    if (!docs.empty()) {
+      const auto [begin, end] = document_of(q_begin + i);
+      first = std::max(first, begin);
+      last = std::min(last, end - 1);
+    }
     return {first, last};
   }
   // Whether the tile of rows [i0, i0 + n) of batch row b can skip the key
@@ -242,7 +259,7 @@ struct RingAttention::State {
   // keys (L - k_begin is exact in float for L >= k_begin, and any L below
   // masks the whole block either way); `lens_buf` holds them.
   kernels::AttentionForward block_params(const float* kb, const float* vb, int64_t Ko, int64_t k_begin,
-                                         std::vector<float>& lens_buf) const {
+                                         std::vector<float>& lens_buf, std::vector<uint8_t>& keep_buf) const {
     kernels::AttentionForward p;
     p.q = heads_view(qp.data(), B, num_heads, Qr, head_dim);
     p.k = heads_view(kb, B, num_heads, Ko, head_dim);
@@ -273,6 +290,23 @@ struct RingAttention::State {
     // (mha/dist/ring_attention.h).
     p.masks.fill = masked_call() ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
     p.masks.fully_masked = masked_call() ? fully_masked : FullyMaskedRows::Uniform;
+    // Documents: a (Q_r, K_o) mask, the same for every head (B = 1), only
+    // where some query's document ends inside the block.
+    bool straddles = false;
+    for (int64_t i = 0; i < Qr && !docs.empty() && !straddles; ++i) {
+      const auto [begin, end] = document_of(q_begin + i);
+      straddles = k_begin < begin || k_begin + Ko > end;
+    }
+    if (straddles) {
+      keep_buf.assign(static_cast<size_t>(Qr * Ko), 0);
+      for (int64_t i = 0; i < Qr; ++i) {
+        const auto [begin, end] = document_of(q_begin + i);
+        for (int64_t j = std::max(begin, k_begin); j < std::min(end, k_begin + Ko); ++j)
+          keep_buf[static_cast<size_t>(i * Ko + j - k_begin)] = 1;
+      }
+      p.masks.pair_keep = keep_buf.data();
+      p.masks.pair_stride_b = p.masks.pair_stride_h = 0;
+    }
     return p;
   }
 };
@@ -326,7 +360,8 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
 }
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks) {
+                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks,
+                              const std::vector<int64_t>& doc_offsets) {
   static const char* op = "dist.RingAttention.forward";
   const Causal causal = masks.causal;
   const FullyMaskedRows fully_masked = masks.fully_masked_rows;
@@ -387,6 +422,18 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     if (!kernels::runs_fused(AttentionKernel::Fused, Kmax))
       fail(op, "keys: a block of ", Kmax, " keys on one rank; wanted at most 2^24 per rank (the fused kernel's "
            "key axis): spread the sequence over more ranks");
+    if (!doc_offsets.empty()) {
+      int64_t Q = 0;
+      for (int64_t n : q_sizes) Q += n;
+      if (queries.size(0) != 1 || Q != K)
+        fail(op, "doc_offsets: given for ", queries.size(0), " batch rows of ", Q, " queries and ", K,
+             " keys; wanted one packed row of as many queries as keys");
+      if (doc_offsets.size() < 2 || doc_offsets.front() != 0 || doc_offsets.back() != K ||
+          !std::is_sorted(doc_offsets.begin(), doc_offsets.end()))
+        fail(op, "doc_offsets: ", doc_offsets.size(), " offsets from ", doc_offsets.front(), " to ",
+             doc_offsets.back(), "; wanted documents + 1 nondecreasing offsets from 0 to the sequence's ", K,
+             " positions");
+    }
     // What this rank allocates, before it does: a sequence whose share per
     // rank fits the limit runs, however long the whole.
     core::MemoryPlan plan(op);
@@ -398,6 +445,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     plan.add("softmax statistics and value sums", {2 * B * H * Qr + B * Hd});
     plan.add("a block's attention output and statistics", {B * Qr * Hd + 2 * B * H * Qr});
     plan.add("per-query lengths over a block", {B * Qr});
+    if (!doc_offsets.empty()) plan.add("a block's document mask", {Qr, Kmax}, 1);
     if (s.keep_weights) plan.add("a block's weights and every block's statistics", {B * H * Qr * (Kmax + 2 * P)});
     plan.add("output", {B, Qr, s.num_hiddens});
     if (s.keep_weights) plan.add("attention weights", {B, H, Qr, K});
@@ -435,6 +483,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   s.sinks.clear();
   if (!sinks.empty())  // this module's heads of the whole module's sinks
     s.sinks.assign(sinks.begin() + s.first_head, sinks.begin() + s.first_head + H);
+  s.docs = doc_offsets;
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
   s.xq = s.training ? queries : Tensor();
@@ -490,7 +539,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         else compute = true;
       }
     if (compute) {
-      const kernels::AttentionForward all = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      const kernels::AttentionForward all = s.block_params(kb, vb, Ko, k_begin, lens_buf, s.doc_keep);
       const TensorView out_all = heads_view(out.data(), B, H, Qr, d);
       if (s.keep_weights) block_w.assign(static_cast<size_t>(rows * Ko), 0.0f);
       per_row_and_head(c, B, H, [&](int64_t b, int64_t h) {
@@ -666,7 +715,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
                                               static_cast<float>(s.K);
     if (Ko > 0 && !s.block_skippable(k_begin, Ko)) {  // skipped: weights 0 there, adds nothing
       kernels::AttentionBackward all;
-      all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf, s.doc_keep);
       all.fwd.out = heads_view(s.heads.data(), B, H, Qr, d);
       all.stats_span_more_keys = true;
       all.grad_out = heads_view(d_live.data(), B, H, Qr, d);

@@ -122,6 +122,15 @@ std::map<std::string, Trigger> triggers() {
                                     ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
                                                     CallMasks(), {0.5f, INFINITY});
                                   }}},
+      {"dist.ring_docs_rows", {-1, [&c] {
+                                 ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                 CallMasks(), {}, {0, 2});
+                               }}},
+      {"dist.ring_docs_offsets", {-1, [&c] {
+                                    // Each rank's 2 positions: 2P in all; offsets that stop at 3.
+                                    ring(c).forward(randn({1, 2, 7}, 1), randn({1, 2, 6}, 2), randn({1, 2, 5}, 3), {},
+                                                    CallMasks(), {}, {0, 1, 3});
+                                  }}},
       {"dist.ring_width",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
       {"dist.ring_batch_ranks", {0, [&c] {

@@ -60,7 +60,8 @@ struct Call {
   int64_t B, Q, K;
   ValidLens lens;
   CallMasks masks;
-  std::vector<float> sinks;  // one per head, or empty
+  std::vector<float> sinks = {};  // one per head, or empty
+  std::vector<int64_t> docs = {};  // a packed row's document offsets, or empty
 };
 
 // One process: the module's projections, the fused kernel over the whole
@@ -70,6 +71,7 @@ struct OneProcess {
   MultiHeadAttention::InputGrads inputs;
   StateDict grads;
   std::vector<float> sinks_grad;
+  double sinks_scale = 0;  // max over heads of sum over rows |sink weight * dO . O|
 };
 
 OneProcess one_process(const StateDict& w, int64_t H, const Call& call, const Tensor& xq, const Tensor& xk,
@@ -102,7 +104,12 @@ OneProcess one_process(const StateDict& w, int64_t H, const Call& call, const Te
   p.masks.softcap = m.scores.softcap;
   p.masks.alibi_slopes = m.scores.alibi_slopes.empty() ? nullptr : m.scores.alibi_slopes.data();
   p.masks.sinks = call.sinks.empty() ? nullptr : call.sinks.data();
-  const bool masked = m.causal != Causal::None || m.window.any();  // as the module: -inf only under masks
+  if (!call.docs.empty()) {
+    p.masks.doc_offsets = call.docs.data();
+    p.masks.documents = static_cast<int64_t>(call.docs.size()) - 1;
+  }
+  // As the module: -inf only under masks (documents are one).
+  const bool masked = m.causal != Causal::None || m.window.any() || !call.docs.empty();
   p.masks.fill = masked ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
   p.masks.fully_masked = masked ? m.fully_masked_rows : FullyMaskedRows::Uniform;
   const kernels::SoftmaxStats stats = kernels::attention_forward(AttentionKernel::Fused, p);
@@ -123,6 +130,18 @@ OneProcess one_process(const StateDict& w, int64_t H, const Call& call, const Te
   r.sinks_grad.assign(call.sinks.size(), 0.0f);
   if (!call.sinks.empty()) g.grad_sinks = r.sinks_grad.data();
   kernels::attention_backward(AttentionKernel::Fused, g);
+  for (int64_t h = 0; h < H && !call.sinks.empty(); ++h) {
+    double scale = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Q; ++i) {
+        double kept = 0, D = 0;  // the sink's weight is what the keys leave
+        for (int64_t j = 0; j < K; ++j) kept += r.weights.data()[((b * H + h) * Q + i) * K + j];
+        for (int64_t x = 0; x < d; ++x)
+          D += static_cast<double>(dheads.data()[(b * Q + i) * N + h * d + x]) * heads.data()[(b * Q + i) * N + h * d + x];
+        scale += std::fabs((1.0 - kept) * D);
+      }
+    r.sinks_scale = std::max(r.sinks_scale, scale);
+  }
   const char* layer[] = {"W_q", "W_k", "W_v"};
   const Tensor* dy[] = {&dq, &dk, &dv};
   const Tensor* x[] = {&xq, &xk, &xv};
@@ -185,8 +204,8 @@ void check(const Call& call, int64_t N, int64_t H, bool bias, uint64_t seed, int
   const ValidLens lens = local_lens(call.lens, call.B, call.Q, q0, qn);
   const std::string where = "groups " + std::to_string(groups) + ", rank " + std::to_string(c.rank()) + ", B" +
                             std::to_string(call.B) + " Q" + std::to_string(call.Q) + " K" + std::to_string(call.K);
-  const Tensor got = ring ? ring->forward(xq, xk, xv, lens, call.masks, call.sinks)
-                          : grid->forward(xq, xk, xv, lens, call.masks, call.sinks);
+  const Tensor got = ring ? ring->forward(xq, xk, xv, lens, call.masks, call.sinks, call.docs)
+                          : grid->forward(xq, xk, xv, lens, call.masks, call.sinks, call.docs);
   EXPECT_LT(relative_error(got, rows(want.out, q0, qn)), kTol) << "output, " << where;
   const int64_t h0 = grid ? grid->heads().front() : 0, hn = grid ? static_cast<int64_t>(grid->heads().size()) : H;
   const Tensor& weights = ring ? ring->attention_weights() : grid->attention_weights();
@@ -197,7 +216,9 @@ void check(const Call& call, int64_t N, int64_t H, bool bias, uint64_t seed, int
   EXPECT_LT(relative_error(gg.values, rows(want.inputs.values, k0, kn)), kTol) << "dX_v, " << where;
   const std::vector<float>& sinks_grad = ring ? ring->sinks_grad() : grid->sinks_grad();
   if (!call.sinks.empty()) {
-    EXPECT_LT(relative_error(vec(sinks_grad), vec(want.sinks_grad)), kTol) << "sinks' gradient, " << where;
+    // Relative to the sum of its terms' sizes: a head's terms of both signs may cancel.
+    EXPECT_LT(relative_error(vec(sinks_grad), vec(want.sinks_grad), want.sinks_scale), kTol)
+        << "sinks' gradient, " << where;
   } else {
     for (float x : sinks_grad) EXPECT_EQ(x, 0.0f) << where;
   }
@@ -318,6 +339,63 @@ TEST(RingSinks, SinksGradientsAccumulateZeroAndRepeatBitwise) {
   for (size_t i = 0; i < runs[0].size(); ++i)
     EXPECT_EQ(0, std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(float)))
         << "result " << i << " differs between 1 and 2 threads, rank " << c.rank();
+}
+
+TEST(RingDocuments, PackedDocumentsOverGlobalPositionsEqualOneProcess) {
+  // Documents of lengths 3, 0, 7, 1 and 6 over 17 positions: boundaries
+  // inside blocks, an empty document, a document of one position.
+  const std::vector<int64_t> docs{0, 3, 3, 10, 11, 17};
+  const ScoreOptions alibi{0.0f, {0.5f, -0.3f, 0.1f}}, both{0.8f, {-0.2f, 0.7f, 0.05f}};
+  const ValidLens none;
+  check({1, 17, 17, none, CallMasks(), {}, docs}, 12, 3, true, 360);
+  check({1, 17, 17, none, call_masks(Causal::TopLeft, {}, alibi), {}, docs}, 12, 3, true, 361);
+  check({1, 17, 17, none, call_masks(Causal::BottomRight, {2, 0}, both), kSinks3, docs}, 12, 3, true, 362);
+  // Lengths over the packed row: the later documents' queries see no key
+  // (the policy, or all weight on the sink).
+  check({1, 17, 17, ValidLens::per_batch({9}), call_masks(Causal::None, {}, {}, FullyMaskedRows::Zeros), {}, docs},
+        12, 3, false, 363);
+  check({1, 17, 17, ValidLens::per_batch({9}), call_masks(Causal::None, {1, 1}, alibi), kSinks3, docs}, 12, 3, true,
+        364);
+  // One document, and one per position.
+  check({1, 5, 5, none, CallMasks(), kSinks3, {0, 5}}, 12, 3, true, 365);
+  check({1, 5, 5, none, CallMasks(), {}, {0, 1, 2, 3, 4, 5}}, 12, 3, true, 366);
+  const Communicator& c = world();
+  for (int groups : {1, 2, 4})
+    if (c.size() % groups == 0)
+      check({1, 17, 17, none, call_masks(Causal::TopLeft, {}, {0.5f, {0.5f, -0.3f, 0.1f, 0.2f}}), kSinks4, docs}, 16,
+            4, true, 367, groups);
+}
+
+TEST(RingDocuments, BlocksOfOtherDocumentsAreSkipped) {
+  // One document per rank's block: each rank computes on its own block only.
+  const Communicator& c = world();
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 370);
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  const int64_t L = 8 * c.size();
+  std::vector<int64_t> docs;
+  for (int o = 0; o <= c.size(); ++o) docs.push_back(8 * o);
+  const auto [b0, n] = RingAttention::block_of(L, c.size(), c.rank());
+  const Tensor q = rows(randn({1, L, 7}, 371), b0, n), k = rows(randn({1, L, 6}, 372), b0, n),
+               v = rows(randn({1, L, 5}, 373), b0, n);
+  ring.forward(q, k, v, {}, CallMasks(), {}, docs);
+  EXPECT_EQ(ring.stats().tiles, c.size());
+  EXPECT_EQ(ring.stats().tiles_skipped, c.size() - 1) << "rank " << c.rank();
+}
+
+TEST(RingDocuments, RefusesOffsetsThatDoNotCoverOnePackedRow) {
+  const Communicator& c = world();
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 380);
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  const auto [b0, n] = RingAttention::block_of(6, c.size(), c.rank());
+  const Tensor q = rows(randn({2, 6, 7}, 381), b0, n), k = rows(randn({2, 6, 6}, 382), b0, n),
+               v = rows(randn({2, 6, 5}, 383), b0, n);
+  EXPECT_THROW(ring.forward(q, k, v, {}, CallMasks(), {}, {0, 6}), Error);  // two batch rows
+  const Tensor q1 = rows(q, 0, n).values().empty() ? Tensor({1, 0, 7}) : Tensor({1, n, 7}, 0.5f);
+  const Tensor k1({1, n, 6}, 0.5f), v1({1, n, 5}, 0.5f);
+  EXPECT_THROW(ring.forward(q1, k1, v1, {}, CallMasks(), {}, {0, 5}), Error);     // ends before K
+  EXPECT_THROW(ring.forward(q1, k1, v1, {}, CallMasks(), {}, {0, 4, 2, 6}), Error);  // decreasing
+  EXPECT_THROW(ring.forward(q1, k1, v1, {}, CallMasks(), {}, {6}), Error);         // no document
+  EXPECT_NO_THROW(ring.forward(q1, k1, v1, {}, CallMasks(), {}, {0, 2, 6}));
 }
 
 TEST(RingSinks, RefusesSinksOfTheWrongCountOrNotFinite) {

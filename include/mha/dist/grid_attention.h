@@ -79,10 +79,12 @@ class GridAttention {
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
   // The same with attention sinks, one logit per head of the module (every
-  // rank the same; each group's ring takes its heads'), as
-  // RingAttention::forward takes them. Collective.
+  // rank the same; each group's ring takes its heads'), and a packed row of
+  // documents over global positions, as RingAttention::forward takes them.
+  // Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
-                 const CallMasks& masks, const std::vector<float>& sinks);
+                 const CallMasks& masks, const std::vector<float>& sinks,
+                 const std::vector<int64_t>& doc_offsets = {});
   // grad_output:[B,Q_j,num_hiddens] of the last forward -> the gradients of
   // block j's queries, keys and values (summed over the head groups).
   // Collective.

@@ -118,9 +118,16 @@ class RingAttention {
   // sum to 1 - exp(sink - logsumexp), and no row is fully masked (under
   // causal masks or a window a row with no live key puts all its weight on
   // the sink: output 0). backward() adds their gradient into sinks_grad().
-  // Collective.
+  // `doc_offsets`, when not empty: a packed row of documents
+  // (FlashAttention's varlen cu_seqlens) over global positions, B = 1 and
+  // Q = K, documents + 1 nondecreasing offsets from 0 to K; query i of
+  // document [s, e) sees only keys in [s, e) (every other mask applying
+  // within it, the -inf fill and the fully-masked policy as under causal
+  // masks); a key block that lies wholly in other documents than all of a
+  // tile's queries' is skipped. Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
-                 const CallMasks& masks, const std::vector<float>& sinks);
+                 const CallMasks& masks, const std::vector<float>& sinks,
+                 const std::vector<int64_t>& doc_offsets = {});
   // grad_output:[B,Q_r,num_hiddens] of the last forward -> the gradients of
   // this rank's queries, keys and values; adds the weights' gradients,
   // summed over the ranks, into grads(). Collective.
