@@ -335,6 +335,20 @@ TEST(RingSinks, SinksGradientsAccumulateZeroAndRepeatBitwise) {
     ring.zero_grad();
     for (float x : ring.sinks_grad()) EXPECT_EQ(x, 0.0f);
   }
+  // Packed documents (one row of 600) with sinks, at 1 and 2 threads too.
+  const std::vector<int64_t> docs{0, 150, 151, 420, 600};
+  const Tensor q1 = rows(randn({1, 600, 7}, 345), q0, qn), k1 = rows(randn({1, 600, 6}, 346), q0, qn),
+               v1 = rows(randn({1, 600, 5}, 347), q0, qn), g1 = rows(randn({1, 600, 12}, 348), q0, qn);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    RingAttention ring(c, 12, 3, ref->state_dict());
+    const Tensor out = ring.forward(q1, k1, v1, {}, masks, kSinks3, docs);
+    const auto grads = ring.backward(g1);
+    std::vector<std::vector<float>>& run = runs[threads - 1];
+    for (const Tensor* t : {&out, &grads.queries, &grads.keys, &grads.values}) run.push_back(t->values());
+    run.push_back(ring.sinks_grad());
+    for (const auto& [name, t] : ring.grads()) run.push_back(t.values());
+  }
   set_num_threads(1);
   for (size_t i = 0; i < runs[0].size(); ++i)
     EXPECT_EQ(0, std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(float)))
