@@ -408,6 +408,15 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   });
   // Every rank's block sizes, and one batch size for all.
   const std::vector<int64_t> batches = c.all_gather(queries.size(0));
+  // The sinks and the documents, which every rank must pass alike: their
+  // bytes hashed (FNV-1a), compared with rank 0's.
+  uint64_t digest = 14695981039346656037ull;
+  auto hash = [&digest](const void* data, size_t bytes) {
+    for (size_t x = 0; x < bytes; ++x) digest = (digest ^ static_cast<const unsigned char*>(data)[x]) * 1099511628211ull;
+  };
+  hash(sinks.data(), sinks.size() * sizeof(float));
+  hash(doc_offsets.data(), doc_offsets.size() * sizeof(int64_t));
+  const std::vector<int64_t> digests = c.all_gather(static_cast<int64_t>(digest));
   const std::vector<int64_t> q_sizes = c.all_gather(queries.size(1));
   s.k_sizes = c.all_gather(keys.size(1));
   const int64_t B = queries.size(0), Qr = queries.size(1), Kr = keys.size(1);
@@ -419,6 +428,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         fail(op, "queries: batch size ", batches[static_cast<size_t>(o)], " on rank ", o, ", ", queries.size(0),
              " on rank ", r, "; every rank holds blocks of the same batch rows");
     if (K == 0) fail(op, "keys: no rank holds a key; a softmax over zero keys is undefined");
+    for (int o = 1; o < P; ++o)
+      if (digests[static_cast<size_t>(o)] != digests[0])
+        fail(op, "sinks, doc_offsets: rank ", o, "'s differ from rank 0's; wanted the same on every rank");
     if (!kernels::runs_fused(AttentionKernel::Fused, Kmax))
       fail(op, "keys: a block of ", Kmax, " keys on one rank; wanted at most 2^24 per rank (the fused kernel's "
            "key axis): spread the sequence over more ranks");

@@ -131,6 +131,11 @@ std::map<std::string, Trigger> triggers() {
                                     ring(c).forward(randn({1, 2, 7}, 1), randn({1, 2, 6}, 2), randn({1, 2, 5}, 3), {},
                                                     CallMasks(), {}, {0, 1, 3});
                                   }}},
+      {"dist.ring_ranks_differ", {-1, [&c] {
+                                    const float sink = c.rank() == 1 ? 2.0f : 1.0f;  // rank 1's differs
+                                    ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                    CallMasks(), {0.5f, sink});
+                                  }}},
       {"dist.ring_width",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
       {"dist.ring_batch_ranks", {0, [&c] {

@@ -19,7 +19,7 @@
 // positions (a rank whose keys all lie past a row's length contributes
 // nothing to that row, or, with the chapter's -1e6 fill, exactly what the
 // fill gives), and causal masking and a sliding window compare global
-// positions. Without `causal` or a window the chapter's masked_softmax
+// positions. Without `causal`, a window or documents the chapter's masked_softmax
 // applies (masked scores -1e6: a row of length 0 gets uniform weights over
 // all keys); with them, as MultiHeadAttention with CallMasks: masked scores
 // are -inf (lengths included) and a row with no live key gets `fully_masked`.
