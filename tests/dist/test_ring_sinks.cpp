@@ -11,6 +11,7 @@
 #include "dist_test_util.h"
 #include "kernels/dispatch.h"
 #include "kernels/params.h"
+#include "mha/detail/published.h"
 
 namespace mha::dist::test {
 namespace {
@@ -62,6 +63,7 @@ struct Call {
   CallMasks masks;
   std::vector<float> sinks = {};  // one per head, or empty
   std::vector<int64_t> docs = {};  // a packed row's document offsets, or empty
+  float dropout = 0.0f;  // on the weights, keyed as the module's with seed 7
 };
 
 // One process: the module's projections, the fused kernel over the whole
@@ -112,6 +114,10 @@ OneProcess one_process(const StateDict& w, int64_t H, const Call& call, const Te
   const bool masked = m.causal != Causal::None || m.window.any() || !call.docs.empty();
   p.masks.fill = masked ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
   p.masks.fully_masked = masked ? m.fully_masked_rows : FullyMaskedRows::Uniform;
+  if (call.dropout > 0.0f) {  // the first key of the stream of seed 7, as the ring's first call draws it
+    p.dropout.p = call.dropout;
+    p.dropout.key = detail::KeyStream(7).next();
+  }
   const kernels::SoftmaxStats stats = kernels::attention_forward(AttentionKernel::Fused, p);
   r.out = linear(heads, w.at("W_o.weight"), bias("W_o"));
 
@@ -190,11 +196,13 @@ void check(const Call& call, int64_t N, int64_t H, bool bias, uint64_t seed, int
   if (groups == 0) {
     ring = std::make_unique<RingAttention>(c, N, H, ref->state_dict());
     ring->keep_attention_weights(true);
+    ring->set_dropout(call.dropout, 7);
     qb = RingAttention::block_of(call.Q, c.size(), c.rank());
     kb = RingAttention::block_of(call.K, c.size(), c.rank());
   } else {
     grid = std::make_unique<GridAttention>(c, groups, N, H, ref->state_dict());
     grid->keep_attention_weights(true);
+    grid->set_dropout(call.dropout, 7);
     qb = grid->query_block(call.Q);
     kb = grid->key_block(call.K);
   }
@@ -209,7 +217,10 @@ void check(const Call& call, int64_t N, int64_t H, bool bias, uint64_t seed, int
   EXPECT_LT(relative_error(got, rows(want.out, q0, qn)), kTol) << "output, " << where;
   const int64_t h0 = grid ? grid->heads().front() : 0, hn = grid ? static_cast<int64_t>(grid->heads().size()) : H;
   const Tensor& weights = ring ? ring->attention_weights() : grid->attention_weights();
-  EXPECT_LT(relative_error(weights, query_rows(head_slice(want.weights, h0, hn), q0, qn)), kTol) << "weights, " << where;
+  if (call.dropout == 0.0f) {
+    EXPECT_LT(relative_error(weights, query_rows(head_slice(want.weights, h0, hn), q0, qn)), kTol)
+        << "weights, " << where;
+  }
   const auto gg = ring ? ring->backward(rows(g, q0, qn)) : grid->backward(rows(g, q0, qn));
   EXPECT_LT(relative_error(gg.queries, rows(want.inputs.queries, q0, qn)), kTol) << "dX_q, " << where;
   EXPECT_LT(relative_error(gg.keys, rows(want.inputs.keys, k0, kn)), kTol) << "dX_k, " << where;
@@ -293,6 +304,20 @@ TEST(RingSinks, SinksWithCausalWindowAlibiAndSoftcapCombined) {
   // Long enough for several query tiles and blocks sent by rendezvous.
   check({1, 300, 260, ValidLens::per_batch({200}), call_masks(Causal::BottomRight, {40, 0}, both), kSinks3}, 12, 3,
         true, 325);
+}
+
+TEST(RingSinks, SinksWithDropoutDropWhatOneProcessDrops) {
+  // The weights' masks keyed by their place in the whole sequence: the sink
+  // takes part in the denominator, dropout scales the weights after it.
+  const ScoreOptions alibi{0.0f, {0.5f, -0.3f, 0.1f}};
+  check({2, 9, 7, ValidLens::per_batch({6, 0}), call_masks(Causal::BottomRight, {}, alibi), kSinks3, {}, 0.3f}, 12, 3,
+        true, 326);
+  check({2, 9, 9, ValidLens::per_batch({4, 9}), CallMasks(), kSinks3, {}, 0.5f}, 12, 3, true, 327);
+  check({1, 17, 17, ValidLens(), call_masks(Causal::TopLeft, {}, alibi), kSinks3, {0, 3, 3, 10, 11, 17}, 0.3f}, 12, 3,
+        true, 328);
+  const Communicator& c = world();
+  if (c.size() % 2 == 0)
+    check({2, 9, 7, ValidLens(), call_masks(Causal::TopLeft, {}, {}), kSinks4, {}, 0.3f}, 16, 4, true, 329, 2);
 }
 
 TEST(RingSinks, TheGridTakesEachGroupsSinks) {
