@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dist/agree.h"
+#include "dist/call_masks.h"
 #include "dist/shards.h"
 #include "mha/dist/head_parallel.h"
 #include "mha/error.h"
@@ -21,6 +23,7 @@ struct GridAttention::State {
   std::vector<int64_t> heads;
   std::unique_ptr<Communicator> across_heads;  // the ranks of this sequence block, one per head group
   std::unique_ptr<RingAttention> ring;         // this head group's ring
+  std::vector<float> sinks_grad;               // dL/d sinks of every head, summed over backward calls
 };
 
 GridAttention::GridAttention(Communicator comm, int head_groups, int64_t num_hiddens, int64_t num_heads,
@@ -73,18 +76,21 @@ std::pair<int64_t, int64_t> GridAttention::key_block(int64_t length) const {
 
 Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, Causal causal, FullyMaskedRows fully_masked) {
-  CallMasks masks;
-  masks.causal = causal;
-  masks.fully_masked_rows = fully_masked;
-  return forward(queries, keys, values, valid_lens, masks);
+  return forward(queries, keys, values, valid_lens, causal_call_masks(causal, fully_masked));
 }
 
 Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, const CallMasks& masks) {
+  return forward(queries, keys, values, valid_lens, masks, {});
+}
+
+Tensor GridAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks,
+                              const std::vector<int64_t>& doc_offsets) {
   State& s = *s_;
   // Each ring fails or succeeds as a whole; agree tells the other rings.
   Tensor out = agree(s.all, "dist.GridAttention.forward",
-                     [&] { return s.ring->forward(queries, keys, values, valid_lens, masks); });
+                     [&] { return s.ring->forward(queries, keys, values, valid_lens, masks, sinks, doc_offsets); });
   s.across_heads->all_reduce_sum(out);
   return out;
 }
@@ -96,6 +102,12 @@ MultiHeadAttention::InputGrads GridAttention::backward(const Tensor& grad_output
   s.across_heads->all_reduce_sum(g.queries);
   s.across_heads->all_reduce_sum(g.keys);
   s.across_heads->all_reduce_sum(g.values);
+  // Each head's sink gradient comes from its group's ring alone (zeros in
+  // the other groups' slots: the all-reduce adds exactly nothing to it).
+  std::vector<float> sinks = s.ring->last_sinks_grad();
+  s.across_heads->all_reduce_sum(sinks.data(), static_cast<int64_t>(sinks.size()));
+  if (s.sinks_grad.size() != sinks.size()) s.sinks_grad.assign(sinks.size(), 0.0f);
+  for (size_t h = 0; h < sinks.size(); ++h) s.sinks_grad[h] += sinks[h];
   return g;
 }
 
@@ -129,7 +141,11 @@ StateDict GridAttention::gather_grads() const {
   return full;
 }
 
-void GridAttention::zero_grad() { s_->ring->zero_grad(); }
+void GridAttention::zero_grad() {
+  s_->ring->zero_grad();
+  std::fill(s_->sinks_grad.begin(), s_->sinks_grad.end(), 0.0f);
+}
+const std::vector<float>& GridAttention::sinks_grad() const { return s_->sinks_grad; }
 
 void GridAttention::train(bool on) { s_->ring->train(on); }
 void GridAttention::set_precision(Precision p) { s_->ring->set_precision(p); }

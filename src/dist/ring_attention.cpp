@@ -17,6 +17,7 @@
 #include "cpu/gemm/packed_weight.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "dist/agree.h"
+#include "dist/call_masks.h"
 #include "kernels/dispatch.h"
 #include "kernels/softmax_merge.h"
 #include "mha/detail/published.h"
@@ -31,6 +32,8 @@ namespace mha::dist {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// log2(e) in float, as the fused kernel scales natural logits (cpu/fused/limits.h).
+constexpr float kLog2e = 1.4426950408889634f;
 // Message tags: a block's keys and values at ring step s, its gradients.
 constexpr int kTagKV = 1000, kTagGrad = 2000000;
 
@@ -180,11 +183,30 @@ struct RingAttention::State {
   Window window;
   float softcap = 0.0f;               // ScoreOptions::softcap of the call
   std::vector<float> alibi_slopes;    // [num_heads] of this module's heads, or empty
+  // Attention sinks of this ring's heads ([num_heads], or empty): joined to
+  // each row's denominator once, after its blocks merge (merge_sink), never
+  // by a block's kernel, which would count them once per block.
+  std::vector<float> sinks;
+  // dL/d sinks over the module's heads (zero outside this ring's): the last
+  // backward's, summed over the ranks, and the sum over backward calls.
+  std::vector<float> call_sinks_grad, sinks_grad;
+  // A packed row of documents over global positions ([documents + 1]
+  // offsets from 0 to Q = K, or empty): a query sees keys of its own
+  // document only. A block that straddles a boundary of a query's document
+  // gets a (Q_r, K_o) keep mask (`doc_keep`); blocks wholly inside every
+  // query's document need none, and blocks wholly outside are skipped.
+  std::vector<int64_t> docs;
+  std::vector<uint8_t> doc_keep;
+  // [first, end) of the document holding global position x.
+  std::pair<int64_t, int64_t> document_of(int64_t x) const {
+    const auto it = std::upper_bound(docs.begin(), docs.end(), x);  // the first offset above x
+    return {*(it - 1), *it};
+  }
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
   // Whether the call has masks beyond the chapter's lengths: then masked
   // scores are -inf and fully masked rows get `fully_masked`.
-  bool masked_call() const { return causal != Causal::None || window.any(); }
+  bool masked_call() const { return causal != Causal::None || window.any() || !docs.empty(); }
 
   const Tensor& p(const std::string& name) const { return params.at(name); }
   Tensor bias_of(const std::string& layer) const {
@@ -206,6 +228,11 @@ struct RingAttention::State {
     if (window.right >= 0 && window.right < K - diag) last = std::min(last, diag + window.right);
     const float n = lens.at(b, i);  // key j is live iff float(j) < n
     if (n < static_cast<float>(K)) last = std::min(last, static_cast<int64_t>(std::ceil(n)) - 1);
+    if (!docs.empty()) {
+      const auto [begin, end] = document_of(q_begin + i);
+      first = std::max(first, begin);
+      last = std::min(last, end - 1);
+    }
     return {first, last};
   }
   // Whether the tile of rows [i0, i0 + n) of batch row b can skip the key
@@ -232,7 +259,7 @@ struct RingAttention::State {
   // keys (L - k_begin is exact in float for L >= k_begin, and any L below
   // masks the whole block either way); `lens_buf` holds them.
   kernels::AttentionForward block_params(const float* kb, const float* vb, int64_t Ko, int64_t k_begin,
-                                         std::vector<float>& lens_buf) const {
+                                         std::vector<float>& lens_buf, std::vector<uint8_t>& keep_buf) const {
     kernels::AttentionForward p;
     p.q = heads_view(qp.data(), B, num_heads, Qr, head_dim);
     p.k = heads_view(kb, B, num_heads, Ko, head_dim);
@@ -263,6 +290,23 @@ struct RingAttention::State {
     // (mha/dist/ring_attention.h).
     p.masks.fill = masked_call() ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
     p.masks.fully_masked = masked_call() ? fully_masked : FullyMaskedRows::Uniform;
+    // Documents: a (Q_r, K_o) mask, the same for every head (B = 1), only
+    // where some query's document ends inside the block.
+    bool straddles = false;
+    for (int64_t i = 0; i < Qr && !docs.empty() && !straddles; ++i) {
+      const auto [begin, end] = document_of(q_begin + i);
+      straddles = k_begin < begin || k_begin + Ko > end;
+    }
+    if (straddles) {
+      keep_buf.assign(static_cast<size_t>(Qr * Ko), 0);
+      for (int64_t i = 0; i < Qr; ++i) {
+        const auto [begin, end] = document_of(q_begin + i);
+        for (int64_t j = std::max(begin, k_begin); j < std::min(end, k_begin + Ko); ++j)
+          keep_buf[static_cast<size_t>(i * Ko + j - k_begin)] = 1;
+      }
+      p.masks.pair_keep = keep_buf.data();
+      p.masks.pair_stride_b = p.masks.pair_stride_h = 0;
+    }
     return p;
   }
 };
@@ -307,14 +351,17 @@ RingAttention& RingAttention::operator=(RingAttention&&) noexcept = default;
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, Causal causal, FullyMaskedRows fully_masked) {
-  CallMasks masks;
-  masks.causal = causal;
-  masks.fully_masked_rows = fully_masked;
-  return forward(queries, keys, values, valid_lens, masks);
+  return forward(queries, keys, values, valid_lens, causal_call_masks(causal, fully_masked));
 }
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                               const ValidLens& valid_lens, const CallMasks& masks) {
+  return forward(queries, keys, values, valid_lens, masks, {});
+}
+
+Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks,
+                              const std::vector<int64_t>& doc_offsets) {
   static const char* op = "dist.RingAttention.forward";
   const Causal causal = masks.causal;
   const FullyMaskedRows fully_masked = masks.fully_masked_rows;
@@ -353,10 +400,23 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     nn::AttentionMasks checked;  // the module's checks of softcap and the slopes (one per head of the module)
     nn::add_score_options(op, masks.scores, {true, queries.size(0), queries.size(1), keys.size(1), keys.size(1),
                                              s.module_heads}, checked);
+    if (!sinks.empty() && static_cast<int64_t>(sinks.size()) != s.module_heads)
+      fail(op, "sinks: ", sinks.size(), " logits for ", s.module_heads, " heads; wanted one per head of the module");
+    for (size_t h = 0; h < sinks.size(); ++h)
+      if (!std::isfinite(sinks[h])) fail(op, "sinks[", h, "]: ", sinks[h], "; wanted a finite logit per head");
     return 0;
   });
   // Every rank's block sizes, and one batch size for all.
   const std::vector<int64_t> batches = c.all_gather(queries.size(0));
+  // The sinks and the documents, which every rank must pass alike: their
+  // bytes hashed (FNV-1a), compared with rank 0's.
+  uint64_t digest = 14695981039346656037ull;
+  auto hash = [&digest](const void* data, size_t bytes) {
+    for (size_t x = 0; x < bytes; ++x) digest = (digest ^ static_cast<const unsigned char*>(data)[x]) * 1099511628211ull;
+  };
+  hash(sinks.data(), sinks.size() * sizeof(float));
+  hash(doc_offsets.data(), doc_offsets.size() * sizeof(int64_t));
+  const std::vector<int64_t> digests = c.all_gather(static_cast<int64_t>(digest));
   const std::vector<int64_t> q_sizes = c.all_gather(queries.size(1));
   s.k_sizes = c.all_gather(keys.size(1));
   const int64_t B = queries.size(0), Qr = queries.size(1), Kr = keys.size(1);
@@ -368,9 +428,24 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         fail(op, "queries: batch size ", batches[static_cast<size_t>(o)], " on rank ", o, ", ", queries.size(0),
              " on rank ", r, "; every rank holds blocks of the same batch rows");
     if (K == 0) fail(op, "keys: no rank holds a key; a softmax over zero keys is undefined");
+    for (int o = 1; o < P; ++o)
+      if (digests[static_cast<size_t>(o)] != digests[0])
+        fail(op, "sinks, doc_offsets: rank ", o, "'s differ from rank 0's; wanted the same on every rank");
     if (!kernels::runs_fused(AttentionKernel::Fused, Kmax))
       fail(op, "keys: a block of ", Kmax, " keys on one rank; wanted at most 2^24 per rank (the fused kernel's "
            "key axis): spread the sequence over more ranks");
+    if (!doc_offsets.empty()) {
+      int64_t Q = 0;
+      for (int64_t n : q_sizes) Q += n;
+      if (queries.size(0) != 1 || Q != K)
+        fail(op, "doc_offsets: given for ", queries.size(0), " batch rows of ", Q, " queries and ", K,
+             " keys; wanted one packed row of as many queries as keys");
+      if (doc_offsets.size() < 2 || doc_offsets.front() != 0 || doc_offsets.back() != K ||
+          !std::is_sorted(doc_offsets.begin(), doc_offsets.end()))
+        fail(op, "doc_offsets: ", doc_offsets.size(), " offsets from ", doc_offsets.front(), " to ",
+             doc_offsets.back(), "; wanted documents + 1 nondecreasing offsets from 0 to the sequence's ", K,
+             " positions");
+    }
     // What this rank allocates, before it does: a sequence whose share per
     // rank fits the limit runs, however long the whole.
     core::MemoryPlan plan(op);
@@ -382,6 +457,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     plan.add("softmax statistics and value sums", {2 * B * H * Qr + B * Hd});
     plan.add("a block's attention output and statistics", {B * Qr * Hd + 2 * B * H * Qr});
     plan.add("per-query lengths over a block", {B * Qr});
+    if (!doc_offsets.empty()) plan.add("a block's document mask", {Qr, Kmax}, 1);
     if (s.keep_weights) plan.add("a block's weights and every block's statistics", {B * H * Qr * (Kmax + 2 * P)});
     plan.add("output", {B, Qr, s.num_hiddens});
     if (s.keep_weights) plan.add("attention weights", {B, H, Qr, K});
@@ -416,6 +492,10 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
   if (!masks.scores.alibi_slopes.empty())  // this module's heads of the whole module's slopes
     s.alibi_slopes.assign(masks.scores.alibi_slopes.begin() + s.first_head,
                           masks.scores.alibi_slopes.begin() + s.first_head + H);
+  s.sinks.clear();
+  if (!sinks.empty())  // this module's heads of the whole module's sinks
+    s.sinks.assign(sinks.begin() + s.first_head, sinks.begin() + s.first_head + H);
+  s.docs = doc_offsets;
   s.fully_masked = fully_masked;
   // The inputs, for the backward's projections (training mode only).
   s.xq = s.training ? queries : Tensor();
@@ -471,7 +551,7 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
         else compute = true;
       }
     if (compute) {
-      const kernels::AttentionForward all = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      const kernels::AttentionForward all = s.block_params(kb, vb, Ko, k_begin, lens_buf, s.doc_keep);
       const TensorView out_all = heads_view(out.data(), B, H, Qr, d);
       if (s.keep_weights) block_w.assign(static_cast<size_t>(rows * Ko), 0.0f);
       per_row_and_head(c, B, H, [&](int64_t b, int64_t h) {
@@ -512,6 +592,18 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
     }
     s.stats.step_seconds += seconds_since(step_start);
   }
+  // Each head's sink joins every row's denominator once, after the blocks
+  // (as one process's kernel adds it after its keys). A row with no live key
+  // anywhere (M = -inf: each block gave it the policy) then puts all its
+  // weight on the sink: merge_sink zeroes its sum of the blocks' outputs.
+  if (!s.sinks.empty())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Qr; ++i) {
+          const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
+          kernels::merge_sink({acc.data() + (b * Qr + i) * Hd + h * d, s.row_max2[st], s.row_sum[st]},
+                              s.sinks[static_cast<size_t>(h)] * kLog2e, d);
+        }
   // Normalise; a row with no live key anywhere gets uniform weights over
   // every key (the chapter's -1e6 fill, or the policy) or zeros.
   const bool zeros = s.masked_call() && fully_masked == FullyMaskedRows::Zeros;
@@ -635,7 +727,7 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
                                               static_cast<float>(s.K);
     if (Ko > 0 && !s.block_skippable(k_begin, Ko)) {  // skipped: weights 0 there, adds nothing
       kernels::AttentionBackward all;
-      all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf);
+      all.fwd = s.block_params(kb, vb, Ko, k_begin, lens_buf, s.doc_keep);
       all.fwd.out = heads_view(s.heads.data(), B, H, Qr, d);
       all.stats_span_more_keys = true;
       all.grad_out = heads_view(d_live.data(), B, H, Qr, d);
@@ -677,6 +769,39 @@ MultiHeadAttention::InputGrads RingAttention::backward(const Tensor& grad_output
   }
   g_out.wait();
 
+  // The sinks' gradient: dL/d sink_h = -sum over rows of the sink's weight
+  // 2^(t - M) / S (the merged statistics hold it) times D = dO . O. Each
+  // rank's rows in a fixed order, then every rank's share in its own slot
+  // of one all-reduce (slots of zeros elsewhere: exact in any order), added
+  // in rank order: the same bits on every rank and every run.
+  s.call_sinks_grad.assign(static_cast<size_t>(s.module_heads), 0.0f);
+  if (!s.sinks.empty()) {
+    const size_t M = static_cast<size_t>(s.module_heads);
+    std::vector<float> shares(static_cast<size_t>(P) * M, 0.0f);
+    for (int64_t h = 0; h < H; ++h) {
+      const float t = s.sinks[static_cast<size_t>(h)] * kLog2e;
+      double part = 0.0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Qr; ++i) {
+          const size_t st = static_cast<size_t>((b * H + h) * Qr + i);
+          const int64_t at = (b * Qr + i) * Hd + h * d;
+          double D = 0.0;
+          for (int64_t x = 0; x < d; ++x)
+            D += static_cast<double>(dheads[static_cast<size_t>(at + x)]) * s.heads[static_cast<size_t>(at + x)];
+          part -= static_cast<double>(std::exp2(t - s.row_max2[st]) / s.row_sum[st]) * D;
+        }
+      shares[static_cast<size_t>(r) * M + static_cast<size_t>(s.first_head + h)] = static_cast<float>(part);
+    }
+    c.all_reduce_sum(shares.data(), static_cast<int64_t>(shares.size()));
+    for (size_t h = 0; h < M; ++h) {
+      double sum = 0.0;
+      for (int o = 0; o < P; ++o) sum += shares[static_cast<size_t>(o) * M + h];
+      s.call_sinks_grad[h] = static_cast<float>(sum);
+    }
+  }
+  if (s.sinks_grad.size() != s.call_sinks_grad.size()) s.sinks_grad.assign(s.call_sinks_grad.size(), 0.0f);
+  for (size_t h = 0; h < s.sinks_grad.size(); ++h) s.sinks_grad[h] += s.call_sinks_grad[h];
+
   // The projections' backward on this rank's rows.
   MultiHeadAttention::InputGrads grads{Tensor(s.xq.shape()), Tensor(s.xk.shape()), Tensor(s.xv.shape())};
   project_backward(dq.data(), s.xq.data(), B * Qr, s.p("W_q.weight"), g.at("W_q.weight"),
@@ -712,7 +837,10 @@ const StateDict& RingAttention::state_dict() const { return s_->params; }
 const StateDict& RingAttention::grads() const { return s_->grads; }
 void RingAttention::zero_grad() {
   for (auto& [name, t] : s_->grads) std::fill(t.values().begin(), t.values().end(), 0.0f);
+  std::fill(s_->sinks_grad.begin(), s_->sinks_grad.end(), 0.0f);
 }
+const std::vector<float>& RingAttention::sinks_grad() const { return s_->sinks_grad; }
+const std::vector<float>& RingAttention::last_sinks_grad() const { return s_->call_sinks_grad; }
 const Communicator& RingAttention::communicator() const { return s_->comm; }
 
 }  // namespace mha::dist

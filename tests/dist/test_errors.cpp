@@ -114,6 +114,28 @@ std::map<std::string, Trigger> triggers() {
                              masks.attn_mask = Mask::keep({2, 2}, std::vector<uint8_t>(4, 1));
                              ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {}, masks);
                            }}},
+      {"dist.ring_sinks_count", {-1, [&c] {
+                                   ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                   CallMasks(), {0.5f, 1.0f, 2.0f});
+                                 }}},
+      {"dist.ring_sinks_finite", {-1, [&c] {
+                                    ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                    CallMasks(), {0.5f, INFINITY});
+                                  }}},
+      {"dist.ring_docs_rows", {-1, [&c] {
+                                 ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                 CallMasks(), {}, {0, 2});
+                               }}},
+      {"dist.ring_docs_offsets", {-1, [&c] {
+                                    // Each rank's 2 positions: 2P in all; offsets that stop at 3.
+                                    ring(c).forward(randn({1, 2, 7}, 1), randn({1, 2, 6}, 2), randn({1, 2, 5}, 3), {},
+                                                    CallMasks(), {}, {0, 1, 3});
+                                  }}},
+      {"dist.ring_ranks_differ", {-1, [&c] {
+                                    const float sink = c.rank() == 1 ? 2.0f : 1.0f;  // rank 1's differs
+                                    ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                    CallMasks(), {0.5f, sink});
+                                  }}},
       {"dist.ring_width",
        {-1, [&c] { ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 5}, 2), randn({2, 2, 5}, 3)); }}},
       {"dist.ring_batch_ranks", {0, [&c] {

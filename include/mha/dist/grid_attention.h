@@ -78,6 +78,13 @@ class GridAttention {
   // fully-masked policy from `masks` (as RingAttention takes them). Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
+  // The same with attention sinks, one logit per head of the module (every
+  // rank the same; each group's ring takes its heads'), and a packed row of
+  // documents over global positions, as RingAttention::forward takes them.
+  // Collective.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+                 const CallMasks& masks, const std::vector<float>& sinks,
+                 const std::vector<int64_t>& doc_offsets = {});
   // grad_output:[B,Q_j,num_hiddens] of the last forward -> the gradients of
   // block j's queries, keys and values (summed over the head groups).
   // Collective.
@@ -103,7 +110,11 @@ class GridAttention {
   // its state dict), assembled on rank 0 from each head group's; empty on
   // the other ranks. Collective.
   StateDict gather_grads() const;
-  // Sets this rank's accumulated gradients to zero.
+  // dL/d sinks of every head of the module, accumulated by backward(), the
+  // same bits on every rank (each head's from its group's ring); empty
+  // before the first backward.
+  const std::vector<float>& sinks_grad() const;
+  // Sets this rank's accumulated gradients (sinks_grad() too) to zero.
   void zero_grad();
 
   // This rank's ring (its head group's heads over its group's ranks): stats(), grads().

@@ -19,7 +19,7 @@
 // positions (a rank whose keys all lie past a row's length contributes
 // nothing to that row, or, with the chapter's -1e6 fill, exactly what the
 // fill gives), and causal masking and a sliding window compare global
-// positions. Without `causal` or a window the chapter's masked_softmax
+// positions. Without `causal`, a window or documents the chapter's masked_softmax
 // applies (masked scores -1e6: a row of length 0 gets uniform weights over
 // all keys); with them, as MultiHeadAttention with CallMasks: masked scores
 // are -inf (lengths included) and a row with no live key gets `fully_masked`.
@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "mha/dist/communicator.h"
 #include "mha/masks.h"
@@ -110,6 +111,23 @@ class RingAttention {
   // cover padding). Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
+  // The same with attention sinks (gpt-oss; FlashAttention's and ggml's
+  // sinks): sinks[h], one finite logit per head of the module (the same on
+  // every rank) or empty (none), joins each query row's softmax denominator
+  // once, with no value, after the key blocks merge; a row's weights then
+  // sum to 1 - exp(sink - logsumexp), and no row is fully masked (under
+  // causal masks or a window a row with no live key puts all its weight on
+  // the sink: output 0). backward() adds their gradient into sinks_grad().
+  // `doc_offsets`, when not empty: a packed row of documents
+  // (FlashAttention's varlen cu_seqlens) over global positions, B = 1 and
+  // Q = K, documents + 1 nondecreasing offsets from 0 to K; query i of
+  // document [s, e) sees only keys in [s, e) (every other mask applying
+  // within it, the -inf fill and the fully-masked policy as under causal
+  // masks); a key block that lies wholly in other documents than all of a
+  // tile's queries' is skipped. Collective.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
+                 const CallMasks& masks, const std::vector<float>& sinks,
+                 const std::vector<int64_t>& doc_offsets = {});
   // grad_output:[B,Q_r,num_hiddens] of the last forward -> the gradients of
   // this rank's queries, keys and values; adds the weights' gradients,
   // summed over the ranks, into grads(). Collective.
@@ -158,7 +176,12 @@ class RingAttention {
   const StateDict& state_dict() const;
   // Accumulated weight gradients by name, the same on every rank.
   const StateDict& grads() const;
-  // Sets the accumulated gradients to zero.
+  // dL/d sinks accumulated by backward() ([num_heads] of the module, the
+  // same bits on every rank: each rank's rows summed in a fixed order, the
+  // ranks' shares added in rank order); zeros after a backward of a call
+  // without sinks, empty before the first backward.
+  const std::vector<float>& sinks_grad() const;
+  // Sets the accumulated gradients (sinks_grad() too) to zero.
   void zero_grad();
   // The communicator the calls run over.
   const Communicator& communicator() const;
@@ -170,6 +193,9 @@ class RingAttention {
   // `output_bias` (GridAttention's head groups add it once).
   RingAttention(Communicator comm, int64_t num_hiddens, int64_t num_heads, const StateDict& state,
                 int64_t first_head, int64_t head_count, bool output_bias);
+  // The last backward's dL/d sinks over the module's heads, zero outside
+  // this ring's (GridAttention sums its groups' by an all-reduce).
+  const std::vector<float>& last_sinks_grad() const;
   struct State;
   std::unique_ptr<State> s_;
 };
