@@ -106,8 +106,9 @@ struct MaskOptions {
   // and under the d2l chapter's -1e6 the sink, if above the fill, takes
   // nearly all of it; `fully_masked` is then never used. Slopes and sinks
   // are finite (kernels/validate.h); softcap finite and >= 0. (The ring over
-  // ranks, dist/ring_attention.cpp, takes softcap and ALiBi but not sinks:
-  // each block's forward would add the sink.)
+  // ranks, dist/ring_attention.cpp, runs its blocks without the sink and adds
+  // it once per row after the last block: each block adding it would count
+  // it once per block.)
   const float* sinks = nullptr;
   // A packed batch of documents (FlashAttention's varlen cu_seqlens):
   // [documents + 1] nondecreasing offsets from 0 to Q = K (B = 1); query i
