@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """mha.torch.attention on a packed batch (cu_seqlens) against the same sequences run one by one and
-against the padded batch, forward and forward+backward, at one thread.
+against the padded batch, forward and forward+backward, at one thread (or --threads).
 
     flock /tmp/mha-bench.lock /usr/bin/python3 bench/attention_variants.py
     /usr/bin/python3 bench/attention_variants.py --reps 5 --causal 0
@@ -14,7 +14,8 @@ What is measured (docs/performance.md keeps the numbers)
               mha.torch.scaled_dot_product_attention with a boolean mask (causal and the keys past each
               length: the key padding mask), as a padded batch is computed without cu_seqlens.
 - forward: under torch.no_grad(); fwd+bwd: on inputs that require grad, then backward of out.sum().
-  Median of --reps calls after 2 warm-up calls, in ms; OMP_NUM_THREADS=1 and mha.set_num_threads(1).
+  Median of --reps calls after 2 warm-up calls, in ms; torch.set_num_threads(n) and
+  mha.set_num_threads(n) with n = --threads (1 by default).
 - Targets: packed <= 1.1x one by one, packed <= 0.5x padded.
 """
 import argparse
@@ -53,9 +54,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--causal", type=int, default=1, help="1: causal (default), 0: full attention per sequence")
+    ap.add_argument("--threads", type=int, default=1, help="threads of torch and mha (default 1)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    mha.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    mha.set_num_threads(args.threads)
     causal = bool(args.causal)
     torch.manual_seed(0)
     T = sum(LENGTHS)
@@ -98,7 +100,7 @@ def main():
         return run
 
     print(f"B{B} lengths {LENGTHS} (mean {T / B:.1f} = {T / B / LMAX:.0%} of {LMAX}) h{H} d{D} "
-          f"{'causal' if causal else 'full'}, 1 thread, median of {args.reps} (ms)")
+          f"{'causal' if causal else 'full'}, {args.threads} thread(s), median of {args.reps} (ms)")
     print("| direction | packed | one by one | padded | packed / one by one | packed / padded |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, wrap in (("forward", forward), ("fwd+bwd", training)):

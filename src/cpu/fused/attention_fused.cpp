@@ -143,10 +143,24 @@ fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8
   return j;
 }
 
+// The query tiles of a call (fused_job.h QueryTiles): `table` holds them
+// with documents (fused_query_tiles), and stays empty without.
+fused::QueryTiles query_tiles(const MaskOptions& m, int64_t Q, int64_t size, std::vector<fused::QueryTile>* table) {
+  *table = fused_query_tiles(m, Q, size);
+  fused::QueryTiles t;
+  t.table = table->empty() ? nullptr : table->data();
+  t.count = m.doc_offsets ? static_cast<int64_t>(table->size()) : (Q + size - 1) / size;
+  t.size = size;
+  t.Q = Q;
+  return t;
+}
+
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
   const IsaKernels& isa = kernels_for(g_isa.get());
   fused::WeightsJob job = base_job;
-  job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(*job.mask.m, Q, isa.query_tile, &table);
+  job.q_tiles = job.tiles.count;
   const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
   const double work = static_cast<double>(job.n_rows * job.n_heads) * Q * K * (d + 8);
   run_chunks(chunks, isa.scratch_floats(d, 0, job.pack_rows), work,
@@ -172,6 +186,16 @@ std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_
       n[static_cast<size_t>(b * Q + q)] = static_cast<int32_t>(c);
     }
   return n;
+}
+
+std::vector<fused::QueryTile> fused_query_tiles(const MaskOptions& m, int64_t Q, int64_t size) {
+  std::vector<fused::QueryTile> tiles;
+  if (!m.doc_offsets) return tiles;
+  for (int64_t x = 0; x < m.documents; ++x) {
+    const int64_t s = m.doc_offsets[x], e = std::min(m.doc_offsets[x + 1], Q);
+    for (int64_t i0 = s; i0 < e; i0 += size) tiles.push_back({i0, std::min(size, e - i0), s});
+  }
+  return tiles;
 }
 
 FusedIsa fused_isa() { return g_isa.get(); }
@@ -209,7 +233,9 @@ void attention_forward_fused(const AttentionForward& p) {
   // (attention_amx.h), where the AVX-512 kernel would run.
   const bool amx = static_cast<int>(g_isa.get()) >= static_cast<int>(FusedIsa::Avx512) && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
   const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
-  job.q_tiles = (Q + query_tile - 1) / query_tile;
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(p.masks, Q, query_tile, &table);
+  job.q_tiles = job.tiles.count;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   if (p.read_all_keys)
     for (int64_t b = 0; b < B; ++b)
@@ -298,6 +324,8 @@ void attention_backward_fused(const AttentionBackward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.fwd.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(p.fwd.masks, Q, isa.query_tile, &table);
   std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(B * H) : 0);
   job.sink_part = sink_part.data();
   double work = 0;

@@ -11,7 +11,8 @@
 // kernels/params.h) and key limits n (fused_job.h):
 //   D[i]   = dO[i] . O[i]                      (= rowsum(dP * P))
 //   for each key tile J below the longest n, for each query tile I that
-//   sees a key of J (some query's range [f, n) meets J, or masked keys carry weight):
+//   sees a key of J (some query's range [f, n) meets J, or masked keys carry weight)
+//   (in a packed batch both cut at each document's first row, fused_job.h QueryTile):
 //     P^T  = 2^(S^T - m) / l                   S^T as in the forward, with its masking pass;
 //                                              the policy's weight in fully masked rows
 //     dP^T = (v_J dO_I^T) * M                  M: dropout multipliers
@@ -41,7 +42,10 @@ struct BackwardKernel {
     int64_t qpad, dpad, dvpad;
   };
   static Shape shape_of(int64_t Q, int64_t d, int64_t dv, int64_t rows) {
-    return {Q, d, dv, rows, up(Q, MQ), up(d, L), up(dv, L)};
+    // qpad: a tile's U*L lanes from any i0 < Q (a packed batch's tiles
+    // start at documents, not at multiples of MQ) stay inside the padded,
+    // zeroed rows.
+    return {Q, d, dv, rows, up(Q, MQ) + L, up(d, L), up(dv, L)};
   }
 
   struct Scratch {
@@ -360,10 +364,20 @@ struct BackwardKernel {
         job.sink_part[b * H + h] = acc;
       }
 
-      for (int64_t j0 = 0; j0 < rows; j0 += NK) {
-        const int64_t nk = F::lmin(NK, rows - j0);
-        for (int64_t i0 = 0; i0 < Q; i0 += MQ) {
-          const int64_t mq = F::lmin(MQ, Q - i0);
+      // Key tiles of NK keys from each document's first row (from 0 without
+      // documents), and query tiles as the forward's (job.tiles): in a packed
+      // batch no tile holds two documents, as in calls on each alone.
+      const int64_t* docs = mj.m->doc_offsets;
+      int64_t doc = 0;  // the document of key j0
+      for (int64_t j0 = 0, nk = 0; j0 < rows; j0 += nk) {
+        nk = F::lmin(NK, rows - j0);
+        if (docs) {
+          while (docs[doc + 1] <= j0) ++doc;
+          nk = F::lmin(nk, docs[doc + 1] - j0);
+        }
+        for (int64_t t = 0; t < job.tiles.count; ++t) {
+          const QueryTile qt = job.tiles.at(t);
+          const int64_t i0 = qt.i0, mq = qt.mq;
           const Range kv = range_of(s, i0, mq);
           // Every key here masked, at weight 0.
           if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;

@@ -46,6 +46,32 @@ struct MaskJob {
   float score_scale(float c2) const { return cap > 0.0f ? c2 / cap : c2; }
 };
 
+// One query tile of a call: queries [i0, i0 + mq), and key0, the key its
+// key tiles are counted from. Without documents tile t is [t*MQ, ...) and
+// key0 is 0 (QueryTiles::at computes them); in a packed batch
+// (MaskOptions::doc_offsets) the dispatcher cuts each document's rows from
+// its first row, which is key0 too, so that no tile holds two documents'
+// queries and a document's tiles of queries and keys fall as in a call on
+// it alone. Tiles that straddled a boundary computed the union of both
+// documents' keys: the packed forward measured 1.32x its documents one by
+// one (bench/attention_variants.py, B8 lengths averaging 40% of 1024).
+struct QueryTile {
+  int64_t i0 = 0, mq = 0, key0 = 0;
+};
+// The query tiles of one call: `count` of them; `table` null (no documents)
+// or [count] (kernels::fused_query_tiles).
+struct QueryTiles {
+  const QueryTile* table = nullptr;
+  int64_t count = 0;
+  int64_t size = 0;  // queries per tile at most (the kernel's MQ)
+  int64_t Q = 0;
+  QueryTile at(int64_t t) const {
+    if (table) return table[t];
+    const int64_t i0 = t * size;
+    return {i0, Q - i0 < size ? Q - i0 : size, 0};
+  }
+};
+
 // One forward call. Chunk c is (b, head, query tile) = c / (H*q_tiles), ...
 struct ForwardJob {
   const AttentionForward* p = nullptr;
@@ -59,7 +85,8 @@ struct ForwardJob {
   float* row_max2 = nullptr;         // [B,h,Q] or null
   float* row_sum = nullptr;          // [B,h,Q] or null
   float c2 = 0.0f;                   // log2(e) / scale_divisor
-  int64_t q_tiles = 0;               // ceil(Q / query tile)
+  QueryTiles tiles;                  // the query tiles of a batch row
+  int64_t q_tiles = 0;               // tiles.count
   const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read (K where read_all)
   int64_t pack_rows = 0;             // max over b of kv_rows
   const uint8_t* read_all = nullptr; // [B] or null: read every key of these rows
@@ -79,7 +106,8 @@ struct WeightsJob {
   const int64_t* heads = nullptr;
   int64_t n_rows = 0, n_heads = 0;
   float* out = nullptr;              // [n_rows, n_heads, Q, K]
-  int64_t q_tiles = 0;
+  QueryTiles tiles;                  // as in ForwardJob
+  int64_t q_tiles = 0;               // tiles.count
   const int64_t* kv_rows = nullptr;  // [B], as in ForwardJob
   int64_t pack_rows = 0;
   MaskJob mask;
@@ -97,6 +125,7 @@ struct BackwardJob {
   float c2 = 0.0f;                    // log2(e) / scale_divisor
   const int64_t* kv_rows = nullptr;   // [B]: key rows with any live key
   int64_t pack_rows = 0;              // max over b of kv_rows
+  QueryTiles tiles;                   // as in ForwardJob (the key tiles follow documents too)
   // [B,h] with sinks: each (b, h)'s share of dL/d sink_h, written by the
   // chunk of (b, kv head of h); the dispatcher sums it over b in order.
   double* sink_part = nullptr;
