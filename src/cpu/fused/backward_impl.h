@@ -319,6 +319,7 @@ struct BackwardKernel {
       s.pos[i] = static_cast<float>(mj.m->diagonal(i, Q, K));
     }
 
+    std::vector<Range> ranges(static_cast<size_t>(job.tiles.count));  // per query tile, of one head
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hk * G + g;
       pack(p.fwd.q.ptr(b, h), p.fwd.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
@@ -367,6 +368,13 @@ struct BackwardKernel {
       // Key tiles of NK keys from each document's first row (from 0 without
       // documents), and query tiles as the forward's (job.tiles): in a packed
       // batch no tile holds two documents, as in calls on each alone.
+      // Each query tile's range once per head, not per (key tile, query
+      // tile): in a packed batch of T rows that pair loop is (T / NK) x
+      // (T / MQ) long, most pairs skipped, and range_of reads MQ queries.
+      for (int64_t t = 0; t < job.tiles.count; ++t) {
+        const QueryTile qt = job.tiles.at(t);
+        ranges[static_cast<size_t>(t)] = range_of(s, qt.i0, qt.mq);
+      }
       const int64_t* docs = mj.m->doc_offsets;
       int64_t doc = 0;  // the document of key j0
       for (int64_t j0 = 0, nk = 0; j0 < rows; j0 += nk) {
@@ -378,7 +386,7 @@ struct BackwardKernel {
         for (int64_t t = 0; t < job.tiles.count; ++t) {
           const QueryTile qt = job.tiles.at(t);
           const int64_t i0 = qt.i0, mq = qt.mq;
-          const Range kv = range_of(s, i0, mq);
+          const Range& kv = ranges[static_cast<size_t>(t)];
           // Every key here masked, at weight 0.
           if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
           F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
