@@ -152,9 +152,9 @@ struct BackwardKernel {
 
   // x rows [0, n) of one (b, h) (row stride xs, width w) -> row-major dst at
   // stride wpad (zero padded), and, when dT is set, transposed into
-  // dT[c, i] at stride tpad (padding rows up to tpad zeroed too).
+  // dT[c, i] at stride tstride; rows [n, rows_to) of both zeroed.
   static void pack(const float* x, int64_t xs, int64_t n, int64_t w, int64_t wpad, float* dst,
-                   int64_t rows_to, float* dT, int64_t tpad) {
+                   int64_t rows_to, float* dT, int64_t tstride) {
     for (int64_t r = 0; r < n; ++r) F::prefetch_row(x + r * xs, w);
     for (int64_t r = 0; r < n; ++r) {
       const float* src = x + r * xs;
@@ -162,13 +162,13 @@ struct BackwardKernel {
       for (int64_t c = 0; c < w; ++c) out[c] = src[c];
       for (int64_t c = w; c < wpad; ++c) out[c] = 0.0f;
       if (dT)
-        for (int64_t c = 0; c < w; ++c) dT[c * tpad + r] = src[c];
+        for (int64_t c = 0; c < w; ++c) dT[c * tstride + r] = src[c];
     }
     for (int64_t r = n; r < rows_to; ++r)
       for (int64_t c = 0; c < wpad; ++c) dst[r * wpad + c] = 0.0f;
     if (dT)
       for (int64_t c = 0; c < w; ++c)
-        for (int64_t r = n; r < tpad; ++r) dT[c * tpad + r] = 0.0f;
+        for (int64_t r = n; r < rows_to; ++r) dT[c * tstride + r] = 0.0f;
   }
 
   // The key ranges of queries [i0, i0 + mq) (F::Bounds), the fewest keys in
@@ -288,6 +288,19 @@ struct BackwardKernel {
 
   // One (b, kv head hk): its key rows packed once, then each query head of
   // the group in order, accumulating grad_k and grad_v of hk.
+  //
+  // A packed batch whose masked keys carry no weight (the -inf fill and the
+  // zeros policy: FlashAttention's, mha.torch.attention's) runs as segments,
+  // one per document: its key rows, then per head its query rows, packed,
+  // computed and written before the next document's, as calls on each
+  // document alone would. Packed at once, the rows of every document (T
+  // rows of q, dO, their transposes and dq per head, ~4 MiB at T = 3300,
+  // d = 64) spilled L2 (1 MiB here) between the packing and the tiles:
+  // the backward measured 1.2x its documents one by one (B8 lengths
+  // averaging 40% of 1024, h8 d64 causal, one thread). The tiles and their
+  // order are those of the whole row (a document's other tiles are all
+  // skipped there), so the bits are the same. Otherwise one segment: every
+  // query and key row.
   template <bool kNat>
   static void chunk_as(const BackwardJob& job, int64_t chunk_index, float* scratch) {
     const AttentionBackward& p = *job.p;
@@ -298,10 +311,6 @@ struct BackwardKernel {
     const Shape sh = shape_of(Q, d, dv, job.pack_rows);
     const Scratch s = carve(scratch, sh);
 
-    pack(p.fwd.k.ptr(b, hk), p.fwd.k.stride[2], rows, d, sh.dpad, s.kr, rows, nullptr, 0);
-    pack(p.fwd.v.ptr(b, hk), p.fwd.v.stride[2], rows, dv, sh.dvpad, s.vr, rows, nullptr, 0);
-    for (int64_t x = 0; x < rows * sh.dpad; ++x) s.dk[x] = 0.0f;
-    for (int64_t x = 0; x < rows * sh.dvpad; ++x) s.dv[x] = 0.0f;
     // Keys past every key limit: no gradient through their (assigned)
     // scores; their values are weighted only by rows whose masked keys carry
     // weight (below), summed over the group's heads.
@@ -319,113 +328,140 @@ struct BackwardKernel {
       s.pos[i] = static_cast<float>(mj.m->diagonal(i, Q, K));
     }
 
+    const int64_t* docs = mj.m->doc_offsets;
+    const bool segments = docs && mj.neg_inf && mj.policy == 0.0f;
+    const int64_t n_segments = segments ? mj.m->documents : 1;
     std::vector<Range> ranges(static_cast<size_t>(job.tiles.count));  // per query tile, of one head
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t h = hk * G + g;
-      pack(p.fwd.q.ptr(b, h), p.fwd.q.stride[2], Q, d, sh.dpad, s.qr, sh.qpad, s.qT, sh.qpad);
-      pack(p.grad_out.ptr(b, h), p.grad_out.stride[2], Q, dv, sh.dvpad, s.dor, sh.qpad, s.doT, sh.qpad);
-      const int64_t base = (b * H + h) * Q;
-      for (int64_t i = 0; i < sh.qpad; ++i) {
-        const bool real = i < Q;
-        // D = dO . O, accumulated in the order and with the rounding of the
-        // score micro-kernel's dP = dO . v: where a row has one live key
-        // (O = v exactly), dP - D is then exactly 0, as the true gradient.
-        Reg dot = V::zero();
-        if (real) {
-          const float* o = p.fwd.out.ptr(b, h, i);
-          const float* gr = s.dor + i * sh.dvpad;
-          for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
-        }
-        float lanes[L];
-        V::store(lanes, dot);
-        s.D[i] = lanes[0];
-        // A fully masked row (the forward's row_max2 = -inf): the policy's
-        // weight on every key, no gradient to the scores.
-        const bool policy = real && job.row_max2[base + i] == -__builtin_inff();
-        s.pm[i] = policy ? 1.0f : 0.0f;
-        s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
-        s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
-        s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
-        s.lo[i] = real ? static_cast<float>(first[i]) : 0.0f;
-        // The weight of a key past the row's limit: 0 under the -inf fill,
-        // else 0 unless the row's max is near the fill.
-        float w = 0.0f;
-        if (policy) w = mj.policy;
-        else if (real && !mj.neg_inf) w = std::exp2((mj.fill - s.m[i]) * mj.unit) * s.linv[i];
-        s.w[i] = w;
+    bool first_segment = true;
+    for (int64_t x = 0, t_begin = 0; x < n_segments; ++x) {
+      // Queries [qs, qe) and key rows [ks, ke) of the segment, its query
+      // tiles [t_begin, t_end) (job.tiles, in row order).
+      const int64_t qs = segments ? docs[x] : 0, qe = segments ? docs[x + 1] : Q;
+      const int64_t ks = F::lmin(qs, rows), ke = segments ? F::lmin(qe, rows) : rows;
+      if (qe == qs) continue;
+      int64_t t_end = t_begin;
+      while (t_end < job.tiles.count && job.tiles.at(t_end).i0 < qe) ++t_end;
+      // Rows a tile's U*L lanes read past qe: zeroed (the next segment packs its own).
+      const int64_t pad_to = segments ? F::lmin(sh.qpad, qe + L) : sh.qpad;
+      if (ke > ks) {
+        pack(p.fwd.k.ptr(b, hk, ks), p.fwd.k.stride[2], ke - ks, d, sh.dpad, s.kr + ks * sh.dpad, ke - ks, nullptr, 0);
+        pack(p.fwd.v.ptr(b, hk, ks), p.fwd.v.stride[2], ke - ks, dv, sh.dvpad, s.vr + ks * sh.dvpad, ke - ks, nullptr, 0);
       }
-      for (int64_t x = 0; x < sh.qpad * sh.dpad; ++x) s.dq[x] = 0.0f;
-      if (mj.sinks) {
-        // dL/d sink_h, this row's share: -sum_i exp(sink - lse_i) * D_i, the
-        // sink's weight from the statistics (which include it).
-        const float t = mj.sinks[h] * mj.score_unit;
-        double acc = 0.0;
-        for (int64_t i = 0; i < Q; ++i)
-          acc -= static_cast<double>(std::exp2((t - s.m[i]) * mj.unit) * s.linv[i]) * s.D[i];
-        job.sink_part[b * H + h] = acc;
-      }
+      for (int64_t e = ks * sh.dpad; e < ke * sh.dpad; ++e) s.dk[e] = 0.0f;
+      for (int64_t e = ks * sh.dvpad; e < ke * sh.dvpad; ++e) s.dv[e] = 0.0f;
 
-      // Key tiles of NK keys from each document's first row (from 0 without
-      // documents), and query tiles as the forward's (job.tiles): in a packed
-      // batch no tile holds two documents, as in calls on each alone.
-      // Each query tile's range once per head, not per (key tile, query
-      // tile): in a packed batch of T rows that pair loop is (T / NK) x
-      // (T / MQ) long, most pairs skipped, and range_of reads MQ queries.
-      for (int64_t t = 0; t < job.tiles.count; ++t) {
-        const QueryTile qt = job.tiles.at(t);
-        ranges[static_cast<size_t>(t)] = range_of(s, qt.i0, qt.mq);
-      }
-      const int64_t* docs = mj.m->doc_offsets;
-      int64_t doc = 0;  // the document of key j0
-      for (int64_t j0 = 0, nk = 0; j0 < rows; j0 += nk) {
-        nk = F::lmin(NK, rows - j0);
-        if (docs) {
-          while (docs[doc + 1] <= j0) ++doc;
-          nk = F::lmin(nk, docs[doc + 1] - j0);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = hk * G + g;
+        pack(p.fwd.q.ptr(b, h, qs), p.fwd.q.stride[2], qe - qs, d, sh.dpad, s.qr + qs * sh.dpad, pad_to - qs,
+             s.qT + qs, sh.qpad);
+        pack(p.grad_out.ptr(b, h, qs), p.grad_out.stride[2], qe - qs, dv, sh.dvpad, s.dor + qs * sh.dvpad,
+             pad_to - qs, s.doT + qs, sh.qpad);
+        const int64_t base = (b * H + h) * Q;
+        for (int64_t i = qs; i < pad_to; ++i) {
+          const bool real = i < qe;
+          // D = dO . O, accumulated in the order and with the rounding of the
+          // score micro-kernel's dP = dO . v: where a row has one live key
+          // (O = v exactly), dP - D is then exactly 0, as the true gradient.
+          Reg dot = V::zero();
+          if (real) {
+            const float* o = p.fwd.out.ptr(b, h, i);
+            const float* gr = s.dor + i * sh.dvpad;
+            for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
+          }
+          float lanes[L];
+          V::store(lanes, dot);
+          s.D[i] = lanes[0];
+          // A fully masked row (the forward's row_max2 = -inf): the policy's
+          // weight on every key, no gradient to the scores.
+          const bool policy = real && job.row_max2[base + i] == -__builtin_inff();
+          s.pm[i] = policy ? 1.0f : 0.0f;
+          s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
+          s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
+          s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
+          s.lo[i] = real ? static_cast<float>(first[i]) : 0.0f;
+          // The weight of a key past the row's limit: 0 under the -inf fill,
+          // else 0 unless the row's max is near the fill.
+          float w = 0.0f;
+          if (policy) w = mj.policy;
+          else if (real && !mj.neg_inf) w = std::exp2((mj.fill - s.m[i]) * mj.unit) * s.linv[i];
+          s.w[i] = w;
         }
-        for (int64_t t = 0; t < job.tiles.count; ++t) {
+        for (int64_t e = qs * sh.dpad; e < pad_to * sh.dpad; ++e) s.dq[e] = 0.0f;
+        if (mj.sinks) {
+          // dL/d sink_h, this row's share: -sum_i exp(sink - lse_i) * D_i, the
+          // sink's weight from the statistics (which include it); summed
+          // over the segments in row order, as over the whole row.
+          const float t = mj.sinks[h] * mj.score_unit;
+          double acc = first_segment ? 0.0 : job.sink_part[b * H + h];
+          for (int64_t i = qs; i < qe; ++i)
+            acc -= static_cast<double>(std::exp2((t - s.m[i]) * mj.unit) * s.linv[i]) * s.D[i];
+          job.sink_part[b * H + h] = acc;
+        }
+
+        // Each query tile's range once per head, not per (key tile, query
+        // tile): in a packed batch of T rows that pair loop is (T / NK) x
+        // (T / MQ) long, most pairs skipped, and range_of reads MQ queries.
+        for (int64_t t = t_begin; t < t_end; ++t) {
           const QueryTile qt = job.tiles.at(t);
-          const int64_t i0 = qt.i0, mq = qt.mq;
-          const Range& kv = ranges[static_cast<size_t>(t)];
-          // Every key here masked, at weight 0.
-          if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
-          F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
-            tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv, kv.any_policy,
-                                           s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
-          });
+          ranges[static_cast<size_t>(t)] = range_of(s, qt.i0, qt.mq);
         }
-      }
-      // Values past every limit: from the rows whose masked keys carry weight.
-      const uint64_t row0 = static_cast<uint64_t>(base * K);
-      float* acc = s.dvj;  // [dv]
-      if (rows < K && !p.fwd.dropout.active()) {
-        for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-        for (int64_t i = 0; i < Q; ++i)
-          if (s.w[i] != 0.0f)
-            for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
-      }
-      for (int64_t j = rows; j < K; ++j) {
-        float* gv = p.grad_v.ptr(b, hk, j);
-        if (p.fwd.dropout.active()) {
-          for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-          for (int64_t i = 0; i < Q; ++i) {
-            if (s.w[i] == 0.0f) continue;
-            const float wm = s.w[i] * p.fwd.dropout.multiplier(row0 + i * K + j);
-            for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
+        // Key tiles of NK keys from each document's first row (from 0 without
+        // documents), and query tiles as the forward's (job.tiles): in a packed
+        // batch no tile holds two documents, as in calls on each alone.
+        int64_t doc = 0;  // the document of key j0
+        for (int64_t j0 = ks, nk = 0; j0 < ke; j0 += nk) {
+          nk = F::lmin(NK, ke - j0);
+          if (docs) {
+            while (docs[doc + 1] <= j0) ++doc;
+            nk = F::lmin(nk, docs[doc + 1] - j0);
+          }
+          for (int64_t t = t_begin; t < t_end; ++t) {
+            const QueryTile qt = job.tiles.at(t);
+            const int64_t i0 = qt.i0, mq = qt.mq;
+            const Range& kv = ranges[static_cast<size_t>(t)];
+            // Every key here masked, at weight 0.
+            if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
+            F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
+              tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv, kv.any_policy,
+                                             s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
+            });
           }
         }
-        for (int64_t c = 0; c < dv; ++c) gv[c] += acc[c];
+        // Values past every limit: from the rows whose masked keys carry
+        // weight (none in segments: their masked keys weigh 0).
+        const uint64_t row0 = static_cast<uint64_t>(base * K);
+        float* acc = s.dvj;  // [dv]
+        if (!segments && rows < K && !p.fwd.dropout.active()) {
+          for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+          for (int64_t i = 0; i < Q; ++i)
+            if (s.w[i] != 0.0f)
+              for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
+        }
+        for (int64_t j = rows; j < K && !segments; ++j) {
+          float* gv = p.grad_v.ptr(b, hk, j);
+          if (p.fwd.dropout.active()) {
+            for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+            for (int64_t i = 0; i < Q; ++i) {
+              if (s.w[i] == 0.0f) continue;
+              const float wm = s.w[i] * p.fwd.dropout.multiplier(row0 + i * K + j);
+              for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
+            }
+          }
+          for (int64_t c = 0; c < dv; ++c) gv[c] += acc[c];
+        }
+        for (int64_t i = qs; i < qe; ++i) {
+          float* gq = p.grad_q.ptr(b, h, i);
+          for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
+        }
       }
-      for (int64_t i = 0; i < Q; ++i) {
-        float* gq = p.grad_q.ptr(b, h, i);
-        for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
+      for (int64_t r = ks; r < ke; ++r) {
+        float* gk = p.grad_k.ptr(b, hk, r);
+        float* gv = p.grad_v.ptr(b, hk, r);
+        for (int64_t c = 0; c < d; ++c) gk[c] = s.dk[r * sh.dpad + c];
+        for (int64_t c = 0; c < dv; ++c) gv[c] = s.dv[r * sh.dvpad + c];
       }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* gk = p.grad_k.ptr(b, hk, r);
-      float* gv = p.grad_v.ptr(b, hk, r);
-      for (int64_t c = 0; c < d; ++c) gk[c] = s.dk[r * sh.dpad + c];
-      for (int64_t c = 0; c < dv; ++c) gv[c] = s.dv[r * sh.dvpad + c];
+      t_begin = t_end;
+      first_segment = false;
     }
   }
 };
