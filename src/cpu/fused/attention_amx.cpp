@@ -338,8 +338,8 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   // The query tiles of the fused kernel (in a packed batch cut at each
   // document's first row); the key tiles stay at multiples of kKeys, where
   // the packed bfloat16 tiles start.
-  const QueryTile tile = job.tiles.at(chunk % job.q_tiles);
-  const int64_t bh = chunk / job.q_tiles;
+  int64_t bh = 0;
+  const QueryTile tile = job.tiles.chunk(chunk, H, &bh);
   const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
   const int64_t i0 = tile.i0, mq = tile.mq;
   const Layout lay(d, dv, job.pack_rows);

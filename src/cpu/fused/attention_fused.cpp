@@ -193,7 +193,9 @@ std::vector<fused::QueryTile> fused_query_tiles(const MaskOptions& m, int64_t Q,
   if (!m.doc_offsets) return tiles;
   for (int64_t x = 0; x < m.documents; ++x) {
     const int64_t s = m.doc_offsets[x], e = std::min(m.doc_offsets[x + 1], Q);
-    for (int64_t i0 = s; i0 < e; i0 += size) tiles.push_back({i0, std::min(size, e - i0), s});
+    const int64_t first_tile = static_cast<int64_t>(tiles.size()), doc_tiles = (e - s + size - 1) / size;
+    for (int64_t i0 = s; i0 < e; i0 += size)
+      tiles.push_back({i0, std::min(size, e - i0), s, e, first_tile, doc_tiles});
   }
   return tiles;
 }

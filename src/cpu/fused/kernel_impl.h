@@ -60,7 +60,7 @@ struct Kernel {
   // dispatcher before the first chunk: consecutive chunks of a thread mostly
   // share (b, h), and pack its keys and values once.
   struct Scratch {
-    int64_t* slice;  // [1]        b*Hkv + kv head + 1 of the packed slice, 0: none
+    int64_t* slice;  // [2]        b*Hkv + kv head + 1 of the packed slice, 0: none; its document + 1 or 0
     float* qt;       // [d, MQ]    Q^T
     float* st;       // [NK, MQ]   S^T, then P^T
     float* ot;       // [dv, MQ]   O^T, unnormalised
@@ -435,7 +435,8 @@ struct Kernel {
   static int used_vectors(int64_t mq) { return static_cast<int>((mq + L - 1) / L); }
 
   static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
-    dispatch_used<NV>(used_vectors(job.tiles.at(chunk % job.q_tiles).mq),
+    int64_t bh = 0;
+    dispatch_used<NV>(used_vectors(job.tiles.chunk(chunk, job.p->H(), &bh).mq),
                       [&](auto u) {
                         if (job.mask.natural) forward_tile<decltype(u)::value, true>(job, chunk, scratch);
                         else forward_tile<decltype(u)::value, false>(job, chunk, scratch);
@@ -468,8 +469,8 @@ struct Kernel {
   static void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
     const AttentionForward& p = *job.p;
     const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-    const QueryTile tile = job.tiles.at(chunk % job.q_tiles);
-    const int64_t bh = chunk / job.q_tiles;
+    int64_t bh = 0;
+    const QueryTile tile = job.tiles.chunk(chunk, H, &bh);
     const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
     const int64_t i0 = tile.i0, mq = tile.mq;
     int64_t key0 = tile.key0;
@@ -499,11 +500,17 @@ struct Kernel {
     const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
     // Keys and values below the row's longest key limit, packed once per
     // slice (the heads of a group share it).
+    // In a packed batch only the rows of the tile's document [key0,
+    // key_end), where all its keys are (not with read_all), tagged with the
+    // document too (slice[1]).
     const int64_t rows = job.kv_rows[b];
-    if (*s.slice != b * Hkv + hk + 1) {
-      pack_rows(p.k.ptr(b, hk), p.k.stride[2], rows, d, s.kp);
-      pack_rows(p.v.ptr(b, hk), p.v.stride[2], rows, dv, s.vp);
-      *s.slice = b * Hkv + hk + 1;
+    const bool one_doc = job.tiles.table && !(job.read_all && job.read_all[b]);
+    const int64_t from = one_doc ? lmin(key0, rows) : 0, to = one_doc ? lmin(tile.key_end, rows) : rows;
+    if (s.slice[0] != b * Hkv + hk + 1 || s.slice[1] != (one_doc ? key0 + 1 : 0)) {
+      pack_rows(p.k.ptr(b, hk) + from * p.k.stride[2], p.k.stride[2], to - from, d, s.kp + from * d);
+      pack_rows(p.v.ptr(b, hk) + from * p.v.stride[2], p.v.stride[2], to - from, dv, s.vp + from * dv);
+      s.slice[0] = b * Hkv + hk + 1;
+      s.slice[1] = one_doc ? key0 + 1 : 0;
     }
     const float* kb = s.kp;
     const float* vb = s.vp;
