@@ -328,19 +328,21 @@ void attention_backward_fused(const AttentionBackward& p) {
   job.pack_rows = max_of(kv_rows);
   std::vector<fused::QueryTile> table;
   job.tiles = query_tiles(p.fwd.masks, Q, isa.query_tile, &table);
-  std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(B * H) : 0);
+  job.segments = p.fwd.masks.doc_offsets && job.mask.neg_inf && job.mask.policy == 0.0f;
+  const int64_t parts = job.segments ? p.fwd.masks.documents : B;  // chunks per kv head
+  std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(parts * H) : 0);
   job.sink_part = sink_part.data();
   double work = 0;
   for (int64_t r : kv_rows) work += static_cast<double>(r);
   work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
-  run_chunks(B * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+  run_chunks(parts * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
   // The sinks' gradient: each (b, h)'s share, summed over b in order (the
   // same bits at any thread count).
   if (p.fwd.masks.sinks)
     for (int64_t h = 0; h < H; ++h) {
       double acc = 0.0;
-      for (int64_t b = 0; b < B; ++b) acc += sink_part[static_cast<size_t>(b * H + h)];
+      for (int64_t b = 0; b < parts; ++b) acc += sink_part[static_cast<size_t>(b * H + h)];
       p.grad_sinks[h] = static_cast<float>(acc);
     }
 }

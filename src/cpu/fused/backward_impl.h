@@ -290,178 +290,174 @@ struct BackwardKernel {
   // the group in order, accumulating grad_k and grad_v of hk.
   //
   // A packed batch whose masked keys carry no weight (the -inf fill and the
-  // zeros policy: FlashAttention's, mha.torch.attention's) runs as segments,
-  // one per document: its key rows, then per head its query rows, packed,
-  // computed and written before the next document's, as calls on each
-  // document alone would. Packed at once, the rows of every document (T
-  // rows of q, dO, their transposes and dq per head, ~4 MiB at T = 3300,
-  // d = 64) spilled L2 (1 MiB here) between the packing and the tiles:
-  // the backward measured 1.2x its documents one by one (B8 lengths
-  // averaging 40% of 1024, h8 d64 causal, one thread). The tiles and their
-  // order are those of the whole row (a document's other tiles are all
-  // skipped there), so the bits are the same. Otherwise one segment: every
-  // query and key row.
+  // zeros policy: FlashAttention's, mha.torch.attention's; BackwardJob::
+  // segments) has a chunk per (document, kv head) instead, documents outer:
+  // the document's key rows, then per head its query rows, packed, computed
+  // and written, as calls on each document alone. One chunk per kv head
+  // swept each head's quarter-KiB of every 2 KiB row of q, dO, out and
+  // the gradients (h8 d64) across all documents, head after head: the
+  // backward measured 1.15x its documents one by one (B8 lengths averaging
+  // 40% of 1024, h8 d64 causal, one thread). The tiles and their order are
+  // those of the whole row (there a document's tiles skip every other
+  // document's), so the gradients are bitwise the same.
   template <bool kNat>
   static void chunk_as(const BackwardJob& job, int64_t chunk_index, float* scratch) {
     const AttentionBackward& p = *job.p;
     const MaskJob& mj = job.mask;
     const int64_t H = p.H(), Hkv = p.Hkv(), G = H / Hkv, Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-    const int64_t b = chunk_index / Hkv, hk = chunk_index % Hkv;
+    const bool segments = job.segments;
+    const int64_t b = segments ? 0 : chunk_index / Hkv, hk = chunk_index % Hkv;
+    const int64_t x = segments ? chunk_index / Hkv : 0;  // the document
     const int64_t rows = job.kv_rows[b];
     const Shape sh = shape_of(Q, d, dv, job.pack_rows);
     const Scratch s = carve(scratch, sh);
+    const int64_t* docs = mj.m->doc_offsets;
+    // Queries [qs, qe) and key rows [ks, ke) of the chunk, its query tiles
+    // [t_begin, t_end) (job.tiles, in row order).
+    const int64_t qs = segments ? docs[x] : 0, qe = segments ? docs[x + 1] : Q;
+    const int64_t ks = F::lmin(qs, rows), ke = segments ? F::lmin(qe, rows) : rows;
+    int64_t t_begin = 0;
+    while (t_begin < job.tiles.count && job.tiles.at(t_begin).i0 < qs) ++t_begin;
+    int64_t t_end = t_begin;
+    while (t_end < job.tiles.count && job.tiles.at(t_end).i0 < qe) ++t_end;
 
     // Keys past every key limit: no gradient through their (assigned)
     // scores; their values are weighted only by rows whose masked keys carry
-    // weight (below), summed over the group's heads.
-    for (int64_t j = rows; j < K; ++j) {
+    // weight (below, never in segments), summed over the group's heads.
+    for (int64_t j = F::lmax(rows, qs); j < (segments ? qe : K); ++j) {
       float* gk = p.grad_k.ptr(b, hk, j);
       float* gv = p.grad_v.ptr(b, hk, j);
       for (int64_t c = 0; c < d; ++c) gk[c] = 0.0f;
       for (int64_t c = 0; c < dv; ++c) gv[c] = 0.0f;
     }
+    if (qe == qs) return;
     const int32_t* n_valid = job.n_valid + b * Q;
     const int32_t* first = job.first + b * Q;
-    for (int64_t i = 0; i < sh.qpad; ++i) {
-      s.nf_int[i] = i < Q ? n_valid[i] : 0;
-      s.lo_int[i] = i < Q ? first[i] : 0;
+    // Rows a tile's U*L lanes read past qe: zeroed (in segments the next
+    // document's rows, which its own chunk packs).
+    const int64_t pad_to = segments ? F::lmin(sh.qpad, qe + L) : sh.qpad;
+    for (int64_t i = qs; i < pad_to; ++i) {
+      s.nf_int[i] = i < qe ? n_valid[i] : 0;
+      s.lo_int[i] = i < qe ? first[i] : 0;
       s.pos[i] = static_cast<float>(mj.m->diagonal(i, Q, K));
     }
 
-    const int64_t* docs = mj.m->doc_offsets;
-    const bool segments = docs && mj.neg_inf && mj.policy == 0.0f;
-    const int64_t n_segments = segments ? mj.m->documents : 1;
     std::vector<Range> ranges(static_cast<size_t>(job.tiles.count));  // per query tile, of one head
-    bool first_segment = true;
-    for (int64_t x = 0, t_begin = 0; x < n_segments; ++x) {
-      // Queries [qs, qe) and key rows [ks, ke) of the segment, its query
-      // tiles [t_begin, t_end) (job.tiles, in row order).
-      const int64_t qs = segments ? docs[x] : 0, qe = segments ? docs[x + 1] : Q;
-      const int64_t ks = F::lmin(qs, rows), ke = segments ? F::lmin(qe, rows) : rows;
-      if (qe == qs) continue;
-      int64_t t_end = t_begin;
-      while (t_end < job.tiles.count && job.tiles.at(t_end).i0 < qe) ++t_end;
-      // Rows a tile's U*L lanes read past qe: zeroed (the next segment packs its own).
-      const int64_t pad_to = segments ? F::lmin(sh.qpad, qe + L) : sh.qpad;
-      if (ke > ks) {
-        pack(p.fwd.k.ptr(b, hk, ks), p.fwd.k.stride[2], ke - ks, d, sh.dpad, s.kr + ks * sh.dpad, ke - ks, nullptr, 0);
-        pack(p.fwd.v.ptr(b, hk, ks), p.fwd.v.stride[2], ke - ks, dv, sh.dvpad, s.vr + ks * sh.dvpad, ke - ks, nullptr, 0);
+    if (ke > ks) {
+      pack(p.fwd.k.ptr(b, hk, ks), p.fwd.k.stride[2], ke - ks, d, sh.dpad, s.kr + ks * sh.dpad, ke - ks, nullptr, 0);
+      pack(p.fwd.v.ptr(b, hk, ks), p.fwd.v.stride[2], ke - ks, dv, sh.dvpad, s.vr + ks * sh.dvpad, ke - ks, nullptr, 0);
+    }
+    for (int64_t e = ks * sh.dpad; e < ke * sh.dpad; ++e) s.dk[e] = 0.0f;
+    for (int64_t e = ks * sh.dvpad; e < ke * sh.dvpad; ++e) s.dv[e] = 0.0f;
+
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hk * G + g;
+      pack(p.fwd.q.ptr(b, h, qs), p.fwd.q.stride[2], qe - qs, d, sh.dpad, s.qr + qs * sh.dpad, pad_to - qs,
+           s.qT + qs, sh.qpad);
+      pack(p.grad_out.ptr(b, h, qs), p.grad_out.stride[2], qe - qs, dv, sh.dvpad, s.dor + qs * sh.dvpad,
+           pad_to - qs, s.doT + qs, sh.qpad);
+      const int64_t base = (b * H + h) * Q;
+      for (int64_t i = qs; i < pad_to; ++i) {
+        const bool real = i < qe;
+        // D = dO . O, accumulated in the order and with the rounding of the
+        // score micro-kernel's dP = dO . v: where a row has one live key
+        // (O = v exactly), dP - D is then exactly 0, as the true gradient.
+        Reg dot = V::zero();
+        if (real) {
+          const float* o = p.fwd.out.ptr(b, h, i);
+          const float* gr = s.dor + i * sh.dvpad;
+          for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
+        }
+        float lanes[L];
+        V::store(lanes, dot);
+        s.D[i] = lanes[0];
+        // A fully masked row (the forward's row_max2 = -inf): the policy's
+        // weight on every key, no gradient to the scores.
+        const bool policy = real && job.row_max2[base + i] == -__builtin_inff();
+        s.pm[i] = policy ? 1.0f : 0.0f;
+        s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
+        s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
+        s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
+        s.lo[i] = real ? static_cast<float>(first[i]) : 0.0f;
+        // The weight of a key past the row's limit: 0 under the -inf fill,
+        // else 0 unless the row's max is near the fill.
+        float w = 0.0f;
+        if (policy) w = mj.policy;
+        else if (real && !mj.neg_inf) w = std::exp2((mj.fill - s.m[i]) * mj.unit) * s.linv[i];
+        s.w[i] = w;
       }
-      for (int64_t e = ks * sh.dpad; e < ke * sh.dpad; ++e) s.dk[e] = 0.0f;
-      for (int64_t e = ks * sh.dvpad; e < ke * sh.dvpad; ++e) s.dv[e] = 0.0f;
+      for (int64_t e = qs * sh.dpad; e < pad_to * sh.dpad; ++e) s.dq[e] = 0.0f;
+      if (mj.sinks) {
+        // dL/d sink_h, this row's share: -sum_i exp(sink - lse_i) * D_i, the
+        // sink's weight from the statistics (which include it).
+        const float t = mj.sinks[h] * mj.score_unit;
+        double acc = 0.0;
+        for (int64_t i = qs; i < qe; ++i)
+          acc -= static_cast<double>(std::exp2((t - s.m[i]) * mj.unit) * s.linv[i]) * s.D[i];
+        job.sink_part[(segments ? x : b) * H + h] = acc;
+      }
 
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t h = hk * G + g;
-        pack(p.fwd.q.ptr(b, h, qs), p.fwd.q.stride[2], qe - qs, d, sh.dpad, s.qr + qs * sh.dpad, pad_to - qs,
-             s.qT + qs, sh.qpad);
-        pack(p.grad_out.ptr(b, h, qs), p.grad_out.stride[2], qe - qs, dv, sh.dvpad, s.dor + qs * sh.dvpad,
-             pad_to - qs, s.doT + qs, sh.qpad);
-        const int64_t base = (b * H + h) * Q;
-        for (int64_t i = qs; i < pad_to; ++i) {
-          const bool real = i < qe;
-          // D = dO . O, accumulated in the order and with the rounding of the
-          // score micro-kernel's dP = dO . v: where a row has one live key
-          // (O = v exactly), dP - D is then exactly 0, as the true gradient.
-          Reg dot = V::zero();
-          if (real) {
-            const float* o = p.fwd.out.ptr(b, h, i);
-            const float* gr = s.dor + i * sh.dvpad;
-            for (int64_t c = 0; c < dv; ++c) dot = V::fmadd(V::set1(o[c]), V::set1(gr[c]), dot);
-          }
-          float lanes[L];
-          V::store(lanes, dot);
-          s.D[i] = lanes[0];
-          // A fully masked row (the forward's row_max2 = -inf): the policy's
-          // weight on every key, no gradient to the scores.
-          const bool policy = real && job.row_max2[base + i] == -__builtin_inff();
-          s.pm[i] = policy ? 1.0f : 0.0f;
-          s.m[i] = real && !policy ? job.row_max2[base + i] : 0.0f;
-          s.linv[i] = real && !policy ? 1.0f / job.row_sum[base + i] : 0.0f;
-          s.nf[i] = real ? static_cast<float>(n_valid[i]) : 0.0f;
-          s.lo[i] = real ? static_cast<float>(first[i]) : 0.0f;
-          // The weight of a key past the row's limit: 0 under the -inf fill,
-          // else 0 unless the row's max is near the fill.
-          float w = 0.0f;
-          if (policy) w = mj.policy;
-          else if (real && !mj.neg_inf) w = std::exp2((mj.fill - s.m[i]) * mj.unit) * s.linv[i];
-          s.w[i] = w;
+      // Each query tile's range once per head, not per (key tile, query
+      // tile): in a packed batch of T rows that pair loop is (T / NK) x
+      // (T / MQ) long, most pairs skipped, and range_of reads MQ queries.
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const QueryTile qt = job.tiles.at(t);
+        ranges[static_cast<size_t>(t)] = range_of(s, qt.i0, qt.mq);
+      }
+      // Key tiles of NK keys from each document's first row (from 0 without
+      // documents), and query tiles as the forward's (job.tiles): in a packed
+      // batch no tile holds two documents, as in calls on each alone.
+      int64_t doc = 0;  // the document of key j0
+      for (int64_t j0 = ks, nk = 0; j0 < ke; j0 += nk) {
+        nk = F::lmin(NK, ke - j0);
+        if (docs) {
+          while (docs[doc + 1] <= j0) ++doc;
+          nk = F::lmin(nk, docs[doc + 1] - j0);
         }
-        for (int64_t e = qs * sh.dpad; e < pad_to * sh.dpad; ++e) s.dq[e] = 0.0f;
-        if (mj.sinks) {
-          // dL/d sink_h, this row's share: -sum_i exp(sink - lse_i) * D_i, the
-          // sink's weight from the statistics (which include it); summed
-          // over the segments in row order, as over the whole row.
-          const float t = mj.sinks[h] * mj.score_unit;
-          double acc = first_segment ? 0.0 : job.sink_part[b * H + h];
-          for (int64_t i = qs; i < qe; ++i)
-            acc -= static_cast<double>(std::exp2((t - s.m[i]) * mj.unit) * s.linv[i]) * s.D[i];
-          job.sink_part[b * H + h] = acc;
-        }
-
-        // Each query tile's range once per head, not per (key tile, query
-        // tile): in a packed batch of T rows that pair loop is (T / NK) x
-        // (T / MQ) long, most pairs skipped, and range_of reads MQ queries.
         for (int64_t t = t_begin; t < t_end; ++t) {
           const QueryTile qt = job.tiles.at(t);
-          ranges[static_cast<size_t>(t)] = range_of(s, qt.i0, qt.mq);
+          const int64_t i0 = qt.i0, mq = qt.mq;
+          const Range& kv = ranges[static_cast<size_t>(t)];
+          // Every key here masked, at weight 0.
+          if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
+          F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
+            tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv, kv.any_policy,
+                                           s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
+          });
         }
-        // Key tiles of NK keys from each document's first row (from 0 without
-        // documents), and query tiles as the forward's (job.tiles): in a packed
-        // batch no tile holds two documents, as in calls on each alone.
-        int64_t doc = 0;  // the document of key j0
-        for (int64_t j0 = ks, nk = 0; j0 < ke; j0 += nk) {
-          nk = F::lmin(NK, ke - j0);
-          if (docs) {
-            while (docs[doc + 1] <= j0) ++doc;
-            nk = F::lmin(nk, docs[doc + 1] - j0);
-          }
-          for (int64_t t = t_begin; t < t_end; ++t) {
-            const QueryTile qt = job.tiles.at(t);
-            const int64_t i0 = qt.i0, mq = qt.mq;
-            const Range& kv = ranges[static_cast<size_t>(t)];
-            // Every key here masked, at weight 0.
-            if ((j0 >= kv.end || j0 + nk <= kv.first) && !kv.weighted_mask) continue;
-            F::template dispatch_used<NV>(F::used_vectors(mq), [&](auto u) {
-              tile<decltype(u)::value, kNat>(p, job, sh, s, b, h, j0, nk, i0, mq, kv, kv.any_policy,
-                                             s.dk + j0 * sh.dpad, s.dv + j0 * sh.dvpad);
-            });
-          }
-        }
-        // Values past every limit: from the rows whose masked keys carry
-        // weight (none in segments: their masked keys weigh 0).
-        const uint64_t row0 = static_cast<uint64_t>(base * K);
-        float* acc = s.dvj;  // [dv]
-        if (!segments && rows < K && !p.fwd.dropout.active()) {
+      }
+      // Values past every limit: from the rows whose masked keys carry
+      // weight (none in segments: their masked keys weigh 0).
+      const uint64_t row0 = static_cast<uint64_t>(base * K);
+      float* acc = s.dvj;  // [dv]
+      if (!segments && rows < K && !p.fwd.dropout.active()) {
+        for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+        for (int64_t i = 0; i < Q; ++i)
+          if (s.w[i] != 0.0f)
+            for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
+      }
+      for (int64_t j = rows; j < K && !segments; ++j) {
+        float* gv = p.grad_v.ptr(b, hk, j);
+        if (p.fwd.dropout.active()) {
           for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-          for (int64_t i = 0; i < Q; ++i)
-            if (s.w[i] != 0.0f)
-              for (int64_t c = 0; c < dv; ++c) acc[c] += s.w[i] * s.dor[i * sh.dvpad + c];
-        }
-        for (int64_t j = rows; j < K && !segments; ++j) {
-          float* gv = p.grad_v.ptr(b, hk, j);
-          if (p.fwd.dropout.active()) {
-            for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-            for (int64_t i = 0; i < Q; ++i) {
-              if (s.w[i] == 0.0f) continue;
-              const float wm = s.w[i] * p.fwd.dropout.multiplier(row0 + i * K + j);
-              for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
-            }
+          for (int64_t i = 0; i < Q; ++i) {
+            if (s.w[i] == 0.0f) continue;
+            const float wm = s.w[i] * p.fwd.dropout.multiplier(row0 + i * K + j);
+            for (int64_t c = 0; c < dv; ++c) acc[c] += wm * s.dor[i * sh.dvpad + c];
           }
-          for (int64_t c = 0; c < dv; ++c) gv[c] += acc[c];
         }
-        for (int64_t i = qs; i < qe; ++i) {
-          float* gq = p.grad_q.ptr(b, h, i);
-          for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
-        }
+        for (int64_t c = 0; c < dv; ++c) gv[c] += acc[c];
       }
-      for (int64_t r = ks; r < ke; ++r) {
-        float* gk = p.grad_k.ptr(b, hk, r);
-        float* gv = p.grad_v.ptr(b, hk, r);
-        for (int64_t c = 0; c < d; ++c) gk[c] = s.dk[r * sh.dpad + c];
-        for (int64_t c = 0; c < dv; ++c) gv[c] = s.dv[r * sh.dvpad + c];
+      for (int64_t i = qs; i < qe; ++i) {
+        float* gq = p.grad_q.ptr(b, h, i);
+        for (int64_t c = 0; c < d; ++c) gq[c] = s.dq[i * sh.dpad + c];
       }
-      t_begin = t_end;
-      first_segment = false;
+    }
+    for (int64_t r = ks; r < ke; ++r) {
+      float* gk = p.grad_k.ptr(b, hk, r);
+      float* gv = p.grad_v.ptr(b, hk, r);
+      for (int64_t c = 0; c < d; ++c) gk[c] = s.dk[r * sh.dpad + c];
+      for (int64_t c = 0; c < dv; ++c) gv[c] = s.dv[r * sh.dvpad + c];
     }
   }
 };

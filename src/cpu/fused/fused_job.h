@@ -135,9 +135,9 @@ struct WeightsJob {
   MaskJob mask;
 };
 
-// One backward call. Chunk c is (b, kv head) = (c / Hkv, c % Hkv); it runs
-// the query heads of that kv head in order, so that grad_k and grad_v sum
-// over them on one thread.
+// One backward call. Chunk c is (b, kv head) = (c / Hkv, c % Hkv), or with
+// `segments` (document, kv head); it runs the query heads of that kv head
+// in order, so that grad_k and grad_v sum over them on one thread.
 struct BackwardJob {
   const AttentionBackward* p = nullptr;
   const int32_t* n_valid = nullptr;   // [B,Q]
@@ -148,8 +148,12 @@ struct BackwardJob {
   const int64_t* kv_rows = nullptr;   // [B]: key rows with any live key
   int64_t pack_rows = 0;              // max over b of kv_rows
   QueryTiles tiles;                   // as in ForwardJob (the key tiles follow documents too)
-  // [B,h] with sinks: each (b, h)'s share of dL/d sink_h, written by the
-  // chunk of (b, kv head of h); the dispatcher sums it over b in order.
+  // A packed batch whose masked keys weigh 0 (the -inf fill, the zeros
+  // policy): a chunk per (document, kv head) (backward_impl.h).
+  bool segments = false;
+  // [B,h] with sinks ([documents,h] with segments): each (b, h)'s share of
+  // dL/d sink_h, written by the chunk of (b, kv head of h); the dispatcher
+  // sums it over b in order.
   double* sink_part = nullptr;
   MaskJob mask;
 };
