@@ -3,7 +3,8 @@
 //
 // Threads: OpenMP over (batch, head, query tile) chunks, dynamically
 // scheduled (their cost varies with the valid lengths), more chunks than
-// threads. Inside a chunk nothing calls the BLAS: the tile products are the
+// threads; in a packed batch the query tiles are cut at each document's
+// first row and ordered document by document (fused_job.h QueryTile). Inside a chunk nothing calls the BLAS: the tile products are the
 // register-blocked micro-kernels of kernel_impl.h, faster than BLAS calls on
 // tiles this small. The projections around this kernel run on the same
 // OpenMP threads (cpu/gemm/parallel_gemm.h), never beside OpenBLAS's own pool. The

@@ -295,9 +295,10 @@ struct BackwardKernel {
   // the document's key rows, then per head its query rows, packed, computed
   // and written, as calls on each document alone. One chunk per kv head
   // swept each head's quarter-KiB of every 2 KiB row of q, dO, out and
-  // the gradients (h8 d64) across all documents, head after head: the
-  // backward measured 1.15x its documents one by one (B8 lengths averaging
-  // 40% of 1024, h8 d64 causal, one thread). The tiles and their order are
+  // the gradients (h8 d64) across all documents, head after head: forward
+  // and backward measured 1.10-1.12x its documents one by one, in this order
+  // 1.00-1.01x (B8 lengths averaging 40% of 1024, h8 d64 causal, one
+  // thread, CPU time, medians of 21). The tiles and their order are
   // those of the whole row (there a document's tiles skip every other
   // document's), so the gradients are bitwise the same.
   template <bool kNat>
