@@ -15,7 +15,8 @@ What is measured, --section packed (docs/performance.md keeps the numbers)
               mha.torch.scaled_dot_product_attention with a boolean mask (causal and the keys past each
               length: the key padding mask), as a padded batch is computed without cu_seqlens.
 - forward: under torch.no_grad(); fwd+bwd: on inputs that require grad, then backward of out.sum().
-  Median of --reps calls after 2 warm-up calls, in ms; OMP_NUM_THREADS=1 and mha.set_num_threads(1).
+  Median of --reps calls after 2 warm-up calls, in ms; torch.set_num_threads(n) and
+  mha.set_num_threads(n) for each n of --threads (1 and 2 by default).
 - Targets: packed <= 1.1x one by one, packed <= 0.5x padded.
 
 What is measured, --section module (docs/masks.md keeps the numbers)
@@ -171,17 +172,19 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--causal", type=int, default=1, help="1: causal (default), 0: full attention per sequence")
     ap.add_argument("--module-reps", type=int, default=15)
-    ap.add_argument("--threads", default="1,2", help="the module section's thread counts, comma-separated")
+    ap.add_argument("--threads", default="1,2", help="thread counts of torch and mha, comma-separated (1,2)")
     args = ap.parse_args()
+    threads_list = [int(t) for t in args.threads.split(",")]
     if args.section in ("packed", "all"):
-        packed_section(args)
+        for threads in threads_list:
+            packed_section(args, threads)
     if args.section in ("module", "all"):
-        module_section(args.module_reps, [int(t) for t in args.threads.split(",")])
+        module_section(args.module_reps, threads_list)
 
 
-def packed_section(args):
-    torch.set_num_threads(1)
-    mha.set_num_threads(1)
+def packed_section(args, threads):
+    torch.set_num_threads(threads)
+    mha.set_num_threads(threads)
     causal = bool(args.causal)
     torch.manual_seed(0)
     T = sum(LENGTHS)
@@ -224,7 +227,7 @@ def packed_section(args):
         return run
 
     print(f"B{B} lengths {LENGTHS} (mean {T / B:.1f} = {T / B / LMAX:.0%} of {LMAX}) h{H} d{D} "
-          f"{'causal' if causal else 'full'}, 1 thread, median of {args.reps} (ms)")
+          f"{'causal' if causal else 'full'}, {threads} thread(s), median of {args.reps} (ms)")
     print("| direction | packed | one by one | padded | packed / one by one | packed / padded |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, wrap in (("forward", forward), ("fwd+bwd", training)):

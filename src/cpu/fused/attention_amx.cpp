@@ -335,9 +335,13 @@ template <bool kNat>
 void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
   const AttentionForward& p = *job.p;
   const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-  const int64_t tile = chunk % job.q_tiles, bh = chunk / job.q_tiles;
+  // The query tiles of the fused kernel (in a packed batch cut at each
+  // document's first row); the key tiles stay at multiples of kKeys, where
+  // the packed bfloat16 tiles start.
+  int64_t bh = 0;
+  const QueryTile tile = job.tiles.chunk(chunk, H, &bh);
   const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
-  const int64_t i0 = tile * MQ, mq = std::min<int64_t>(MQ, Q - i0);
+  const int64_t i0 = tile.i0, mq = tile.mq;
   const Layout lay(d, dv, job.pack_rows);
   int64_t* slice = reinterpret_cast<int64_t*>(scratch + lay.slice);
   uint16_t* qb = bf16_at(scratch + lay.qb);

@@ -58,7 +58,7 @@ bool amx_forward_pays(const AttentionForward& p);
 // must be zero before a thread's first chunk (the packed-slice tag).
 size_t amx_forward_scratch_floats(int64_t d, int64_t dv, int64_t rows);
 
-// Chunk c of job (c = (b*H + h) * q_tiles + query tile, tiles of
+// Chunk c of job (c = (b*H + h) * q_tiles + query tile, job.tiles of
 // kAmxQueryTile): q:[B,h,Q,d] k:[B,hkv,K,d] v:[B,hkv,K,dv] -> its rows of
 // out:[B,h,Q,dv] (+ row_max2, row_sum:[B,h,Q] when the job has them). Only
 // when amx_forward_supports(*job.p).

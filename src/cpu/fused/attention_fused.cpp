@@ -3,7 +3,8 @@
 //
 // Threads: OpenMP over (batch, head, query tile) chunks, dynamically
 // scheduled (their cost varies with the valid lengths), more chunks than
-// threads. Inside a chunk nothing calls the BLAS: the tile products are the
+// threads; in a packed batch the query tiles are cut at each document's
+// first row and ordered document by document (fused_job.h QueryTile). Inside a chunk nothing calls the BLAS: the tile products are the
 // register-blocked micro-kernels of kernel_impl.h, faster than BLAS calls on
 // tiles this small. The projections around this kernel run on the same
 // OpenMP threads (cpu/gemm/parallel_gemm.h), never beside OpenBLAS's own pool. The
@@ -143,10 +144,24 @@ fused::MaskJob mask_job(const MaskOptions& m, int64_t K, const std::vector<uint8
   return j;
 }
 
+// The query tiles of a call (fused_job.h QueryTiles): `table` holds them
+// with documents (fused_query_tiles), and stays empty without.
+fused::QueryTiles query_tiles(const MaskOptions& m, int64_t Q, int64_t size, std::vector<fused::QueryTile>* table) {
+  *table = fused_query_tiles(m, Q, size);
+  fused::QueryTiles t;
+  t.table = table->empty() ? nullptr : table->data();
+  t.count = m.doc_offsets ? static_cast<int64_t>(table->size()) : (Q + size - 1) / size;
+  t.size = size;
+  t.Q = Q;
+  return t;
+}
+
 void run_weights(const fused::WeightsJob& base_job, int64_t Q, int64_t K, int64_t d) {
   const IsaKernels& isa = kernels_for(g_isa.get());
   fused::WeightsJob job = base_job;
-  job.q_tiles = (Q + isa.query_tile - 1) / isa.query_tile;
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(*job.mask.m, Q, isa.query_tile, &table);
+  job.q_tiles = job.tiles.count;
   const int64_t chunks = job.n_rows * job.n_heads * job.q_tiles;
   const double work = static_cast<double>(job.n_rows * job.n_heads) * Q * K * (d + 8);
   run_chunks(chunks, isa.scratch_floats(d, 0, job.pack_rows), work,
@@ -172,6 +187,18 @@ std::vector<int32_t> valid_key_counts(LengthKind kind, const float* lens, int64_
       n[static_cast<size_t>(b * Q + q)] = static_cast<int32_t>(c);
     }
   return n;
+}
+
+std::vector<fused::QueryTile> fused_query_tiles(const MaskOptions& m, int64_t Q, int64_t size) {
+  std::vector<fused::QueryTile> tiles;
+  if (!m.doc_offsets) return tiles;
+  for (int64_t x = 0; x < m.documents; ++x) {
+    const int64_t s = m.doc_offsets[x], e = std::min(m.doc_offsets[x + 1], Q);
+    const int64_t first_tile = static_cast<int64_t>(tiles.size()), doc_tiles = (e - s + size - 1) / size;
+    for (int64_t i0 = s; i0 < e; i0 += size)
+      tiles.push_back({i0, std::min(size, e - i0), s, e, first_tile, doc_tiles});
+  }
+  return tiles;
 }
 
 FusedIsa fused_isa() { return g_isa.get(); }
@@ -209,7 +236,9 @@ void attention_forward_fused(const AttentionForward& p) {
   // (attention_amx.h), where the AVX-512 kernel would run.
   const bool amx = static_cast<int>(g_isa.get()) >= static_cast<int>(FusedIsa::Avx512) && fused::amx_forward_supports(p) && fused::amx_forward_pays(p);
   const int64_t query_tile = amx ? fused::kAmxQueryTile : isa.query_tile;
-  job.q_tiles = (Q + query_tile - 1) / query_tile;
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(p.masks, Q, query_tile, &table);
+  job.q_tiles = job.tiles.count;
   std::vector<int64_t> kv_rows = rows_read(n_valid, B, Q);
   if (p.read_all_keys)
     for (int64_t b = 0; b < B; ++b)
@@ -298,19 +327,23 @@ void attention_backward_fused(const AttentionBackward& p) {
   job.c2 = (job.mask.natural ? 1.0f : kLog2e) / p.fwd.scale_divisor;
   job.kv_rows = kv_rows.data();
   job.pack_rows = max_of(kv_rows);
-  std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(B * H) : 0);
+  std::vector<fused::QueryTile> table;
+  job.tiles = query_tiles(p.fwd.masks, Q, isa.query_tile, &table);
+  job.segments = p.fwd.masks.doc_offsets && job.mask.neg_inf && job.mask.policy == 0.0f;
+  const int64_t parts = job.segments ? p.fwd.masks.documents : B;  // chunks per kv head
+  std::vector<double> sink_part(p.fwd.masks.sinks ? static_cast<size_t>(parts * H) : 0);
   job.sink_part = sink_part.data();
   double work = 0;
   for (int64_t r : kv_rows) work += static_cast<double>(r);
   work *= static_cast<double>(H) * Q * (d + dv) * 2.5;
-  run_chunks(B * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
+  run_chunks(parts * p.Hkv(), isa.backward_scratch_floats(Q, d, dv, job.pack_rows), work,
              [&](int64_t c, float* s) { isa.backward_chunk(job, c, s); });
   // The sinks' gradient: each (b, h)'s share, summed over b in order (the
   // same bits at any thread count).
   if (p.fwd.masks.sinks)
     for (int64_t h = 0; h < H; ++h) {
       double acc = 0.0;
-      for (int64_t b = 0; b < B; ++b) acc += sink_part[static_cast<size_t>(b * H + h)];
+      for (int64_t b = 0; b < parts; ++b) acc += sink_part[static_cast<size_t>(b * H + h)];
       p.grad_sinks[h] = static_cast<float>(acc);
     }
 }

@@ -28,6 +28,9 @@
 // backward recompute it.
 #pragma once
 
+#include <vector>
+
+#include "cpu/fused/fused_job.h"
 #include "cpu/fused/isa.h"
 #include "cpu/fused/limits.h"
 #include "kernels/params.h"
@@ -54,5 +57,11 @@ void attention_weights_fused(const AttentionWeightsParams& p);
 //   q:[B,h,Q,d] k,v:[B,hkv,K,d|dv] grad_out,out:[B,h,Q,dv] stats:[B,h,Q]
 //     -> grad_q:[B,h,Q,d] grad_k:[B,hkv,K,d] grad_v:[B,hkv,K,dv]
 void attention_backward_fused(const AttentionBackward& p);
+
+// The query tiles of `size` queries at most of a packed batch
+// (m.doc_offsets over Q rows): each non-empty document's rows cut from its
+// first row, which is also the tiles' key0 (fused_job.h QueryTile); empty
+// without documents (the kernels then tile [t*size, ...) themselves).
+std::vector<fused::QueryTile> fused_query_tiles(const MaskOptions& m, int64_t Q, int64_t size);
 
 }  // namespace mha::kernels

@@ -9,12 +9,15 @@
 // caller on a CPU without it. Calls out of this file go only to inline code
 // of headers included before the region (compiled for the baseline target).
 //
-// One chunk is (batch row b, head h, query tile [i0, i0 + MQ)). Per chunk:
+// One chunk is (batch row b, head h, query tile [i0, i0 + mq)): tiles of MQ
+// queries, in a packed batch cut at each document's first row (fused_job.h
+// QueryTile). Per chunk:
 //   k, v rows of (b, kv head of h) below the longest key limit n
 //                                                   packed once per thread and slice
 //   Q^T[c, i]  = q[b, h, i0 + i, c]                 packed once per chunk
 //   for each key tile [j0, j0 + NK) from the one holding the tile's
-//   smallest first key f to its largest key limit n:
+//   smallest first key f (tiles counted from its document's first row) to
+//   its largest key limit n:
 //     S^T[j, i] = (k[j] . q[i]) * log2(e) / sqrt(d), or -inf unless f[i] <= j < n[i]
 //     (score pass, only with a softcap or ALiBi slopes: S^T -> cap tanh(S^T / cap)
 //      - slope |i + K - Q - j|, score_tile)
@@ -57,7 +60,7 @@ struct Kernel {
   // dispatcher before the first chunk: consecutive chunks of a thread mostly
   // share (b, h), and pack its keys and values once.
   struct Scratch {
-    int64_t* slice;  // [1]        b*Hkv + kv head + 1 of the packed slice, 0: none
+    int64_t* slice;  // [2]        b*Hkv + kv head + 1 of the packed slice, 0: none; its document + 1 or 0
     float* qt;       // [d, MQ]    Q^T
     float* st;       // [NK, MQ]   S^T, then P^T
     float* ot;       // [dv, MQ]   O^T, unnormalised
@@ -137,8 +140,12 @@ struct Kernel {
     int64_t first_max;   // the largest f: keys at or past it need no lower masking
     // Whether keys [j0, j0 + nk) need the range compare (some key outside a lane's range).
     bool masks(int64_t j0, int64_t nk) const { return j0 + nk > shortest || j0 < first_max; }
-    // The key tile of size `tile` to start from.
-    int64_t start(int64_t tile) const { return first / tile * tile; }
+    // The key tile of size `tile` to start from, tiles counted from key0 <=
+    // first (QueryTile::key0: a document's first row, else 0).
+    // (A first below key0 (no query sees a key) falls back to multiples of tile.)
+    int64_t start(int64_t tile, int64_t key0 = 0) const {
+      return first >= key0 ? key0 + (first - key0) / tile * tile : first / tile * tile;
+    }
   };
   // nf[i], lo[i] = key limit n and first key f of query i0 + i (0 for lanes
   // past the last query, which therefore see no key).
@@ -428,16 +435,15 @@ struct Kernel {
   static int used_vectors(int64_t mq) { return static_cast<int>((mq + L - 1) / L); }
 
   static void forward_chunk(const ForwardJob& job, int64_t chunk, float* scratch) {
-    const int64_t Q = job.p->Q(), tile = chunk % job.q_tiles;
-    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+    int64_t bh = 0;
+    dispatch_used<NV>(used_vectors(job.tiles.chunk(chunk, job.p->H(), &bh).mq),
                       [&](auto u) {
                         if (job.mask.natural) forward_tile<decltype(u)::value, true>(job, chunk, scratch);
                         else forward_tile<decltype(u)::value, false>(job, chunk, scratch);
                       });
   }
   static void weights_chunk(const WeightsJob& job, int64_t chunk, float* scratch) {
-    const int64_t Q = job.q.shape[2], tile = chunk % job.q_tiles;
-    dispatch_used<NV>(used_vectors(lmin(MQ, Q - tile * MQ)),
+    dispatch_used<NV>(used_vectors(job.tiles.at(chunk % job.q_tiles).mq),
                       [&](auto u) {
                         if (job.mask.natural) weights_tile<decltype(u)::value, true>(job, chunk, scratch);
                         else weights_tile<decltype(u)::value, false>(job, chunk, scratch);
@@ -463,9 +469,11 @@ struct Kernel {
   static void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
     const AttentionForward& p = *job.p;
     const int64_t H = p.H(), Q = p.Q(), K = p.K(), d = p.d(), dv = p.dv();
-    const int64_t tile = chunk % job.q_tiles, bh = chunk / job.q_tiles;
+    int64_t bh = 0;
+    const QueryTile tile = job.tiles.chunk(chunk, H, &bh);
     const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
-    const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
+    const int64_t i0 = tile.i0, mq = tile.mq;
+    int64_t key0 = tile.key0;
     const Scratch s = carve(scratch, d, dv, job.pack_rows);
     const MaskJob& mj = job.mask;
     const bool tile_mask = mj.tile_mask[b] != 0;
@@ -477,7 +485,7 @@ struct Kernel {
     if (mj.scores) diagonal(*mj.m, i0, Q, K, s.pos);
     // Without the masking pass every key in [f, n) is kept.
     for (int64_t i = 0; i < MQ; ++i) s.kept[i] = tile_mask ? 0.0f : s.nf[i] - s.lo[i];
-    if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0;  // masked keys too, at weight 0
+    if (job.read_all && job.read_all[b]) kv.end = K, kv.first = 0, key0 = 0;  // masked keys too, at weight 0
     Reg nfv[U], m[U], l[U];
     for (int v = 0; v < U; ++v) {
       nfv[v] = V::load(s.nf + v * L);
@@ -492,18 +500,27 @@ struct Kernel {
     const Reg lowest = V::set1(-__FLT_MAX__), zero = V::zero();
     // Keys and values below the row's longest key limit, packed once per
     // slice (the heads of a group share it).
+    // In a packed batch only the rows of the tile's document [key0,
+    // key_end), where all its keys are (not with read_all), tagged with the
+    // document too (slice[1]).
     const int64_t rows = job.kv_rows[b];
-    if (*s.slice != b * Hkv + hk + 1) {
-      pack_rows(p.k.ptr(b, hk), p.k.stride[2], rows, d, s.kp);
-      pack_rows(p.v.ptr(b, hk), p.v.stride[2], rows, dv, s.vp);
-      *s.slice = b * Hkv + hk + 1;
+    const bool one_doc = job.tiles.table && !(job.read_all && job.read_all[b]);
+    const int64_t from = one_doc ? lmin(key0, rows) : 0, to = one_doc ? lmin(tile.key_end, rows) : rows;
+    if (s.slice[0] != b * Hkv + hk + 1 || s.slice[1] != (one_doc ? key0 + 1 : 0)) {
+      pack_rows(p.k.ptr(b, hk) + from * p.k.stride[2], p.k.stride[2], to - from, d, s.kp + from * d);
+      pack_rows(p.v.ptr(b, hk) + from * p.v.stride[2], p.v.stride[2], to - from, dv, s.vp + from * dv);
+      s.slice[0] = b * Hkv + hk + 1;
+      s.slice[1] = one_doc ? key0 + 1 : 0;
     }
     const float* kb = s.kp;
     const float* vb = s.vp;
     const int64_t ks = d, vs = dv;
     const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index
 
-    for (int64_t j0 = kv.start(NK); j0 < kv.end; j0 += NK) {
+    // Key tiles from the document's first key (key0), as in a call on the
+    // document alone, not from the multiple of NK below it: up to NK - 1
+    // keys fewer per query tile.
+    for (int64_t j0 = kv.start(NK, key0); j0 < kv.end; j0 += NK) {
       const int64_t nk = lmin(NK, kv.end - j0);
       Reg mx[U];
       for (int v = 0; v < U; ++v) mx[v] = neg_inf;
@@ -673,10 +690,11 @@ struct Kernel {
   static void weights_tile(const WeightsJob& job, int64_t chunk, float* scratch) {
     const int64_t H = job.q.shape[1], Q = job.q.shape[2], K = job.k.shape[2], d = job.q.shape[3];
     const int64_t Hkv = job.k.shape[1];
-    const int64_t tile = chunk % job.q_tiles, pair = chunk / job.q_tiles;
+    const QueryTile tile = job.tiles.at(chunk % job.q_tiles);
+    const int64_t pair = chunk / job.q_tiles;
     const int64_t b = job.batch_rows[pair / job.n_heads], h = job.heads[pair % job.n_heads];
     const int64_t hk = h / (H / Hkv);
-    const int64_t i0 = tile * MQ, mq = lmin(MQ, Q - i0);
+    const int64_t i0 = tile.i0, mq = tile.mq;
     const Scratch s = carve(scratch, d, 0, job.pack_rows);
     const MaskJob& mj = job.mask;
     const bool tile_mask = mj.tile_mask[b] != 0;

@@ -10,6 +10,12 @@
 // - a packed batch equal to its documents run one by one, forward and
 //   gradients, on every kernel;
 // - the fused kernel bitwise the same at one and two threads;
+// - the fused kernel's query tiles (fused_query_tiles): every document cut
+//   from its first row, no tile across a boundary, and its chunks' mapping
+//   onto (head, tile) one to one; and, since a document's tiles then fall
+//   as in a call on it alone, the fused kernel on a packed batch bitwise
+//   its documents one by one (many documents shorter than a tile, documents
+//   ending on tile boundaries, one long document);
 // - the offsets checked (kernels/validate.h).
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -273,6 +279,130 @@ TEST(DocumentMasks, TheFusedKernelIsBitwiseTheSameAtOneAndTwoThreads) {
     EXPECT_TRUE(one.out == two.out && one.gq == two.gq && one.gk == two.gk && one.gv == two.gv);
   }
   omp_set_num_threads(saved);
+}
+
+TEST(DocumentMasks, TheFusedQueryTilesCutEveryDocumentAtItsFirstRow) {
+  MaskOptions none;
+  EXPECT_TRUE(fused_query_tiles(none, 100, 64).empty());
+  const std::vector<std::vector<int64_t>> layouts = {
+      {0, 100},                        // one document
+      {0, 64, 128, 192},               // ending on tile boundaries
+      {0, 0, 3, 3, 70, 71, 200, 200},  // empty, length 1, longer than a tile
+      {0, 1, 2, 3, 4, 5, 6, 7, 8},     // every document of length 1
+      {0, 63, 65, 129, 130},           // one row either side of a boundary
+  };
+  for (const int64_t size : {16, 32, 64}) {
+    for (const std::vector<int64_t>& o : layouts) {
+      MaskOptions m;
+      m.doc_offsets = o.data();
+      m.documents = static_cast<int64_t>(o.size()) - 1;
+      const int64_t Q = o.back();
+      const std::vector<fused::QueryTile> tiles = fused_query_tiles(m, Q, size);
+      SCOPED_TRACE("size " + std::to_string(size) + ", Q " + std::to_string(Q));
+      // In row order, each row once, no tile over `size` queries or across a boundary.
+      int64_t next = 0;
+      for (size_t t = 0; t < tiles.size(); ++t) {
+        const fused::QueryTile& x = tiles[t];
+        ASSERT_EQ(x.i0, next);
+        ASSERT_GE(x.mq, 1);
+        ASSERT_LE(x.mq, size);
+        const int64_t doc = doc_of(o, x.i0);
+        EXPECT_EQ(doc_of(o, x.i0 + x.mq - 1), doc);
+        EXPECT_EQ(x.key0, o[static_cast<size_t>(doc)]);
+        EXPECT_EQ(x.key_end, o[static_cast<size_t>(doc) + 1]);
+        // A tile starts at each document's first row and every size rows after it.
+        EXPECT_EQ((x.i0 - x.key0) % size, 0);
+        // Its document's tiles: [first_tile, first_tile + doc_tiles), all of them.
+        const auto f = static_cast<size_t>(x.first_tile);
+        ASSERT_LE(f + static_cast<size_t>(x.doc_tiles), tiles.size());
+        EXPECT_EQ(tiles[f].i0, x.key0);
+        const fused::QueryTile& last = tiles[f + static_cast<size_t>(x.doc_tiles) - 1];
+        EXPECT_EQ(last.i0 + last.mq, x.key_end);
+        next = x.i0 + x.mq;
+      }
+      EXPECT_EQ(next, Q);
+      // The forward's chunks (c of H * tiles): each (head, tile) once, a
+      // document's chunks consecutive.
+      fused::QueryTiles qt;
+      qt.table = tiles.data();
+      qt.count = static_cast<int64_t>(tiles.size());
+      qt.size = size;
+      qt.Q = Q;
+      const int64_t H = 3;
+      std::vector<int> seen(static_cast<size_t>(H * qt.count), 0);
+      int64_t doc_before = -1;
+      for (int64_t c = 0; c < H * qt.count; ++c) {
+        int64_t bh = -1;
+        const fused::QueryTile x = qt.chunk(c, H, &bh);
+        ASSERT_TRUE(bh >= 0 && bh < H);
+        const int64_t t = std::find_if(tiles.begin(), tiles.end(), [&](const fused::QueryTile& y) { return y.i0 == x.i0; }) -
+                          tiles.begin();
+        ++seen[static_cast<size_t>(bh * qt.count + t)];
+        EXPECT_GE(x.key0, doc_before);
+        doc_before = x.key0;
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    }
+  }
+}
+
+// The -inf fill and the zeros policy, causal or windows or neither, grouped
+// heads, the score options: the fused kernel, on every instruction set,
+// bitwise the same on a packed batch as on its documents one by one.
+TEST(DocumentMasks, TheFusedKernelOnAPackedBatchIsBitwiseItsDocumentsOneByOne) {
+  const std::vector<std::vector<int64_t>> lengths = {
+      {5, 1, 17, 3, 9, 30, 2, 11, 7, 1, 20, 4},  // many documents shorter than a tile
+      {64, 128, 48, 96, 16, 32},                 // ending on tile boundaries
+      {200},                                     // one document over several tiles
+      {70, 0, 1, 130, 0},                        // empty and length-1 documents
+  };
+  int compared = 0;
+  std::vector<Case> cases = document_cases(0x62697473u, 16);
+  for (size_t n = 0; n < cases.size(); ++n) {
+    Case c = cases[n];
+    c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false;
+    c.length_kind = LengthKind::None;
+    c.dropout = 0.0f;
+    c.fill = MaskFill::NegInf;
+    c.fully_masked = FullyMaskedRows::Zeros;
+    c.causal = c.causal == Causal::None ? Causal::None : Causal::BottomRight;
+    c.doc_offsets = {0};
+    for (int64_t x : lengths[n % lengths.size()]) c.doc_offsets.push_back(c.doc_offsets.back() + x);
+    c.Q = c.K = c.doc_offsets.back();
+    SCOPED_TRACE(c.name());
+    const CaseData data(c);
+    for (const FusedIsa isa : test::supported_isas()) {
+      ASSERT_TRUE(set_fused_isa(isa));
+      const KernelRun packed =
+          run_kernel(AttentionKernel::Fused, data.forward(), data.grad_out.view().split_heads(c.H), c.H, c.Hkv);
+      for (size_t x = 0; x + 1 < c.doc_offsets.size(); ++x) {
+        const int64_t s = c.doc_offsets[x], e = c.doc_offsets[x + 1];
+        if (s == e) continue;
+        AttentionForward f = data.forward();
+        f.masks.doc_offsets = nullptr;
+        f.masks.documents = 0;
+        f.q = rows(f.q, s, e), f.k = rows(f.k, s, e), f.v = rows(f.v, s, e);
+        const KernelRun alone =
+            run_kernel(AttentionKernel::Fused, f, rows(data.grad_out.view().split_heads(c.H), s, e), c.H, c.Hkv);
+        auto same = [&](const char* what, const Tensor& p, const Tensor& a) {
+          const float* at = p.data() + s * (p.numel() / c.Q);
+          for (int64_t i = 0; i < a.numel(); ++i)
+            if (!(at[i] == a.data()[i]) && !(std::isnan(at[i]) && std::isnan(a.data()[i])))
+              return ::testing::AssertionFailure() << what << " element " << i << " of document " << x << ": "
+                                                   << at[i] << " against " << a.data()[i] << " (" << fused_isa_name(isa) << ")";
+          return ::testing::AssertionSuccess();
+        };
+        EXPECT_TRUE(same("out", packed.out, alone.out));
+        EXPECT_TRUE(same("grad_q", packed.gq, alone.gq));
+        EXPECT_TRUE(same("grad_k", packed.gk, alone.gk));
+        EXPECT_TRUE(same("grad_v", packed.gv, alone.gv));
+        ++compared;
+      }
+      set_fused_isa(fused_best_isa());
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_GT(compared, 80);
 }
 
 TEST(DocumentMasks, BadOffsetsAreRefused) {
