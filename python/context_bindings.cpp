@@ -18,10 +18,10 @@ namespace mha::python {
 namespace {
 
 py::tuple inputs_of(const MultiHeadAttention::InputGrads& g) {
-  return py::make_tuple(to_numpy(g.queries), to_numpy(g.keys), to_numpy(g.values));
+  return input_grads(g.queries, g.keys, g.values, g.sinks);
 }
 py::tuple inputs_of(const TorchMultiheadAttention::InputGrads& g) {
-  return py::make_tuple(to_numpy(g.query), to_numpy(g.key), to_numpy(g.value));
+  return input_grads(g.query, g.key, g.value, g.sinks);
 }
 
 // The gradients of a call's inputs and the module's accumulated parameter
