@@ -64,9 +64,11 @@ def case_masks(c, torch_fill):
     return torch.from_numpy(masked), torch.from_numpy(add), fill
 
 
-def plain(p, q, k, v, h, hkv, masked, add, fill, softcap=None, slopes=None, sinks=None):
+def plain(p, q, k, v, h, hkv, masked, add, fill, softcap=None, slopes=None, sinks=None, appended=()):
     """The module in float64 plain ops. p: W_q, W_k, W_v, W_o weights and b_* biases (or None);
-    q (B, Q, Dq), k, v; hkv key/value heads; masked, add, fill from case_masks -> (out, weights)."""
+    q (B, Q, Dq), k, v; hkv key/value heads; masked, add, fill from case_masks (over the keys
+    with the appended ones); appended: (key row, value row) pairs appended after the projections
+    (nn.MultiheadAttention's bias_k / bias_v, add_zero_attn) -> (out, weights)."""
     B, Q, K = q.shape[0], q.shape[1], k.shape[1]
     d = p["W_q"].shape[0] // h
 
@@ -77,13 +79,18 @@ def plain(p, q, k, v, h, hkv, masked, add, fill, softcap=None, slopes=None, sink
     def heads(x, n, m):
         return x.reshape(B, n, m, d).transpose(1, 2)
 
+    pk, pv = lin(k, "k"), lin(v, "v")
+    for rk, rv in appended:
+        pk = torch.cat([pk, rk.reshape(1, 1, -1).expand(B, 1, -1)], 1)
+        pv = torch.cat([pv, rv.reshape(1, 1, -1).expand(B, 1, -1)], 1)
+    K = pk.shape[1]
     qh = heads(lin(q, "q"), Q, h)
-    kh = heads(lin(k, "k"), K, hkv).repeat_interleave(h // hkv, 1)
-    vh = heads(lin(v, "v"), K, hkv).repeat_interleave(h // hkv, 1)
+    kh = heads(pk, K, hkv).repeat_interleave(h // hkv, 1)
+    vh = heads(pv, K, hkv).repeat_interleave(h // hkv, 1)
     s = qh @ kh.transpose(-1, -2) / math.sqrt(d)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    if slopes is not None:
+    if slopes is not None:  # (refused with appended keys)
         dist = (torch.arange(Q)[:, None] + K - Q - torch.arange(K)[None, :]).abs().double()
         s = s - torch.from_numpy(slopes).double()[None, :, None, None] * dist
     s = (s + add).masked_fill(masked, fill)
@@ -342,6 +349,55 @@ def test_cached_decoding_with_sinks_equals_the_uncached_causal_call(kernel, with
     without = dict(kw)
     del without["sinks"]
     assert np.abs(m(x, x, x, is_causal=mha.Causal.BOTTOM_RIGHT, **without) - want_m).max() > 1e-3
+
+
+@pytest.mark.parametrize("bias_kv, zero_attn", [(True, False), (False, True), (True, True)])
+def test_sinks_with_appended_keys_match_plain_torch(bias_kv, zero_attn, one_torch_thread):
+    """Sinks are per head, not per key: with bias_k / bias_v and add_zero_attn (refused for ALiBi)
+    they join the softmax beside the appended keys, forward and every gradient."""
+    rng = np.random.default_rng(5 if bias_kv else 6)
+    B, Q, K, E, h = 2, 5, 7, 8, 2
+    f32 = np.float32
+    x = [rng.standard_normal((B, n, E)).astype(f32) for n in (Q, K, K)]
+    w = {n: (rng.standard_normal((E, E)) / np.sqrt(E)).astype(f32) for n in "qkvo"}
+    b = {n: (rng.standard_normal(E) * 0.3).astype(f32) for n in "qkvo"}
+    state = {"in_proj_weight": np.concatenate([w[n] for n in "qkv"]),
+             "in_proj_bias": np.concatenate([b[n] for n in "qkv"]), "out_proj.weight": w["o"],
+             "out_proj.bias": b["o"]}
+    rows = []
+    if bias_kv:
+        state["bias_k"] = rng.standard_normal((1, 1, E)).astype(f32)
+        state["bias_v"] = rng.standard_normal((1, 1, E)).astype(f32)
+        rows.append(tuple(leaves([state["bias_k"].reshape(E), state["bias_v"].reshape(E)])))
+    if zero_attn:
+        rows.append((torch.zeros(E, dtype=torch.float64), torch.zeros(E, dtype=torch.float64)))
+    kpm = rng.random((B, K)) < 0.3
+    kpm[1] = True  # every given key padded: the appended ones remain
+    Kt = K + len(rows)
+    masked = torch.from_numpy(np.concatenate([kpm, np.zeros((B, len(rows)), bool)], 1)[:, None, None, :]
+                              .repeat(h, 1).repeat(Q, 2))
+    sinks = np.array([1.5, -0.5], f32)
+    names = [f"W_{n}" for n in "qkvo"] + [f"b_{n}" for n in "qkvo"]
+    p = dict(zip(names, leaves([w[n] for n in "qkvo"] + [b[n] for n in "qkvo"])))
+    q, k, v = leaves(x)
+    s64 = torch.from_numpy(sinks.astype(np.float64)).requires_grad_()
+    want, want_w = plain(p, q, k, v, h, h, masked, torch.zeros(B, h, Q, Kt, dtype=torch.float64), -math.inf,
+                         sinks=s64, appended=rows)
+    G, _ = with_grads(rng, want)
+    for kernel in KERNELS:
+        ours = mha.TorchMultiheadAttention.from_state_dict(state, h, batch_first=True, add_zero_attn=zero_attn)
+        ours.kernel = kernel
+        ours.train()
+        out, wts = ours(*x, key_padding_mask=kpm, average_attn_weights=False, sinks=sinks)
+        close(out, want.detach().numpy(), 1e-5)
+        close(wts, want_w.detach().numpy(), 1e-5)
+        (gq, gk, gv, gs), params = ours.backward(G.float().numpy())
+        for got, t in zip((gq, gk, gv), (q, k, v)):
+            close(got, t.grad.numpy(), 2e-5, like=scale(q, k, v))
+        close(gs, s64.grad.numpy(), 2e-5)
+        if bias_kv:
+            close(params["bias_k"].reshape(E), rows[0][0].grad.numpy(), 2e-5, like=scale(p["W_k"]))
+            close(params["bias_v"].reshape(E), rows[0][1].grad.numpy(), 2e-5)
 
 
 def test_a_learned_sink_trains_with_an_optimiser(one_torch_thread):
