@@ -94,7 +94,8 @@ returns one). Immutable; the module keeps nothing of the call.
           },
           py::arg("context"), py::arg("grad_output"), py::prepend(),
           "backward(context, grad_output) -> ((grad_queries, grad_keys, grad_values), param_grads):\n"
-          "the backward of the call whose context forward_with_context returned (training mode)");
+          "the backward of the call whose context forward_with_context returned (training mode);\n"
+          "grad_sinks (num_heads,) is a fourth input gradient when that call took sinks=");
   py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"))
       .def(
           "backward",
@@ -104,7 +105,8 @@ returns one). Immutable; the module keeps nothing of the call.
           },
           py::arg("context"), py::arg("grad_output"), py::prepend(),
           "backward(context, grad_output) -> ((grad_query, grad_key, grad_value), param_grads):\n"
-          "the backward of the call whose context forward_with_context returned (training mode)");
+          "the backward of the call whose context forward_with_context returned (training mode);\n"
+          "grad_sinks (num_heads,) is a fourth input gradient when that call took sinks=");
 }
 
 }  // namespace mha::python

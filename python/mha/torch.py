@@ -399,6 +399,9 @@ class MultiHeadAttention(nn.Module):
     gradients and optimiser steps stay float32; default 'float32');
     rotary= rotary position embeddings on each head's q and k after the
     projections (see mha.torch.MultiheadAttention; also the rotary property).
+    forward also takes window=, softcap=, alibi_slopes= and sinks= (attention
+    sinks through autograd: pass your nn.Parameter per call), as
+    mha.torch.MultiheadAttention.forward does.
 
     Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
     mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
