@@ -465,3 +465,29 @@ def test_mha_torch_cached_calls_refuse_sinks_that_want_a_gradient():
     with torch.no_grad():  # decoding with a learned sink: under no_grad, as every cached call
         out, _ = attn(x, x, x, cache=cache, sinks=torch.nn.Parameter(torch.zeros(2)))
     assert torch.isfinite(out).all()
+
+
+def test_the_backward_of_a_kept_context_returns_the_sinks_gradient_too():
+    """backward(context, grad) of both numpy modules: four input gradients for a call with sinks (the
+    same as backward(grad) of that call), three for one without."""
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    G = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    sinks = np.array([0.3, -1.0], np.float32)
+    m = mha.MultiHeadAttention(8, 2, seed=1)
+    torch.manual_seed(0)
+    t = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    d = mha.TorchMultiheadAttention.from_state_dict({n: p.detach().numpy() for n, p in t.state_dict().items()}, 2,
+                                                    batch_first=True)
+    for module, call in ((m, lambda **kw: m.forward_with_context(X, X, X, is_causal=True, **kw)),
+                         (d, lambda **kw: d.forward_with_context(X, X, X, is_causal=True, **kw)[::2])):
+        _, ctx = call(sinks=sinks)
+        _, ctx_plain = call()
+        module(X, X, X, is_causal=True, sinks=sinks)
+        (_, _, _, want), _ = module.backward(G)
+        grads, _ = module.backward(ctx, G)
+        assert len(grads) == 4
+        np.testing.assert_array_equal(grads[3], want)
+        assert np.abs(want).max() > 0
+        grads, _ = module.backward(ctx_plain, G)
+        assert len(grads) == 3
