@@ -13,10 +13,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "attention_glue.h"
 #include "bindings.h"
 #include "convert.h"
 #include "kernels/dispatch.h"
@@ -68,16 +68,7 @@ struct AttentionContext {
 };
 
 // a:(B, L, heads, width) float32 -> a (B, L, heads*width) tensor.
-Tensor rows_of(const py::array& a, const char* what) {
-  FloatArray f = FloatArray::ensure(a);
-  if (!f || f.ndim() != 4) {
-    PyErr_Clear();
-    fail(kOp, what, ": not a 4-D float32 array");
-  }
-  Tensor t({f.shape(0), f.shape(1), f.shape(2) * f.shape(3)});
-  if (f.size() > 0) std::memcpy(t.data(), f.data(), sizeof(float) * static_cast<size_t>(f.size()));
-  return t;
-}
+Tensor rows_of(const py::array& a, const char* what) { return attention_glue::copy_floats(a, kOp, what, true); }
 
 std::vector<float> floats_of(const py::object& o) {
   if (o.is_none()) return {};
@@ -121,15 +112,9 @@ void bind_attention(py::module_& core) {
           c->out = Tensor({B, L, H * dv});
           kernels::AttentionForward p = c->params();
           p.out = c->out.view().split_heads(H);
-          if (keep && kernels::runs_fused(AttentionKernel::Fused, c->k.size(1))) {
-            c->stats.resize(static_cast<size_t>(2 * B * H * L));
-            p.stats = {c->stats.data(), c->stats.data() + B * H * L};
-          }
-          if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) c->stats.clear();
+          attention_glue::forward_keeping_stats(p, B * H * L, c->k.size(1), keep, c->stats);
         }
-        py::array_t<float> out = to_numpy(c->out);
-        if (!keep) return py::make_tuple(out, py::none());
-        return py::make_tuple(out, py::cast(c));
+        return attention_glue::forward_result(c->out, c, keep);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("window_left"), py::arg("window_right"),
       py::arg("softcap"), py::arg("alibi_slopes"), py::arg("sinks"), py::arg("doc_offsets"), py::arg("scale"),
@@ -139,8 +124,7 @@ void bind_attention(py::module_& core) {
       "backward",
       [](const std::shared_ptr<AttentionContext>& c, const py::array& grad_out) {
         Tensor g = rows_of(grad_out, "grad_output");
-        if (g.shape() != c->out.shape())
-          fail(kOp, "grad_output: shape ", shape_str(g.shape()), " is not the output's ", shape_str(c->out.shape()));
+        attention_glue::check_grad_shape(kOp, g, c->out);
         Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
         std::vector<float> gs(c->sinks.size());
         {
@@ -148,16 +132,12 @@ void bind_attention(py::module_& core) {
           kernels::AttentionBackward p;
           p.fwd = c->params();
           p.fwd.out = c->out.view().split_heads(c->H);
-          if (!c->stats.empty()) {
-            const size_t n = c->stats.size() / 2;
-            p.fwd.stats = {c->stats.data(), c->stats.data() + n};
-          }
           p.grad_out = g.view().split_heads(c->H);
           p.grad_q = gq.view().split_heads(c->H);
           p.grad_k = gk.view().split_heads(c->Hkv);
           p.grad_v = gv.view().split_heads(c->Hkv);
           p.grad_sinks = gs.empty() ? nullptr : gs.data();
-          kernels::attention_backward(AttentionKernel::Fused, p);
+          attention_glue::backward_from_stats(p, c->stats);
         }
         py::object sinks = gs.empty() ? py::object(py::none()) : py::object(py::array_t<float>(
                                                                       static_cast<py::ssize_t>(gs.size()), gs.data()));

@@ -13,10 +13,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "attention_glue.h"
 #include "bindings.h"
 #include "convert.h"
 #include "kernels/dispatch.h"
@@ -27,6 +27,8 @@ namespace py = pybind11;
 namespace mha::python {
 
 namespace {
+
+constexpr const char* kOp = "mha.torch.scaled_dot_product_attention";
 
 // What one call keeps for its backward.
 struct SdpaContext {
@@ -57,16 +59,7 @@ struct SdpaContext {
   }
 };
 
-Tensor tensor_of(const py::array& a, const char* what) {
-  FloatArray f = FloatArray::ensure(a);
-  if (!f) {
-    PyErr_Clear();
-    fail("mha.torch.scaled_dot_product_attention", what, ": not a float32 array");
-  }
-  Tensor t(shape_of(f));
-  if (f.size() > 0) std::memcpy(t.data(), f.data(), sizeof(float) * static_cast<size_t>(f.size()));
-  return t;
-}
+Tensor tensor_of(const py::array& a, const char* what) { return attention_glue::copy_floats(a, kOp, what); }
 
 }  // namespace
 
@@ -102,15 +95,9 @@ void bind_sdpa(py::module_& core) {
           c->out = Tensor({B, H, L, Ev});
           kernels::AttentionForward p = c->params();
           p.out = c->out.view();
-          if (keep && kernels::runs_fused(AttentionKernel::Fused, c->k.size(2))) {
-            c->stats.resize(static_cast<size_t>(2 * B * H * L));
-            p.stats = {c->stats.data(), c->stats.data() + B * H * L};
-          }
-          if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) c->stats.clear();
+          attention_glue::forward_keeping_stats(p, B * H * L, c->k.size(2), keep, c->stats);
         }
-        py::array_t<float> out = to_numpy(c->out);
-        if (!keep) return py::make_tuple(out, py::none());
-        return py::make_tuple(out, py::cast(c));
+        return attention_glue::forward_result(c->out, c, keep);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("stride_b"), py::arg("stride_h"),
       py::arg("causal"), py::arg("scale"), py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep"),
@@ -120,24 +107,18 @@ void bind_sdpa(py::module_& core) {
       "backward",
       [](const std::shared_ptr<SdpaContext>& c, const py::array& grad_out) {
         Tensor g = tensor_of(grad_out, "grad_output");
-        if (g.shape() != c->out.shape())
-          fail("mha.torch.scaled_dot_product_attention", "grad_output: shape ", shape_str(g.shape()),
-               " is not the output's ", shape_str(c->out.shape()));
+        attention_glue::check_grad_shape(kOp, g, c->out);
         Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
         {
           py::gil_scoped_release release;
           kernels::AttentionBackward p;
           p.fwd = c->params();
           p.fwd.out = c->out.view();
-          if (!c->stats.empty()) {
-            const size_t n = c->stats.size() / 2;
-            p.fwd.stats = {c->stats.data(), c->stats.data() + n};
-          }
           p.grad_out = g.view();
           p.grad_q = gq.view();
           p.grad_k = gk.view();
           p.grad_v = gv.view();
-          kernels::attention_backward(AttentionKernel::Fused, p);
+          attention_glue::backward_from_stats(p, c->stats);
         }
         return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)), hand_to_numpy(std::move(gv)));
       },

@@ -42,6 +42,7 @@ import math
 
 import torch
 
+from . import _attention_glue as _glue
 from . import _checks, _core
 
 _calls = _core._attention_calls
@@ -51,35 +52,7 @@ __all__ = ["attention"]
 
 
 def _check_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise _checks.wrong_kind(OP, name, x, "a torch.Tensor")
-    if x.device.type != "cpu":
-        raise ValueError(f"[{OP}] {name}: a tensor on {x.device}; mha.torch computes on the CPU "
-                         "only (the CUDA path does not exist yet): pass x.cpu()")
-
-
-class _Attention(torch.autograd.Function):
-    """forward(q, k, v, sinks, call) on (B, L, heads, width) float32 tensors -> out; backward from the call's
-    own context."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, call):
-        out, ctx.context = call(True)
-        ctx.shapes = (q.shape, k.shape, v.shape)
-        return torch.from_numpy(out)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"[{OP}] backward with create_graph=True: mha's attention has no double "
-                               "backward; its first-order gradients are exact")
-        sq, sk, sv = ctx.shapes
-        g = grad_out.detach().float().contiguous().reshape(*sq[:3], -1).numpy()  # (B, L, H, dv)
-        gq, gk, gv, gs = _calls.backward(ctx.context, g)
-        ctx.context = None
-        gs = None if gs is None else torch.from_numpy(gs)
-        return (torch.from_numpy(gq).reshape(sq), torch.from_numpy(gk).reshape(sk), torch.from_numpy(gv).reshape(sv),
-                gs, None)
+    _glue.check_tensor(OP, x, name)
 
 
 def _per_head(x, name, H):
@@ -144,15 +117,9 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
               max_seqlen=None, scale=None, dropout_p=0.0):
     """softmax(softcap(q k^T * scale) + ALiBi, masked by causal/window/sequences, with sinks) v, with
     FlashAttention's arguments and conventions (module docstring); gradients by mha's attention backward."""
-    for x, n in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(x, n)
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise TypeError(f"[{OP}] {n}: dtype {x.dtype}; mha computes in float32 (bfloat16 and float16 are "
-                            "widened and the result narrowed back): pass x.float()")
+    _glue.check_inputs(OP, ((q, "q"), (k, "k"), (v, "v")))
     causal = _checks.flag(causal, OP, "causal")
-    dropout_p = _checks.real(dropout_p, OP, "dropout_p")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"[{OP}] dropout_p: {dropout_p:g} is not a probability in [0, 1]")
+    dropout_p = _glue.dropout_probability(OP, dropout_p)
     packed = cu_seqlens is not None
     rank = 3 if packed else 4
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
@@ -176,7 +143,7 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
         raise ValueError(f"[{OP}] k: {Hkv} heads do not divide q's {H}; wanted Hkv dividing H (grouped heads)")
     left, right = _window(window, causal)
     if scale is None:
-        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+        scale = _glue.default_scale(d)
     else:
         scale = _checks.real(scale, OP, "scale")
         if not (scale > 0 and math.isfinite(scale)):
@@ -201,18 +168,18 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
         tie = 0.0 * (q.sum() + k.sum() + v.sum() + (sinks.sum() if sinks is not None else 0.0))
         return q.new_zeros(out_shape) + tie
     q32, k32, v32 = (x.detach().float().contiguous() for x in (q4, k4, v4))
-    key_ = int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item()) if dropout_p > 0 else 0
+    key_ = _glue.dropout_key(dropout_p)
 
-    def call(keep):
+    def forward(keep):
         return _calls.forward(q32.numpy(), k32.numpy(), v32.numpy(), causal, left, right, float(softcap), slopes,
                               sink_values, offsets, float(scale), float(dropout_p), key_, keep)
 
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, sinks))
-    if needs_grad:
-        # float(): a bfloat16 input gets its gradient through the widening.
-        out = _Attention.apply(q4.float(), k4.float(), v4.float(), None if sinks is None else sinks.float(), call)
-    else:
-        out = torch.from_numpy(call(False)[0])
-    out = out.reshape(out_shape)
-    return out if out_dtype == torch.float32 else out.to(out_dtype)
+    def backward(context, grad_out):
+        gq, gk, gv, gs = _calls.backward(context, grad_out.reshape(B, Lq, H, dv).numpy())
+        return (torch.from_numpy(gq).reshape(q4.shape), torch.from_numpy(gk).reshape(k4.shape),
+                torch.from_numpy(gv).reshape(v4.shape), None if gs is None else torch.from_numpy(gs))
+
+    # float(): a bfloat16 input gets its gradient through the widening.
+    out = _glue.run(OP, (q4.float(), k4.float(), v4.float(), None if sinks is None else sinks.float()), forward,
+                    backward)
+    return _glue.in_dtype(out.reshape(out_shape), out_dtype)

@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from . import _attention_glue as _glue
 from . import _checks, _core
 
 _calls = _core._sdpa_calls
@@ -40,30 +41,7 @@ __all__ = ["scaled_dot_product_attention"]
 
 
 def _check_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise _checks.wrong_kind(OP, name, x, "a torch.Tensor")
-    if x.device.type != "cpu":
-        raise ValueError(f"[{OP}] {name}: a tensor on {x.device}; mha.torch computes on the CPU "
-                         "only (the CUDA path does not exist yet): pass x.cpu()")
-
-
-class _Sdpa(torch.autograd.Function):
-    """forward(q, k, v, call) on 4-D float32 tensors -> out; backward from the call's own context."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, call):
-        out, ctx.context = call(q, k, v, True)
-        return torch.from_numpy(out)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"[{OP}] backward with create_graph=True: mha's attention has no double "
-                               "backward; its first-order gradients are exact")
-        g = grad_out.detach().float().contiguous().numpy()
-        gq, gk, gv = _calls.backward(ctx.context, g)
-        ctx.context = None
-        return torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv), None
+    _glue.check_tensor(OP, x, name)
 
 
 def _mask_args(attn_mask, lead, B, H, L, S):
@@ -102,18 +80,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """softmax(query key^T * scale + mask) value, with PyTorch 2.x's arguments and semantics
     (module docstring); gradients by mha's attention backward."""
-    for x, n in ((query, "query"), (key, "key"), (value, "value")):
-        _check_tensor(x, n)
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise TypeError(f"[{OP}] {n}: dtype {x.dtype}; mha computes in float32 (bfloat16 and float16 are "
-                            "widened and the result narrowed back): pass x.float()")
+    _glue.check_inputs(OP, ((query, "query"), (key, "key"), (value, "value")))
     dropout_p = _checks.real(dropout_p, OP, "dropout_p")
     is_causal = _checks.flag(is_causal, OP, "is_causal")
     enable_gqa = _checks.flag(enable_gqa, OP, "enable_gqa")
     if scale is not None:
         scale = _checks.real(scale, OP, "scale")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"[{OP}] dropout_p: {dropout_p:g} is not a probability in [0, 1]")
+    dropout_p = _glue.dropout_probability(OP, dropout_p)
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ValueError(f"[{OP}] query, key, value: shapes {tuple(query.shape)}, {tuple(key.shape)}, "
                          f"{tuple(value.shape)}; wanted (..., L, E), (..., S, E), (..., S, Ev) of one rank >= 2")
@@ -141,22 +114,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     mask, stride_b, stride_h = _mask_args(attn_mask, lead, B, H, L, S)
     out_dtype = query.dtype
     if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
+        scale = _glue.default_scale(E)
     if B * H * L * S * E == 0 or Ev == 0:
         # Nothing to attend to (S = 0: every query fully masked, so zeros) or nothing to compute.
         return query.new_zeros((*lead, L, Ev)) + 0.0 * (query.sum() + key.sum() + value.sum())
     q, k, v = (x.float().reshape(B, n, x.shape[-2], x.shape[-1])
                for x, n in ((query, H), (key, Hkv), (value, Hkv)))
-    key_ = int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item()) if dropout_p > 0 else 0
+    key_ = _glue.dropout_key(dropout_p)
 
-    def call(q, k, v, keep):
+    def forward(keep):
         return _calls.forward(q.detach().contiguous().numpy(), k.detach().contiguous().numpy(),
                               v.detach().contiguous().numpy(), mask, stride_b, stride_h, is_causal, float(scale),
                               float(dropout_p), key_, keep)
 
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out = _Sdpa.apply(q, k, v, call)
-    else:
-        out = torch.from_numpy(call(q, k, v, False)[0])
-    out = out.reshape(*lead, L, Ev)
-    return out if out_dtype == torch.float32 else out.to(out_dtype)
+    def backward(context, grad_out):
+        return tuple(torch.from_numpy(g) for g in _calls.backward(context, grad_out.numpy()))
+
+    out = _glue.run(OP, (q, k, v), forward, backward)
+    return _glue.in_dtype(out.reshape(*lead, L, Ev), out_dtype)

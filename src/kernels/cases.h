@@ -18,6 +18,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/params.h"
@@ -114,6 +115,21 @@ inline Case small_batch(const char* family, Generator& g, uint64_t most) {
   c.H = c.Hkv = 1 + static_cast<int64_t>(g.below(most));
   return c;
 }
+// The cases, each changed by edit(case, g) in turn, g one generator seeded
+// with seed: how a family is made from random_cases.
+template <class Edit>
+std::vector<Case> edited(std::vector<Case> cases, uint64_t seed, Edit edit) {
+  Generator g(seed);
+  for (Case& c : cases) edit(c, g);
+  return cases;
+}
+// Causal a third of the time, top left or bottom right alike.
+inline Causal some_causal(Generator& g) {
+  if (g.below(3) != 0) return Causal::None;
+  return g.below(2) ? Causal::TopLeft : Causal::BottomRight;
+}
+// No key or pair mask (lengths as they are).
+inline void without_masks(Case& c) { c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false; }
 
 }  // namespace cases_detail
 
@@ -276,9 +292,7 @@ inline std::vector<Case> random_cases(uint64_t seed, int n) {
 // quarter with no other mask but the window (the fused kernel's path
 // without a masking pass), causal a third of the time.
 inline std::vector<Case> window_cases(uint64_t seed, int n) {
-  std::vector<Case> cases = random_cases(seed, n);
-  Generator g(seed ^ 0x77696e646f77ull);
-  for (Case& c : cases) {
+  return cases_detail::edited(random_cases(seed, n), seed ^ 0x77696e646f77ull, [](Case& c, Generator& g) {
     c.family = "window";
     if (g.below(3) == 0) {
       c.Q = 100 + static_cast<int64_t>(g.below(200));
@@ -286,10 +300,10 @@ inline std::vector<Case> window_cases(uint64_t seed, int n) {
       c.B = 1 + static_cast<int64_t>(g.below(2));
     }
     if (g.below(4) == 0) {
-      c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false;
+      cases_detail::without_masks(c);
       c.length_kind = LengthKind::None;
     }
-    c.causal = g.below(3) == 0 ? (g.below(2) ? Causal::TopLeft : Causal::BottomRight) : Causal::None;
+    c.causal = cases_detail::some_causal(g);
     auto side = [&]() -> int64_t {
       switch (g.below(5)) {
         case 0: return 0;
@@ -302,8 +316,7 @@ inline std::vector<Case> window_cases(uint64_t seed, int n) {
     const uint64_t sides = g.below(3);  // left only, right only, both
     c.window_left = sides == 1 ? -1 : side();
     c.window_right = sides == 0 ? -1 : side();
-  }
-  return cases;
+  });
 }
 
 // random_cases(seed, n) made packed batches (MaskOptions::doc_offsets): B = 1,
@@ -313,9 +326,7 @@ inline std::vector<Case> window_cases(uint64_t seed, int n) {
 // the cases on long axes, so that key tiles fall outside every query's
 // document); a window a quarter of the time, causal a third.
 inline std::vector<Case> document_cases(uint64_t seed, int n) {
-  std::vector<Case> cases = random_cases(seed, n);
-  Generator g(seed ^ 0x646f6373ull);
-  for (Case& c : cases) {
+  return cases_detail::edited(random_cases(seed, n), seed ^ 0x646f6373ull, [](Case& c, Generator& g) {
     c.family = "documents";
     c.B = 1;
     // One batch row: a fully masked one (no length, no kept key) leaves the
@@ -326,7 +337,7 @@ inline std::vector<Case> document_cases(uint64_t seed, int n) {
     c.K = c.Q;
     c.lens.clear();
     c.key_keep_values.clear();
-    c.causal = g.below(3) == 0 ? (g.below(2) ? Causal::TopLeft : Causal::BottomRight) : Causal::None;
+    c.causal = cases_detail::some_causal(g);
     if (g.below(4) == 0) {
       c.window_left = static_cast<int64_t>(g.below(8));
       c.window_right = g.below(2) ? -1 : static_cast<int64_t>(g.below(8));
@@ -364,8 +375,7 @@ inline std::vector<Case> document_cases(uint64_t seed, int n) {
       c.alibi = g.below(2) != 0;
       c.sinks = g.below(2) != 0;
     }
-  }
-  return cases;
+  });
 }
 
 // The score options (softcap, ALiBi, sinks) on random_cases and
@@ -378,9 +388,8 @@ inline std::vector<Case> score_cases(uint64_t seed, int n) {
   std::vector<Case> cases = random_cases(seed, n - n / 3);
   const std::vector<Case> windows = window_cases(seed + 1, n / 3);
   cases.insert(cases.end(), windows.begin(), windows.end());
-  Generator g(seed ^ 0x73636f7265ull);
-  const float caps[] = {0.5f, 2.0f, 50.0f};
-  for (Case& c : cases) {
+  return cases_detail::edited(std::move(cases), seed ^ 0x73636f7265ull, [](Case& c, Generator& g) {
+    const float caps[] = {0.5f, 2.0f, 50.0f};
     c.family = c.family == "window" ? "scores+window" : "scores";
     do {
       c.softcap = g.below(2) ? caps[g.below(3)] : 0.0f;
@@ -388,11 +397,10 @@ inline std::vector<Case> score_cases(uint64_t seed, int n) {
       c.sinks = g.below(2) != 0;
     } while (!c.score_options());
     if (g.below(5) == 0) {
-      c.key_keep = c.key_bias = c.pair_keep = c.pair_bias = false;
+      cases_detail::without_masks(c);
       if (c.family == "scores") c.causal = Causal::None;
     }
-  }
-  return cases;
+  });
 }
 
 }  // namespace mha::kernels

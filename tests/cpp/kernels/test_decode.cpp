@@ -21,6 +21,8 @@
 #include "cpu/decode/decode.h"
 #include "cpu/fused/attention_fused.h"
 #include "cpu/reference/reference.h"
+#include "decode_problem.h"
+#include "harness.h"
 #include "kernels/dispatch.h"
 #include "kernels/params.h"
 #include "mha/error.h"
@@ -31,78 +33,14 @@
 namespace mha::kernels {
 namespace {
 
-struct Case {
-  int64_t Hq, Hkv, Qn, d, dv;
-  std::vector<int64_t> lengths;  // one per batch row
-  bool causal = true;
-  std::string name() const {
-    std::string s = "Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Qn" + std::to_string(Qn) +
-                    " d" + std::to_string(d) + " dv" + std::to_string(dv) + (causal ? " causal" : "") + " lengths";
-    for (int64_t n : lengths) s += " " + std::to_string(n);
-    return s;
-  }
+using Case = test::DecodeShape;
+using test::expect_close;
+using test::supported_isas;
+
+// The data of one call (decode_problem.h), 5 spare slots past the longest length.
+struct Problem : test::DecodeData {
+  Problem(const Case& cs, uint64_t seed) : DecodeData(cs, 5, seed) {}
 };
-
-// q is laid out as (B, Qn, Hq*d) (as a projection makes it) and seen through
-// strides; the caches are [B, Hkv, capacity, d] with capacity past the
-// longest length, and every unwritten slot holds NaN: a kernel reading past
-// a length makes NaN outputs.
-struct Problem {
-  Case c;
-  int64_t B, capacity;
-  std::vector<float> q, k, v, out;
-  std::vector<uint16_t> k16, v16;
-
-  Problem(const Case& cs, uint64_t seed) : c(cs) {
-    B = static_cast<int64_t>(c.lengths.size());
-    capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 5;
-    Generator gen(seed);
-    q.resize(static_cast<size_t>(B * c.Qn * c.Hq * c.d));
-    for (float& x : q) x = gen.uniform(-1.5f, 1.5f);
-    k.assign(static_cast<size_t>(B * c.Hkv * capacity * c.d), NAN);
-    v.assign(static_cast<size_t>(B * c.Hkv * capacity * c.dv), NAN);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < c.Hkv; ++g)
-        for (int64_t j = 0; j < c.lengths[static_cast<size_t>(b)]; ++j) {
-          for (int64_t x = 0; x < c.d; ++x) k[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.d + x)] = gen.uniform(-1.5f, 1.5f);
-          for (int64_t x = 0; x < c.dv; ++x) v[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.dv + x)] = gen.uniform(-1.0f, 1.0f);
-        }
-    for (float x : k) k16.push_back(core::to_bf16(x));
-    for (float x : v) v16.push_back(core::to_bf16(x));
-  }
-
-  DecodeParams params(std::vector<float>& o, CacheDtype dtype = CacheDtype::F32) {
-    DecodeParams p;
-    p.B = B, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Qn = c.Qn, p.capacity = capacity, p.d = c.d, p.dv = c.dv;
-    p.set_contiguous_strides();
-    p.q = q.data();
-    p.q_stride_b = c.Qn * c.Hq * c.d, p.q_stride_i = c.Hq * c.d, p.q_stride_h = c.d;  // (B, Qn, Hq*d)
-    p.dtype = dtype;
-    p.k = dtype == CacheDtype::F32 ? static_cast<const void*>(k.data()) : k16.data();
-    p.v = dtype == CacheDtype::F32 ? static_cast<const void*>(v.data()) : v16.data();
-    o.assign(static_cast<size_t>(B * c.Hq * c.Qn * c.dv), -7.0f);
-    p.out = o.data();
-    p.lengths = c.lengths.data();
-    p.masks.causal = c.causal ? Causal::BottomRight : Causal::None;
-    p.scale_divisor = std::sqrt(static_cast<float>(c.d));
-    return p;
-  }
-};
-
-// |got - want| <= rtol (|want| + scale), naming the first offenders.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double scale,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
-    const double tol = rtol * (std::fabs(want[i]) + scale);
-    if (!(std::fabs(got[i] - want[i]) <= tol)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", wanted " << want[i] << " (tolerance "
-                    << tol << ")";
-      ++bad;
-    }
-  }
-}
 
 std::vector<Case> awkward_cases() {
   const int64_t C = kDecodeMinChunk;  // the chunk size of calls this small
@@ -116,13 +54,6 @@ std::vector<Case> awkward_cases() {
       {2, 2, 3, 20, 20, {1, 2, 3, 700}, false},      // not causal: any length >= 1
       {32, 8, 1, 128, 128, {3 * C + 31}},            // the benchmark's head layout
   };
-}
-
-std::vector<FusedIsa> supported_isas() {
-  std::vector<FusedIsa> isas;
-  for (FusedIsa isa : {FusedIsa::Scalar, FusedIsa::Avx2, FusedIsa::Avx512})
-    if (static_cast<int>(isa) <= static_cast<int>(fused_best_isa())) isas.push_back(isa);
-  return isas;
 }
 
 TEST(Decode, EveryIsaMatchesTheReference) {
@@ -234,6 +165,21 @@ struct MaskVariant {
   MaskFill fill;
   FullyMaskedRows policy;
   int64_t window_left = -1, window_right = -1;  // a sliding window (none: -1, -1)
+
+  // p (a call on S cache slots per row) with these masks on the test's
+  // lengths, key_keep and key_bias ([B, S] each).
+  DecodeParams apply(DecodeParams p, const std::vector<float>& lens, const std::vector<uint8_t>& keep,
+                     const std::vector<float>& bias, int64_t S) const {
+    p.length_kind = kind;
+    p.lens = kind == LengthKind::None ? nullptr : lens.data();
+    p.masks.key_keep = this->keep ? keep.data() : nullptr;
+    p.masks.key_bias = this->bias ? bias.data() : nullptr;
+    p.masks.key_stride_b = S;
+    p.masks.fill = fill;
+    p.masks.fully_masked = policy;
+    p.masks.window_left = window_left, p.masks.window_right = window_right;
+    return p;
+  }
 };
 
 TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
@@ -280,16 +226,7 @@ TEST(Decode, MasksMatchTheReferenceAndTheFusedKernel) {
           if (mv.bias) bias[static_cast<size_t>(b * S + j)] = gen.uniform(0.0f, 1.0f) < 0.1f ? -INFINITY : gen.uniform(-2.0f, 2.0f);
         }
       auto masked = [&](std::vector<float>& o, CacheDtype dtype) {
-        DecodeParams p = pb.params(o, dtype);
-        p.length_kind = mv.kind;
-        p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-        p.masks.key_keep = mv.keep ? keep.data() : nullptr;
-        p.masks.key_bias = mv.bias ? bias.data() : nullptr;
-        p.masks.key_stride_b = S;
-        p.masks.fill = mv.fill;
-        p.masks.fully_masked = mv.policy;
-        p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
-        return p;
+        return mv.apply(pb.params(o, dtype), lens, keep, bias, S);
       };
       const std::string what = c.name() + " " + mv.name;
       for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
@@ -377,18 +314,7 @@ TEST(Decode, FusedPrefillIsTheDecodeKernel) {
       }
       keep[0] = 0;  // row 0's first key: early queries of a row with few cached keys may have none left
       for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-        auto masked = [&](std::vector<float>& o) {
-          DecodeParams p = pb.params(o, dtype);
-          p.length_kind = mv.kind;
-          p.lens = mv.kind == LengthKind::None ? nullptr : lens.data();
-          p.masks.key_keep = mv.keep ? keep.data() : nullptr;
-          p.masks.key_bias = mv.bias ? bias.data() : nullptr;
-          p.masks.key_stride_b = S;
-          p.masks.fill = mv.fill;
-          p.masks.fully_masked = mv.policy;
-          p.masks.window_left = mv.window_left, p.masks.window_right = mv.window_right;
-          return p;
-        };
+        auto masked = [&](std::vector<float>& o) { return mv.apply(pb.params(o, dtype), lens, keep, bias, S); };
         std::vector<float> dec, fus, via;
         decode_attention(masked(dec));
         decode_attention_fused(masked(fus));
@@ -414,17 +340,8 @@ TEST(Decode, BitwiseTheSameAtOneAndTwoThreads) {
   // 2 rows x 2 cache heads x 5000 keys: many chunks, merged in order.
   Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, 300);
   ASSERT_GT(pb.c.lengths[0], 4 * decode_chunk_keys(pb.params(pb.out)));
-  const int saved = num_threads();
-  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-    std::vector<float> one, two;
-    set_num_threads(1);
-    decode_attention(pb.params(one, dtype));
-    set_num_threads(2);
-    decode_attention(pb.params(two, dtype));
-    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
-        << "the output depends on the thread count";
-  }
-  set_num_threads(saved);
+  test::expect_bitwise_at_one_and_two_threads(
+      [&](std::vector<float>& o, CacheDtype dtype) { return pb.params(o, dtype); });
 }
 
 TEST(Decode, ChunksDependOnShapesOnly) {
@@ -451,23 +368,23 @@ TEST(Decode, BadInputsSayWhatIsWrong) {
     edit(p);
     decode_attention(p);
   };
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.Hkv = 3; }); }, "[decode_attention] heads: q has 4 heads and the cache 3"));
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.Hkv = 3; }); }, "[decode_attention] heads: q has 4 heads and the cache 3"));
   std::vector<int64_t> too_long = {6, 100};
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_long.data(); }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_long.data(); }); },
                                 "lengths[1]: 100; wanted 0 <= length <= the cache capacity"));
   std::vector<int64_t> too_short = {3, 9};
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_short.data(); }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.lengths = too_short.data(); }); },
                                 "lengths[0]: 3 keys cannot hold the 4 new ones"));
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.k_stride_j = 4; }); }, "strides"));
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.v = nullptr; }); }, "null pointer"));
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.Qn = 0; }); }, "wanted B >= 0, Qn >= 1"));
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.k_stride_j = 4; }); }, "strides"));
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.v = nullptr; }); }, "null pointer"));
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.Qn = 0; }); }, "wanted B >= 0, Qn >= 1"));
   std::vector<float> lens = {2.0f, NAN};
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch; }); },
                                 "lens: null with length kind PerBatch/PerQuery"));
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch, p.lens = lens.data(); }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.length_kind = LengthKind::PerBatch, p.lens = lens.data(); }); },
                                 "lens[1]: nan; wanted a number >= 0"));
   std::vector<uint8_t> keep(16, 1);
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.masks.key_keep = keep.data(), p.masks.key_stride_b = 8; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.masks.key_keep = keep.data(), p.masks.key_stride_b = 8; }); },
                                 "key_stride_b: 8 for row 1 of 9 keys"));
 }
 
@@ -525,7 +442,7 @@ TEST(Decode, CachedForwardIsTheFlatCall) {
         p.masks = causal_masks();
         p.masks.key_keep = keep.data(), p.masks.key_stride_b = cap;
         decode_forward(p);
-        EXPECT_TRUE(test::throws_with([&] { (void)attention_forward(AttentionKernel::Fused, p); },
+        EXPECT_TRUE(mha::test::throws_with([&] { (void)attention_forward(AttentionKernel::Fused, p); },
                                       "cache.lengths: set (a cached call)"));
       }
       set_num_threads(saved);
@@ -559,26 +476,26 @@ TEST(Decode, CachedForwardBadInputsSayWhatIsWrong) {
     decode_forward(p, "test");
   };
   run([](AttentionForward&) {});  // the unedited call runs
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.chunk_keys = 40; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.cache.chunk_keys = 40; }); },
                                 "[test] chunk_keys: 40; wanted 0 (the kernel's choice) or a positive multiple of 32"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.rank = 3; }); }, "[test] k: rank 3; wanted 4"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.lengths = nullptr; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.k.rank = 3; }); }, "[test] k: rank 3; wanted 4"));
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.cache.lengths = nullptr; }); },
                                 "[test] cache.lengths: null; wanted a cached call"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.cache.dtype = CacheDtype::BF16; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.cache.dtype = CacheDtype::BF16; }); },
                                 "[test] cache: bfloat16 storage with no bfloat16 keys"));
   float w = 0;
-  EXPECT_TRUE(test::throws_with([&] { run([&](AttentionForward& p) { p.weights = &w; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](AttentionForward& p) { p.weights = &w; }); },
                                 "[test] a cached call with weights; wanted none of weights"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.v.shape[2] = 3; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.v.shape[2] = 3; }); },
                                 "[test] shapes: k (2, 2, 14, 8), v (2, 2, 3, 8)"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.out.stride[3] = 2; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.out.stride[3] = 2; }); },
                                 "[test] strides: an innermost stride other than 1"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = -2, p.masks.window_right = 0; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.masks.window_left = -2, p.masks.window_right = 0; }); },
                                 "[test] masks: window (-2, 0); wanted each side -1 (unbounded) or >= 0"));
   const int64_t offsets[2] = {0, 4};
-  EXPECT_TRUE(test::throws_with([&] { run([&](AttentionForward& p) { p.masks.doc_offsets = offsets, p.masks.documents = 1; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](AttentionForward& p) { p.masks.doc_offsets = offsets, p.masks.documents = 1; }); },
                                 "[test] masks: doc_offsets set (a packed batch of documents); wanted none: a packed batch is not a cache"));
-  EXPECT_TRUE(test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](AttentionForward& p) { p.k.shape[1] = 3, p.v.shape[1] = 3; }); },
                                 "[test] heads: q has 4 heads and the cache 3"));
 }
 

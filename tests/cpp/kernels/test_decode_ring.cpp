@@ -17,6 +17,7 @@
 #include "core/bf16.h"
 #include "cpu/decode/decode.h"
 #include "cpu/reference/reference.h"
+#include "harness.h"
 #include "kernels/params.h"
 #include "mha/random.h"
 #include "mha/threads.h"
@@ -93,12 +94,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     ASSERT_LE(std::fabs(got[i] - want[i]), tol * (std::fabs(want[i]) + 1.0)) << what << " element " << i;
 }
 
-std::vector<FusedIsa> supported_isas() {
-  std::vector<FusedIsa> isas;
-  for (FusedIsa isa : {FusedIsa::Scalar, FusedIsa::Avx2, FusedIsa::Avx512})
-    if (static_cast<int>(isa) <= static_cast<int>(fused_best_isa())) isas.push_back(isa);
-  return isas;
-}
+using test::supported_isas;
 
 TEST(DecodeRing, TheRingIsTheFlatCacheWithTheWindow) {
   struct Shape {
@@ -148,10 +144,10 @@ TEST(DecodeRing, BitwiseTheSameAtOneAndTwoThreads) {
 TEST(DecodeRing, AWindowOutsideTheRingIsRefused) {
   RingProblem pb(2, 2, 3, 8, 10, {20}, 5);
   std::vector<float> out;
-  EXPECT_TRUE(test::throws_with([&] { decode_attention(pb.params(true, out, CacheDtype::F32, 8)); },
+  EXPECT_TRUE(mha::test::throws_with([&] { decode_attention(pb.params(true, out, CacheDtype::F32, 8)); },
                                 "[decode_attention] ring: a ring buffer of 10 slots with window (8, 0) and 3 new "
                                 "queries; wanted window_left >= 0 and window_left + new queries <= the slots"));
-  EXPECT_TRUE(test::throws_with([&] { decode_attention(pb.params(true, out, CacheDtype::F32, -1)); },
+  EXPECT_TRUE(mha::test::throws_with([&] { decode_attention(pb.params(true, out, CacheDtype::F32, -1)); },
                                 "ring: a ring buffer of 10 slots with window (-1, 0)"));
   decode_attention(pb.params(true, out, CacheDtype::F32, 7));  // left + Qn = the slots: fits
 }

@@ -23,6 +23,8 @@
 #include "cpu/decode/decode.h"
 #include "cpu/fused/attention_fused.h"
 #include "cpu/reference/reference.h"
+#include "decode_problem.h"
+#include "harness.h"
 #include "kernels/dispatch.h"
 #include "kernels/params.h"
 #include "mha/error.h"
@@ -33,17 +35,8 @@
 namespace mha::kernels {
 namespace {
 
-struct Shape {
-  int64_t Hq, Hkv, Qn, d, dv;
-  std::vector<int64_t> lengths;
-  bool causal = true;
-  std::string name() const {
-    std::string s = "Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Qn" + std::to_string(Qn) +
-                    " d" + std::to_string(d) + (causal ? " causal" : "") + " lengths";
-    for (int64_t n : lengths) s += " " + std::to_string(n);
-    return s;
-  }
-};
+using Shape = test::DecodeShape;
+using test::supported_isas;
 
 // The options of one call, and the masks they combine with.
 struct Options {
@@ -57,33 +50,14 @@ struct Options {
   MaskFill fill = MaskFill::Seed;
 };
 
-// q as (B, Qn, Hq*d), caches [B, Hkv, capacity, d] with NaN in every
-// unwritten slot (a kernel reading past a length makes NaN), the options'
-// per-head arrays and a key mask.
-struct Problem {
-  Shape c;
-  int64_t B, capacity;
-  std::vector<float> q, k, v, slopes, sinks;
-  std::vector<uint16_t> k16, v16;
+// The data of one call (decode_problem.h; 3 spare slots past the longest
+// length), the options' per-head arrays and a key mask, drawn after it.
+struct Problem : test::DecodeData {
+  std::vector<float> slopes, sinks;
   std::vector<uint8_t> keep;
   Options o;
 
-  Problem(const Shape& cs, const Options& opt, uint64_t seed) : c(cs), o(opt) {
-    B = static_cast<int64_t>(c.lengths.size());
-    capacity = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
-    Generator gen(seed);
-    q.resize(static_cast<size_t>(B * c.Qn * c.Hq * c.d));
-    for (float& x : q) x = gen.uniform(-1.5f, 1.5f);
-    k.assign(static_cast<size_t>(B * c.Hkv * capacity * c.d), NAN);
-    v.assign(static_cast<size_t>(B * c.Hkv * capacity * c.dv), NAN);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < c.Hkv; ++g)
-        for (int64_t j = 0; j < c.lengths[static_cast<size_t>(b)]; ++j) {
-          for (int64_t x = 0; x < c.d; ++x) k[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.d + x)] = gen.uniform(-1.5f, 1.5f);
-          for (int64_t x = 0; x < c.dv; ++x) v[static_cast<size_t>(((b * c.Hkv + g) * capacity + j) * c.dv + x)] = gen.uniform(-1.0f, 1.0f);
-        }
-    for (float x : k) k16.push_back(core::to_bf16(x));
-    for (float x : v) v16.push_back(core::to_bf16(x));
+  Problem(const Shape& cs, const Options& opt, uint64_t seed) : DecodeData(cs, 3, seed), o(opt) {
     for (int64_t h = 0; h < c.Hq; ++h) {
       slopes.push_back(gen.uniform(-o.slope_scale, o.slope_scale));
       sinks.push_back(o.sink_at + gen.uniform(-1.0f, 1.0f));
@@ -109,20 +83,8 @@ struct Problem {
   }
 
   DecodeParams params(std::vector<float>& out, CacheDtype dtype = CacheDtype::F32, int64_t chunk_keys = 0) {
-    DecodeParams p;
-    p.B = B, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Qn = c.Qn, p.capacity = capacity, p.d = c.d, p.dv = c.dv;
-    p.set_contiguous_strides();
-    p.q = q.data();
-    p.q_stride_b = c.Qn * c.Hq * c.d, p.q_stride_i = c.Hq * c.d, p.q_stride_h = c.d;
-    p.dtype = dtype;
-    p.k = dtype == CacheDtype::F32 ? static_cast<const void*>(k.data()) : k16.data();
-    p.v = dtype == CacheDtype::F32 ? static_cast<const void*>(v.data()) : v16.data();
-    out.assign(static_cast<size_t>(B * c.Hq * c.Qn * c.dv), -7.0f);
-    p.out = out.data();
-    p.lengths = c.lengths.data();
-    p.scale_divisor = std::sqrt(static_cast<float>(c.d));
+    DecodeParams p = DecodeData::params(out, dtype);
     p.chunk_keys = chunk_keys;
-    p.masks.causal = c.causal ? Causal::BottomRight : Causal::None;
     p.masks.window_left = o.window_left, p.masks.window_right = o.window_right;
     p.masks.softcap = o.softcap;
     p.masks.alibi_slopes = o.alibi ? slopes.data() : nullptr;
@@ -185,22 +147,7 @@ struct Problem {
 };
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
-    const double tol = rtol * (std::fabs(want[i]) + 1.0);
-    if (!(std::fabs(got[i] - want[i]) <= tol)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", wanted " << want[i];
-      ++bad;
-    }
-  }
-}
-
-std::vector<FusedIsa> supported_isas() {
-  std::vector<FusedIsa> isas;
-  for (FusedIsa isa : {FusedIsa::Scalar, FusedIsa::Avx2, FusedIsa::Avx512})
-    if (static_cast<int>(isa) <= static_cast<int>(fused_best_isa())) isas.push_back(isa);
-  return isas;
+  test::expect_close(got, want, rtol, 1.0, what);
 }
 
 std::vector<Shape> shapes() {
@@ -326,17 +273,8 @@ TEST(DecodeScoreOptions, BitwiseTheSameAtOneAndTwoThreads) {
   Options o{"all three, window"};
   o.softcap = 4.0f, o.alibi = true, o.sinks = true, o.window_left = 3000, o.window_right = 0;
   Problem pb({8, 2, 4, 64, 64, {5000, 4321}}, o, 300);
-  const int saved = num_threads();
-  for (CacheDtype dtype : {CacheDtype::F32, CacheDtype::BF16}) {
-    std::vector<float> one, two;
-    set_num_threads(1);
-    decode_attention(pb.params(one, dtype));
-    set_num_threads(2);
-    decode_attention(pb.params(two, dtype));
-    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)))
-        << "the output depends on the thread count";
-  }
-  set_num_threads(saved);
+  test::expect_bitwise_at_one_and_two_threads(
+      [&](std::vector<float>& out, CacheDtype dtype) { return pb.params(out, dtype); });
 }
 
 // Whether the fused kernel honours the score options (it does once they
@@ -381,13 +319,13 @@ TEST(DecodeScoreOptions, BadOptionsSayWhatIsWrong) {
     edit(p);
     decode_attention(p);
   };
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.masks.softcap = -1.0f; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.masks.softcap = -1.0f; }); },
                                 "[decode_attention] masks: softcap -1; wanted a finite number >= 0 (0: off)"));
-  EXPECT_TRUE(test::throws_with([&] { run([](DecodeParams& p) { p.masks.softcap = INFINITY; }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([](DecodeParams& p) { p.masks.softcap = INFINITY; }); },
                                 "masks: softcap inf; wanted a finite number >= 0"));
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.masks.alibi_slopes = bad.data(); }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.masks.alibi_slopes = bad.data(); }); },
                                 "[decode_attention] masks: alibi_slopes[2]: nan; wanted a finite number per query head"));
-  EXPECT_TRUE(test::throws_with([&] { run([&](DecodeParams& p) { p.masks.sinks = bad.data(); }); },
+  EXPECT_TRUE(mha::test::throws_with([&] { run([&](DecodeParams& p) { p.masks.sinks = bad.data(); }); },
                                 "[decode_attention] masks: sinks[2]: nan; wanted a finite logit per query head"));
 }
 
