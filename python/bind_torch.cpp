@@ -139,7 +139,7 @@ const char* kOptionsDoc = R"doc(
 py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& query, const py::object& key, const py::object& value,
             const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
             bool average_attn_weights, const py::object& is_causal, const py::object& window, const py::object& softcap,
-            const py::object& alibi_slopes, bool with_context) {
+            const py::object& alibi_slopes, const py::object& sinks, bool with_context) {
   const char* op = "TorchMultiheadAttention.forward";
   // One array passed twice is one tensor, so that the module projects it
   // once (self-attention: one product for the packed in_proj) and it is
@@ -156,7 +156,7 @@ py::object call_torch(mha::TorchMultiheadAttention& self, const py::object& quer
   call.average_attn_weights = average_attn_weights;
   call.causal = to_causal(is_causal, op);
   call.window = mha::python::to_window(window, op);
-  call.scores = mha::python::to_scores(softcap, alibi_slopes, op);
+  call.scores = mha::python::to_scores(softcap, alibi_slopes, op, sinks);
   call.keep_context = with_context;
   mha::TorchMhaResult r;
   {
@@ -182,7 +182,14 @@ mha::CallMasks to_call_masks(const py::object& key_padding_mask, const py::objec
   return masks;
 }
 
-mha::ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op) {
+py::tuple input_grads(const mha::Tensor& queries, const mha::Tensor& keys, const mha::Tensor& values,
+                      const mha::Tensor& sinks) {
+  if (sinks.empty()) return py::make_tuple(to_numpy(queries), to_numpy(keys), to_numpy(values));
+  return py::make_tuple(to_numpy(queries), to_numpy(keys), to_numpy(values), to_numpy(sinks));
+}
+
+mha::ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op,
+                            const py::object& sinks) {
   mha::ScoreOptions s;
   if (!softcap.is_none()) {
     py::detail::make_caster<Real> cap;
@@ -195,6 +202,12 @@ mha::ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_s
     if (a.ndim() != 1)
       fail(op, "alibi_slopes: ", a.ndim(), " dimensions; wanted one slope per head, shape (num_heads,)");
     s.alibi_slopes.assign(a.data(), a.data() + a.size());
+  }
+  if (!sinks.is_none()) {
+    FloatArray a = float_array(sinks, op, "sinks");
+    if (a.ndim() != 1)
+      fail(op, "sinks: ", a.ndim(), " dimensions; wanted one logit per head, shape (num_heads,)");
+    s.sinks.assign(a.data(), a.data() + a.size());
   }
   return s;
 }
@@ -398,29 +411,34 @@ softcap and alibi_slopes). Rows with every key masked get fully_masked_rows, nev
           "__call__",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
              const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
-             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes,
+             const py::object& sinks) {
             return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, softcap,
-                              alibi_slopes, false);
+                              alibi_slopes, sinks, false);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
           py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(),
           "(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,\n"
-          " average_attn_weights=True, is_causal=False, *, window=None, softcap=None, alibi_slopes=None)\n"
+          " average_attn_weights=True, is_causal=False, *, window=None, softcap=None, alibi_slopes=None,\n"
+          " sinks=None)\n"
           " -> (output, weights or None)")
       .def(
           "forward_with_context",
           [](TMHA& self, const py::object& query, const py::object& key, const py::object& value,
              const py::object& kpm, bool need_weights, const py::object& attn_mask, bool average, const py::object& is_causal,
-             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes,
+             const py::object& sinks) {
             return call_torch(self, query, key, value, kpm, need_weights, attn_mask, average, is_causal, window, softcap,
-                              alibi_slopes, true);
+                              alibi_slopes, sinks, true);
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights").noconvert() = true, py::arg("attn_mask") = py::none(),
           py::arg("average_attn_weights").noconvert() = true, py::arg("is_causal") = false, py::kw_only(),
           py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(),
           "The same call, returning (output, weights or None, context): the call's mha.ForwardContext,\n"
           "from which its weights and (training mode) its backward come.")
       .def("state_dict", [](const TMHA& s) {
@@ -482,13 +500,13 @@ softcap and alibi_slopes). Rows with every key masked get fully_masked_rows, nev
             });
             py::dict params;
             for (auto& [k, v] : accumulated) params[py::str(k)] = hand_to_numpy(std::move(v));
-            return py::make_tuple(
-                py::make_tuple(to_numpy(grads.query), to_numpy(grads.key), to_numpy(grads.value)), params);
+            return py::make_tuple(input_grads(grads.query, grads.key, grads.value, grads.sinks), params);
           },
           py::arg("grad_output"),
           "backward(grad_output) -> ((grad_query, grad_key, grad_value), param_grads)\n\n"
           "After a training-mode call: grad_output shaped like that call's output; the\n"
-          "gradients of its query, key and value, shaped as they were given. The\n"
+          "gradients of its query, key and value, shaped as they were given (and of its\n"
+          "sinks (num_heads,) as a fourth entry when the call took sinks=). The\n"
           "parameters' gradients are added to the accumulated ones (until zero_grad());\n"
           "param_grads is their dict by PyTorch's names, shaped like state_dict().\n"
           "The call's masks, policy and dropout mask are reused; never NaN.")

@@ -22,9 +22,13 @@ CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& at
 // Window; the values are checked by the module).
 Window to_window(const py::object& window, const char* op);
 // softcap=None (off) or a real number, alibi_slopes=None or a 1-D array of
-// one slope per head (mha/masks.h ScoreOptions; the values are checked by
-// the module).
-ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op);
+// one slope per head, sinks=None or a 1-D array of one logit per head
+// (mha/masks.h ScoreOptions; the values are checked by the module).
+// A backward's input gradients: (queries, keys, values), and the sinks'
+// gradient as a fourth entry when the call had sinks (`sinks` not empty).
+py::tuple input_grads(const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& sinks);
+ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_slopes, const char* op,
+                       const py::object& sinks = py::none());
 // rotary= (mha/rotary.h): None or False (off), True (every entry of a head of
 // width head_dim, base 10000, rotate_half pairs), an mha.Rotary, or a dict
 // of dims (default: head_dim), base and interleaved; checked for head_dim.

@@ -141,12 +141,12 @@ want a cache each).
           "__call__",
           [](MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
              const py::object& valid_lens, KVCache& cache, const py::object& window, const py::object& softcap,
-             const py::object& alibi_slopes) {
+             const py::object& alibi_slopes, const py::object& sinks) {
             static const char* op = "MultiHeadAttention.forward";
             static const char* names[3] = {"queries", "keys", "values"};
             const ValidLens lens = to_valid_lens(valid_lens, op, "(B, n)");
             const Window w = to_window(window, op);
-            const ScoreOptions scores = to_scores(softcap, alibi_slopes, op);
+            const ScoreOptions scores = to_scores(softcap, alibi_slopes, op, sinks);
             auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
               return self.forward(a, b, c, lens, cache, w, scores);
             };
@@ -154,14 +154,14 @@ want a cache each).
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("cache"), py::arg("window") = py::none(), py::arg("softcap") = py::none(),
-          py::arg("alibi_slopes") = py::none(),
+          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           "Cached call (evaluation mode): queries, keys, values (B, n, D*) of the n new positions ->\n"
           "(B, n, num_hiddens); their keys and values are appended to `cache` and each new query\n"
           "attends over its row's cached positions and the new ones up to itself. valid_lens: None,\n"
           "(B,) or (B, n), the chapter's lengths over each row's keys (cached, then new): key j of\n"
           "query i takes part iff j < its length (and j is not after the query). window: None or\n"
           "(left, right), a sliding window over each row's keys (new query i at position cached + i).\n"
-          "softcap, alibi_slopes: as the uncached call's, ALiBi's distances from those positions.");
+          "softcap, alibi_slopes, sinks: as the uncached call's, ALiBi's distances from those positions.");
 
   auto drop_in = py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"));
   drop_in
@@ -180,12 +180,12 @@ want a cache each).
           "__call__",
           [](TorchMultiheadAttention& self, const py::object& q, const py::object& k, const py::object& v,
              const py::object& key_padding_mask, KVCache& cache, const py::object& window,
-             const py::object& softcap, const py::object& alibi_slopes) {
+             const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks) {
             static const char* op = "TorchMultiheadAttention.forward";
             static const char* names[3] = {"query", "key", "value"};
             const Mask mask = key_padding_mask_of(key_padding_mask, op);
             const Window w = to_window(window, op);
-            const ScoreOptions scores = to_scores(softcap, alibi_slopes, op);
+            const ScoreOptions scores = to_scores(softcap, alibi_slopes, op, sinks);
             auto forward = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
               return self.forward(a, b, c, cache, mask, w, scores);
             };
@@ -193,14 +193,14 @@ want a cache each).
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::kw_only(), py::arg("cache"), py::arg("window") = py::none(), py::arg("softcap") = py::none(),
-          py::arg("alibi_slopes") = py::none(),
+          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           "Cached call (evaluation mode): the n new positions in the module's layout -> output\n"
           "shaped like query; no weights (returns the output only). key_padding_mask: None or, as\n"
           "nn.MultiheadAttention's (True = padding, or additive floats), over every key the call\n"
           "attends to: (B, S) [(S,) unbatched], S = the longest row's cached length + n; row b's\n"
           "columns past its own length are ignored. window: None or (left, right), a sliding\n"
           "window over each row's keys, as an uncached is_causal call with the window. softcap,\n"
-          "alibi_slopes: as the uncached call's.");
+          "alibi_slopes, sinks: as the uncached call's.");
 }
 
 }  // namespace mha::python

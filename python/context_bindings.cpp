@@ -18,10 +18,10 @@ namespace mha::python {
 namespace {
 
 py::tuple inputs_of(const MultiHeadAttention::InputGrads& g) {
-  return py::make_tuple(to_numpy(g.queries), to_numpy(g.keys), to_numpy(g.values));
+  return input_grads(g.queries, g.keys, g.values, g.sinks);
 }
 py::tuple inputs_of(const TorchMultiheadAttention::InputGrads& g) {
-  return py::make_tuple(to_numpy(g.query), to_numpy(g.key), to_numpy(g.value));
+  return input_grads(g.query, g.key, g.value, g.sinks);
 }
 
 // The gradients of a call's inputs and the module's accumulated parameter
@@ -94,7 +94,8 @@ returns one). Immutable; the module keeps nothing of the call.
           },
           py::arg("context"), py::arg("grad_output"), py::prepend(),
           "backward(context, grad_output) -> ((grad_queries, grad_keys, grad_values), param_grads):\n"
-          "the backward of the call whose context forward_with_context returned (training mode)");
+          "the backward of the call whose context forward_with_context returned (training mode);\n"
+          "grad_sinks (num_heads,) is a fourth input gradient when that call took sinks=");
   py::reinterpret_borrow<py::class_<TorchMultiheadAttention>>(m.attr("TorchMultiheadAttention"))
       .def(
           "backward",
@@ -104,7 +105,8 @@ returns one). Immutable; the module keeps nothing of the call.
           },
           py::arg("context"), py::arg("grad_output"), py::prepend(),
           "backward(context, grad_output) -> ((grad_query, grad_key, grad_value), param_grads):\n"
-          "the backward of the call whose context forward_with_context returned (training mode)");
+          "the backward of the call whose context forward_with_context returned (training mode);\n"
+          "grad_sinks (num_heads,) is a fourth input gradient when that call took sinks=");
 }
 
 }  // namespace mha::python

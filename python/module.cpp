@@ -62,10 +62,10 @@ using mha::python::to_valid_lens;
 py::object call_textbook(mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
                          const py::object& vl, const py::object& kpm, const py::object& am,
                          const py::object& is_causal, const py::object& window, const py::object& softcap,
-                         const py::object& alibi_slopes, bool with_context) {
+                         const py::object& alibi_slopes, const py::object& sinks, bool with_context) {
   const char* op = "MultiHeadAttention.forward";
   mha::CallMasks masks = mha::python::to_call_masks(kpm, am, is_causal, window, op);
-  masks.scores = mha::python::to_scores(softcap, alibi_slopes, op);
+  masks.scores = mha::python::to_scores(softcap, alibi_slopes, op, sinks);
   // One array passed twice is one tensor here too, so that the
   // module projects it once (self-attention: one product for
   // W_q, W_k, W_v) and it is copied in once.
@@ -234,7 +234,9 @@ mha.Causal) and window=(left, right), a sliding window as FlashAttention's
 window_size (query i sees key j iff i + K - Q - left <= j <= i + K - Q + right,
 -1 unbounded); softcap=c caps each scaled score s to c*tanh(s/c) (Gemma 2)
 and alibi_slopes (one per head) subtracts slope[h]*|i + K - Q - j| (ALiBi),
-both before the masks and not masks themselves. With a mask, masked scores are -inf (lengths included) and a
+both before the masks and not masks themselves; sinks (one logit per head,
+gpt-oss's attention sinks) join every row's softmax denominator with no
+value (backward then returns their gradient as a fourth input gradient). With a mask, masked scores are -inf (lengths included) and a
 query with no key left attends uniformly, as a length of 0 does. The input widths are
 fixed by the first call (lazy layers). A new module is in training mode, as a
 torch.nn.Module is: dropout acts on the attention weights until .eval().
@@ -253,25 +255,30 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
           "__call__",
           [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
              const py::object& vl, const py::object& kpm, const py::object& am, const py::object& is_causal,
-             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
-            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, window, softcap, alibi_slopes, false);
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes,
+             const py::object& sinks) {
+            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, window, softcap, alibi_slopes, sinks, false);
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
           py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(),
           "(queries (B,Q,Dq), keys (B,K,Dk), values (B,K,Dv), valid_lens None|(B,)|(B,Q), *,\n"
           " key_padding_mask None|(B,K), attn_mask None|(Q,K)|(B*h,Q,K), is_causal False,\n"
-          " window None|(left, right), softcap None|c, alibi_slopes None|(h,)) -> (B,Q,num_hiddens)")
+          " window None|(left, right), softcap None|c, alibi_slopes None|(h,), sinks None|(h,))\n"
+          " -> (B,Q,num_hiddens)")
       .def(
           "forward_with_context",
           [](mha::MultiHeadAttention& self, const py::object& q, const py::object& k, const py::object& v,
              const py::object& vl, const py::object& kpm, const py::object& am, const py::object& is_causal,
-             const py::object& window, const py::object& softcap, const py::object& alibi_slopes) {
-            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, window, softcap, alibi_slopes, true);
+             const py::object& window, const py::object& softcap, const py::object& alibi_slopes,
+             const py::object& sinks) {
+            return call_textbook(self, q, k, v, vl, kpm, am, is_causal, window, softcap, alibi_slopes, sinks, true);
           },
           py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("valid_lens") = py::none(), py::kw_only(),
           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(), py::arg("is_causal") = false,
           py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+          py::arg("sinks") = py::none(),
           "The same call, returning (output, context): the call's mha.ForwardContext, from which its\n"
           "attention weights and (training mode) its backward come; the module keeps nothing of the call.")
       .def("train", [](mha::MultiHeadAttention& s, bool on) -> mha::MultiHeadAttention& { s.train(on); return s; },

@@ -223,7 +223,7 @@ void bind_torch_calls(py::module_& core) {
          bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
          FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
          const py::object& window, const std::optional<mha::Rotary>& rotary, const py::object& softcap,
-         const py::object& alibi_slopes) {
+         const py::object& alibi_slopes, const py::object& sinks) {
         static const char* op = "mha.torch.MultiheadAttention";
         static const char* names[3] = {"query", "key", "value"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -236,7 +236,7 @@ void bind_torch_calls(py::module_& core) {
         call.attn_mask = masks.attn_mask;
         call.causal = masks.causal;
         call.window = masks.window;
-        call.scores = to_scores(softcap, alibi_slopes, op);
+        call.scores = to_scores(softcap, alibi_slopes, op, sinks);
         call.need_weights = need_weights;
         call.average_attn_weights = average_attn_weights;
         if (num_heads <= 0 || embed_dim % num_heads != 0)
@@ -273,6 +273,7 @@ void bind_torch_calls(py::module_& core) {
       py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
       py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("window") = py::none(),
       py::arg("rotary") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+      py::arg("sinks") = py::none(),
       "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
 
   m.def(
@@ -281,7 +282,8 @@ void bind_torch_calls(py::module_& core) {
          const py::object& keys,
          const py::object& values, const py::object& valid_lens, int64_t num_heads, AttentionKernel kernel,
          const std::string& precision, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
-         const std::optional<mha::Rotary>& rotary) {
+         const std::optional<mha::Rotary>& rotary, const py::object& window, const py::object& softcap,
+         const py::object& alibi_slopes, const py::object& sinks) {
         static const char* op = "mha.torch.MultiHeadAttention";
         static const char* names[3] = {"queries", "keys", "values"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -289,6 +291,9 @@ void bind_torch_calls(py::module_& core) {
         Inputs in;
         read_inputs(in, queries, keys, values, op, names, &spare);
         const ValidLens lens = to_valid_lens(valid_lens, op);
+        CallMasks masks;  // the score options and the window beside the chapter's lengths
+        masks.window = to_window(window, op);
+        masks.scores = to_scores(softcap, alibi_slopes, op, sinks);
         const int64_t inner = c.layers.q.out_features();
         if (num_heads <= 0 || inner % num_heads != 0)
           fail(op, "num_heads: ", num_heads, " does not divide W_q's ", inner, " outputs");
@@ -300,7 +305,7 @@ void bind_torch_calls(py::module_& core) {
         nn::EngineOutput r;
         {
           py::gil_scoped_release release;
-          nn::EngineCall call = nn::chapter_call(op, in.q, *in.rk, *in.rv, lens, CallMasks{}, num_heads,
+          nn::EngineCall call = nn::chapter_call(op, in.q, *in.rk, *in.rv, lens, masks, num_heads,
                                                  inner / num_heads, c.layers.o.out_features(), s);
           nn::check_chapter_widths(op, c.layers, in.q, *in.rk, *in.rv);
           core::MemoryPlan plan(op);
@@ -322,6 +327,8 @@ void bind_torch_calls(py::module_& core) {
       py::arg("state"), py::arg("layers"), py::arg("queries"), py::arg("keys"), py::arg("values"),
       py::arg("valid_lens"), py::arg("num_heads"), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
       py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("rotary") = py::none(),
+      py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
+      py::arg("sinks") = py::none(),
       "The d2l chapter's forward on the weights given -> (output, context or None)");
 
   m.def(
@@ -353,11 +360,11 @@ void bind_torch_calls(py::module_& core) {
                                           grad_or_none(og.w[3]), grad_or_none(og.b[3]));
         return py::make_tuple(
             py::make_tuple(hand_to_numpy(std::move(in.queries)), hand_to_numpy(std::move(in.keys)), hand_to_numpy(std::move(in.values))),
-            params, grad_or_none(og.bias_k), grad_or_none(og.bias_v), grad_or_none(og.gates));
+            params, grad_or_none(og.bias_k), grad_or_none(og.bias_v), grad_or_none(og.gates), grad_or_none(in.sinks));
       },
       py::arg("state"), py::arg("context"), py::arg("layers"), py::arg("grad_output"),
       "The backward of the call of `context` with the same weights -> ((gq, gk, gv), (dW_q, db_q, ..., dW_o, "
-      "db_o), d bias_k, d bias_v, d head_gates)");
+      "db_o), d bias_k, d bias_v, d head_gates, d sinks)");
 }
 
 }  // namespace mha::python

@@ -185,14 +185,13 @@ void bind_training(py::module_& m) {
               grads = self.backward(g);
               return self.grads();
             });
-            return py::make_tuple(
-                py::make_tuple(to_numpy(grads.queries), to_numpy(grads.keys), to_numpy(grads.values)),
-                to_dict(params));
+            return py::make_tuple(input_grads(grads.queries, grads.keys, grads.values, grads.sinks), to_dict(params));
           },
           py::arg("grad_output"),
           "backward(grad_output (B,Q,num_hiddens)) -> ((grad_queries, grad_keys, grad_values), param_grads)\n\n"
           "After a training-mode call: the gradients of that call's queries (B,Q,Dq), keys\n"
-          "(B,K,Dk) and values (B,K,Dv). The parameters' gradients are added to the\n"
+          "(B,K,Dk) and values (B,K,Dv), and of its sinks (num_heads,) as a fourth entry when the\n"
+          "call took sinks=. The parameters' gradients are added to the\n"
           "accumulated ones (until zero_grad()); param_grads is their dict by state-dict name.")
       .def("zero_grad", [](MultiHeadAttention& s) { locked(&s, [&] { s.zero_grad(); }); },
            "Set every accumulated gradient to zero.")

@@ -124,20 +124,29 @@ std::vector<uint8_t> mask_to_sdpa(const Mask& keep_mask);
 void check_mask_shape(const char* op, const char* arg, const Mask& mask, const Shape& wanted);
 
 // Score options beyond the d2l chapter (FlashAttention's softcap and
-// alibi_slopes), applied to each scaled score s of query i, key j, head h
-// before any mask:
+// alibi_slopes, gpt-oss's sinks), applied to each scaled score s of query i,
+// key j, head h before any mask:
 //   softcap > 0 (Gemma 2):   s -> softcap * tanh(s / softcap); 0: off
 //   alibi_slopes [h] (ALiBi, BLOOM, MPT): s -= slope[h] * |i + K - Q - j|
 //     (bottom right, as the window; slopes of either sign); empty: off
+//   sinks [h] (attention sinks, gpt-oss): one more logit per head in every
+//     row's softmax denominator, with no value: weights_j = exp(s_j) /
+//     (exp(sink_h) + sum_k exp(s_k)), so a row's weights sum to less than 1
+//     and a row with no live key gives 0 (never the fully-masked policy).
+//     A learned parameter: the modules' backward returns its gradient
+//     (InputGrads::sinks); empty: off
 // They are not masks: a call with only these keeps the chapter's -1e6 fill.
 struct ScoreOptions {
   // The cap of the scores (finite, >= 0); 0: no softcapping.
   float softcap = 0.0f;
   // One finite slope per query head, or empty (no ALiBi).
   std::vector<float> alibi_slopes;
+  // One finite logit per query head, or empty (no sinks). ({}: aggregate
+  // initialisers that stop at alibi_slopes stay complete.)
+  std::vector<float> sinks{};
 
-  // Whether either option is on.
-  bool any() const { return softcap > 0.0f || !alibi_slopes.empty(); }
+  // Whether any option is on.
+  bool any() const { return softcap > 0.0f || !alibi_slopes.empty() || !sinks.empty(); }
 };
 
 // The masks beside the d2l chapter's valid lengths that one call of
@@ -161,7 +170,7 @@ struct CallMasks {
   Window window;
   // What a row left without a live key gets.
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::Uniform;
-  // Softcapping and ALiBi (ScoreOptions), off by default.
+  // Softcapping, ALiBi and sinks (ScoreOptions), off by default.
   ScoreOptions scores;
 };
 

@@ -142,8 +142,9 @@ class MultiHeadAttention {
   // new query i at its row's position (cached length + i): it also sees
   // only keys from that position - window.left on (window.right is moot
   // beside causality); as an uncached causal call with the window.
-  //   scores: softcap and ALiBi (mha/masks.h ScoreOptions), ALiBi's
-  // distances from each new query's position; as the uncached call's.
+  //   scores: softcap, ALiBi and sinks (mha/masks.h ScoreOptions), ALiBi's
+  // distances from each new query's position, each sink once in every new
+  // query's denominator; as the uncached call's.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  KVCache& cache, const Window& window = {}, const ScoreOptions& scores = {});
 
@@ -193,6 +194,10 @@ class MultiHeadAttention {
   // --- Training (src/nn/multihead_backward.cpp) ---
   struct InputGrads {
     Tensor queries, keys, values;  // [B,Q,Dq], [B,K,Dk], [B,K,Dv]
+    // [num_heads]: d loss / d the call's sinks (ScoreOptions::sinks, a
+    // learned per-head parameter the caller keeps); empty when it had none.
+    // ({}: initialisers of the three inputs alone stay complete.)
+    Tensor sinks{};
   };
   // grad_output:[B,Q,num_hiddens], the gradient of the last forward's output
   // -> the gradients of its queries, keys and values. Adds the parameters'

@@ -98,7 +98,7 @@ struct TorchMhaCall {
   bool average_attn_weights = true;
   Causal causal = Causal::None;  // PyTorch's is_causal=True is Causal::TopLeft
   Window window;                 // a sliding window (mha/masks.h), none by default
-  ScoreOptions scores;           // softcapping and ALiBi (mha/masks.h), off by default
+  ScoreOptions scores;           // softcapping, ALiBi and sinks (mha/masks.h), off by default
   // Hand back the call's context (mha/context.h) in the result: its weights
   // and, in training mode, its backward come from it.
   bool keep_context = false;
@@ -167,7 +167,8 @@ class TorchMultiheadAttention {
   // fully_masked_rows(), as a call without a cache.
   //   window: a sliding window (mha/masks.h Window) over each row's keys, as
   // an uncached call with is_causal and the window gives for the new rows.
-  //   scores: softcap and ALiBi (mha/masks.h ScoreOptions), as the uncached call's.
+  //   scores: softcap, ALiBi and sinks (mha/masks.h ScoreOptions), as the
+  // uncached call's (each sink once in every new query's denominator).
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, KVCache& cache,
                  const Mask& key_padding_mask = {}, const Window& window = {},
                  const ScoreOptions& scores = {});
@@ -194,6 +195,10 @@ class TorchMultiheadAttention {
   struct InputGrads {
     // d loss / d query, d loss / d key, d loss / d value.
     Tensor query, key, value;
+    // [num_heads]: d loss / d the call's sinks (ScoreOptions::sinks, a
+    // learned per-head parameter the caller keeps); empty when it had none.
+    // ({}: initialisers of the three inputs alone stay complete.)
+    Tensor sinks{};
   };
   // grad_output: shaped like the last forward's output. Throws mha::Error
   // without a training-mode forward since the last eval-mode one, or when

@@ -211,13 +211,14 @@ def _call_dtype(op, tensors):
 class _Call:
     """One forward call: its module's layer builder and settings, nothing shared with other calls."""
 
-    def __init__(self, state, forward, layers, grads, gates=None):
+    def __init__(self, state, forward, layers, grads, gates=None, sinks=None):
         self.state = state      # the module's _calls._CallState
         # (q, k, v, params, for_backward, gates) -> (out ndarray, weights or None, context)
         self.forward = forward
         self.layers = layers    # (params, weights or None) -> the layer tuple _core reads, without gates
         self.grads = grads      # (params, engine grads) -> one gradient (or None) per parameter
         self.gates = gates      # (h,) float32 tensor multiplying each head's output, or None
+        self.sinks = sinks      # (h,) float32 tensor of attention sinks (forward reads them itself), or None
 
 
 _NO_GATES = torch.empty(0)
@@ -229,14 +230,16 @@ def _with_gates(layers, gates):
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """forward(call, q, k, v, gates, *params) -> (output, weights or empty); backward by mha from the
-    call's own context (kept by this autograd node, not by the module). gates: (h,) or empty."""
+    """forward(call, q, k, v, gates, sinks, *params) -> (output, weights or empty); backward by mha
+    from the call's own context (kept by this autograd node, not by the module). gates, sinks: (h,)
+    or empty."""
 
     @staticmethod
-    def forward(ctx, call, q, k, v, gates, *params):
+    def forward(ctx, call, q, k, v, gates, sinks, *params):
         out, weights, context = call.forward(q, k, v, params, True, call.gates)
         ctx.call, ctx.context = call, context
-        ctx.save_for_backward(gates, *params)  # torch refuses the backward if one was written in place since
+        # torch refuses the backward if one was written in place since
+        ctx.save_for_backward(gates, sinks, *params)
         weights = torch.empty(0) if weights is None else torch.from_numpy(weights)
         ctx.mark_non_differentiable(weights)
         return torch.from_numpy(out), weights
@@ -247,27 +250,29 @@ class _AttentionFunction(torch.autograd.Function):
             raise RuntimeError("[mha.torch] backward with create_graph=True: mha's attention has no double "
                                "backward (gradient penalties, Hessian-vector products); its first-order "
                                "gradients are exact, so use torch.nn.MultiheadAttention for such losses")
-        gates, *params = ctx.saved_tensors
+        gates, _sinks, *params = ctx.saved_tensors
         call, context = ctx.call, ctx.context
         g = grad_out.detach()
         if g.dtype != torch.float32:
             g = g.float()
         layers = _with_gates(call.layers(params, None), call.gates)
         (gq, gk, gv), *rest = _calls._engine_backward(call.state, context, layers, g.contiguous().numpy())
-        g_gates = torch.from_numpy(rest[-1]) if ctx.needs_input_grad[4] else None
-        return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv), g_gates,
+        g_gates = torch.from_numpy(rest[3]) if ctx.needs_input_grad[4] else None
+        g_sinks = torch.from_numpy(rest[4]) if ctx.needs_input_grad[5] and rest[4] is not None else None
+        return (None, torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv), g_gates, g_sinks,
                 *call.grads(params, rest))
 
 
 def _run(call, q, k, v, params, want_weights):
     """Output, weights (or None) and the call's context, through autograd when a gradient is wanted."""
-    gates = call.gates
+    gates, sinks = call.gates, call.sinks
     need_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in params)
-        or (gates is not None and gates.requires_grad))
+        or (gates is not None and gates.requires_grad) or (sinks is not None and sinks.requires_grad))
     if need_grad:
         with torch.inference_mode(False):
-            out, weights = _AttentionFunction.apply(call, q, k, v, _NO_GATES if gates is None else gates, *params)
+            out, weights = _AttentionFunction.apply(call, q, k, v, _NO_GATES if gates is None else gates,
+                                                    _NO_GATES if sinks is None else sinks, *params)
         return out, (weights if want_weights else None)
     out, weights, context = call.forward(q, k, v, params, False, gates)
     return torch.from_numpy(out), (None if weights is None else torch.from_numpy(weights))
@@ -394,6 +399,9 @@ class MultiHeadAttention(nn.Module):
     gradients and optimiser steps stay float32; default 'float32');
     rotary= rotary position embeddings on each head's q and k after the
     projections (see mha.torch.MultiheadAttention; also the rotary property).
+    forward also takes window=, softcap=, alibi_slopes= and sinks= (attention
+    sinks through autograd: pass your nn.Parameter per call), as
+    mha.torch.MultiheadAttention.forward does.
 
     Incremental decoding: cache = m.kv_cache(batch_size, max_len, dtype) (an
     mha.KVCache), then m(x, x, x, valid_lens, cache=cache) in eval mode and
@@ -586,10 +594,16 @@ class MultiHeadAttention(nn.Module):
             self._cache_impl = _CacheImpl(impl)
         return self._cache_impl
 
-    def forward(self, queries, keys, values, valid_lens=None, *, cache=None, head_mask=None):
+    def forward(self, queries, keys, values, valid_lens=None, *, cache=None, head_mask=None, window=None,
+                softcap=None, alibi_slopes=None, sinks=None):
         """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens);
         with cache= (an mha.KVCache of kv_cache()): the cached call of the n new positions,
-        queries, keys, values (B, n, D*), in eval mode without gradients (class docstring)."""
+        queries, keys, values (B, n, D*), in eval mode without gradients (class docstring).
+        window, softcap, alibi_slopes, sinks: as mha.torch.MultiheadAttention's (a window makes
+        masked scores -inf, as any mask does; the others keep the chapter's -1e6 fill); sinks is a
+        (num_heads,) tensor whose gradient flows (a learned sink is your nn.Parameter, passed per
+        call), the others get none. In cached calls: window over each row's keys, ALiBi from each
+        new query's position."""
         op = "mha.torch.MultiHeadAttention"
         _refuse_tracing(op)
         for x, n in ((queries, "queries"), (keys, "keys"), (values, "values")):
@@ -608,10 +622,13 @@ class MultiHeadAttention(nn.Module):
         out_dtype, mode = _call_dtype(op, (queries, keys, values))
         precision = mode or self._precision
         queries, keys, values = _as_float32(queries, keys, values)
+        alibi_slopes = _alibi_numpy(op, alibi_slopes)
+        sinks = _call_sinks(op, sinks, self.num_heads)
+        sinks_np = _sinks_numpy(sinks)
         if cache is not None:
             if not isinstance(cache, _core.KVCache):
                 raise _checks.wrong_kind(op, "cache", cache, "an mha.KVCache (made by this module's kv_cache())")
-            _check_cached(op, cache, [queries, keys, values, *params])
+            _check_cached(op, cache, [queries, keys, values, *params, *([] if sinks is None else [sinks])])
             if self.training:
                 raise ValueError(f"[{op}] cache: cached calls run in evaluation mode only (this module is "
                                  "in training mode); call eval() first")
@@ -626,7 +643,8 @@ class MultiHeadAttention(nn.Module):
             impl.rotary = self._rotary
             _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
             nq, nk, nv = _inputs_numpy(queries, keys, values)
-            return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache)).to(out_dtype)
+            return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache, window=window, softcap=softcap,
+                                         alibi_slopes=alibi_slopes, sinks=sinks_np)).to(out_dtype)
         p = _dropout_p(op, "attention.dropout.p", self.attention.dropout.p) if self.training else 0.0
         key = _dropout_key(p)
         kernel, num_heads, rotary = self._kernel, self.num_heads, self._rotary
@@ -638,7 +656,8 @@ class MultiHeadAttention(nn.Module):
             layers = _with_gates(weights.layers(ps, lambda ps: module._call_layers(ps, weights)), gates)
             out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv,
                                                  lens, num_heads, kernel, precision, for_backward, p, key, True,
-                                                 rotary)
+                                                 rotary, window=window, softcap=softcap,
+                                                 alibi_slopes=alibi_slopes, sinks=sinks_np)
             module._last_context = context
             return out, None, context
 
@@ -653,7 +672,7 @@ class MultiHeadAttention(nn.Module):
             return out
 
         call = _Call(weights.state, forward, self._call_layers, grads,
-                     _call_gates(op, self.head_gates, head_mask, self.num_heads))
+                     _call_gates(op, self.head_gates, head_mask, self.num_heads), sinks)
         out, _ = _run(call, queries, keys, values, params, False)
         return out if out_dtype == torch.float32 else out.to(out_dtype)
 
@@ -961,16 +980,26 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None,
-                softcap=None, alibi_slopes=None):
+                softcap=None, alibi_slopes=None, sinks=None):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
         average_attn_weights=True, is_causal=False, *, cache=None, window=None, softcap=None,
-        alibi_slopes=None) -> (attn_output, attn_weights or None); shapes in the class docstring.
+        alibi_slopes=None, sinks=None) -> (attn_output, attn_weights or None); shapes in the class
+        docstring.
         window: None or (left, right), a sliding window as FlashAttention's window_size (query i
         of L sees key j of S iff i + S - L - left <= j <= i + S - L + right, -1 unbounded),
         intersected with the other masks. softcap: None or c > 0, each scaled score s becomes
         c * tanh(s / c) (Gemma 2); alibi_slopes: None or one slope per head (a tensor or array,
         no gradient), subtracting slope_h * |i + S - L - j| (ALiBi); both before the masks, as
-        FlashAttention's softcap and alibi_slopes. With cache= (an mha.KVCache of kv_cache()): the cached call of the n new
+        FlashAttention's softcap and alibi_slopes. sinks: None or a (num_heads,) tensor of attention
+        sinks (gpt-oss): one more logit per head in each row's softmax denominator, with no value (a
+        row's weights then sum to less than 1; a row with no live key gives 0), through autograd: a
+        learned sink is your own nn.Parameter, passed on every call:
+
+            self.sinks = nn.Parameter(torch.zeros(num_heads))       # in your layer's __init__
+            out, w = self.attn(x, x, x, is_causal=True, sinks=self.sinks)
+            loss.backward()                                         # self.sinks.grad is filled
+
+        With cache= (an mha.KVCache of kv_cache()): the cached call of the n new
         positions (eval mode, no gradients, causal over the new positions, no attn_mask;
         key_padding_mask over the cached and new keys; window over each row's keys),
         -> (attn_output, None)."""
@@ -984,13 +1013,10 @@ class MultiheadAttention(nn.Module):
         precision = mode or self._precision
         query, key, value = _as_float32(query, key, value)
         batch_first = bool(self.batch_first)
-        if isinstance(alibi_slopes, torch.Tensor):
-            if alibi_slopes.requires_grad and torch.is_grad_enabled():
-                raise ValueError(f"[{op}] alibi_slopes: requires grad; mha gives ALiBi slopes no gradient "
-                                 "(FlashAttention neither): pass alibi_slopes.detach()")
-            alibi_slopes = alibi_slopes.detach().float().cpu().numpy()
+        alibi_slopes = _alibi_numpy(op, alibi_slopes)
+        sinks = _call_sinks(op, sinks, self.num_heads)
         if cache is not None:
-            _check_cached(op, cache, [query, key, value, *params])
+            _check_cached(op, cache, [query, key, value, *params, *([] if sinks is None else [sinks])])
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: a cached call takes none (its new positions are "
                                  "causal already); pass key_padding_mask over the cached and new keys")
@@ -1009,13 +1035,15 @@ class MultiheadAttention(nn.Module):
             if kept is not None and gates is not None:
                 gates = gates[torch.tensor(kept, dtype=torch.long)]
             _cache_gates(impl, gates, self.num_heads if kept is None else len(kept))
+            if kept is not None and sinks is not None:
+                sinks = sinks[torch.tensor(kept, dtype=torch.long)]
             seq_first = query.dim() == 3 and not batch_first
             if seq_first:  # the cache's module is batch-first
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
             nq, nk, nv = _inputs_numpy(query, key, value)
             mask = _mask_numpy(key_padding_mask, "key_padding_mask")
             out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window, softcap=softcap,
-                                        alibi_slopes=alibi_slopes))
+                                        alibi_slopes=alibi_slopes, sinks=_sinks_numpy(sinks)))
             if seq_first:
                 out = out.transpose(0, 1)
             return out.to(out_dtype), None
@@ -1031,7 +1059,7 @@ class MultiheadAttention(nn.Module):
                             p=p, weights=self._weights, out_dtype=out_dtype, module=self,
                             gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
                             kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window,
-                            rotary=self._rotary, softcap=softcap, alibi_slopes=alibi_slopes)
+                            rotary=self._rotary, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -1095,7 +1123,7 @@ def _scatter_rows(g, rows, n, columns=False):
 def _drop_in_grads(names, ps, rest, kept=None, d=0, E=0):
     """The engine's gradients of a drop-in call, one per parameter (None where none is wanted); a
     pruned module's gradients are zero on the removed heads' rows and columns."""
-    pg, gbk, gbv, _gates = rest
+    pg, gbk, gbv = rest[:3]
     if kept is not None:
         rows = _kept_rows(kept, d)
         pg = [None if x is None else _scatter_rows(x, rows, E) for x in pg[:6]] + \
@@ -1138,7 +1166,7 @@ def _kept_mask_slices(op, am, kept, num_heads):
 def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
                  need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
                  module=None, gates=None, kept=None, masks=None, window=None, rotary=None, softcap=None,
-                 alibi_slopes=None):
+                 alibi_slopes=None, sinks=None):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
     autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
     names = [n for n, _ in named]
@@ -1152,6 +1180,9 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
         if gates is not None:
             gates = gates[torch.tensor(kept, dtype=torch.long)]
         am = _kept_mask_slices(op, am, kept, num_heads)
+        if sinks is not None:  # the kept heads' sinks (the others get a zero gradient through the gather)
+            sinks = sinks[torch.tensor(kept, dtype=torch.long)]
+    sinks_np = _sinks_numpy(sinks)
 
     def build(ps):
         return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op, kept, d)
@@ -1163,7 +1194,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
             state, layers, nq, nk, nv,
             embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
             fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary, softcap=softcap,
-            alibi_slopes=alibi_slopes)
+            alibi_slopes=alibi_slopes, sinks=sinks_np)
         if context is not None and module is not None:
             module._last_context = context
         last[0] = context
@@ -1172,16 +1203,18 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
     def layers(ps, w):
         return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op, kept, d)
 
-    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates)
+    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates,
+                 sinks)
     out, w = _run(call, query, key, value, params, need_weights)
     if w is not None and masks is not None and torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or any(t.requires_grad for t in params)) \
+            query.requires_grad or key.requires_grad or any(t.requires_grad for t in params)
+            or (sinks is not None and sinks.requires_grad)) \
             and not any(isinstance(m, _core.Mask) for m in masks):
         # The weights as a function of query, key and the projections, by torch's ops (their
         # values equal mha's to float32 rounding), so that a loss on them has gradients.
         w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
                                     masks, is_causal, fully_masked, p, last[0], average, kept, window, rotary,
-                                    softcap, alibi_slopes)
+                                    softcap, alibi_slopes, sinks)
     if out_dtype != torch.float32:
         out = out.to(out_dtype)
         w = None if w is None else w.to(out_dtype)
@@ -1326,6 +1359,41 @@ def _call_gates(op, head_gates, head_mask, num_heads):
     return head_gates if head_mask is None else head_gates * head_mask
 
 
+def _call_sinks(op, sinks, num_heads):
+    """A call's attention sinks as a (num_heads,) float32 tensor, or None. A tensor keeps its autograd
+    graph (a learned sink is the caller's nn.Parameter: its gradient flows); anything else is read as
+    an array. The values (finite) are checked by mha."""
+    if sinks is None:
+        return None
+    if isinstance(sinks, torch.Tensor):
+        if sinks.device.type != "cpu":
+            raise _not_on_cpu(op, "sinks", sinks.device)
+        if not sinks.dtype.is_floating_point:
+            raise _checks.wrong_kind(op, "sinks", sinks, f"a floating tensor of {num_heads} logits (one per head)")
+    else:
+        sinks = torch.from_numpy(np.ascontiguousarray(_checks.real_array(sinks, op, "sinks"), np.float32))
+    if sinks.dim() != 1:
+        raise ValueError(f"[{op}] sinks: {sinks.dim()} dimensions; wanted one logit per head, shape (num_heads,)")
+    if sinks.numel() != num_heads:
+        raise ValueError(f"[{op}] sinks: {sinks.numel()} logits for {num_heads} heads; wanted one per query head")
+    return sinks.float()
+
+
+def _sinks_numpy(sinks):
+    """The (h,) float32 array mha reads of a call's sinks tensor (or None)."""
+    return None if sinks is None else np.ascontiguousarray(sinks.detach().numpy(), np.float32)
+
+
+def _alibi_numpy(op, alibi_slopes):
+    """ALiBi slopes as mha reads them (a tensor detached to an array; anything else as given)."""
+    if isinstance(alibi_slopes, torch.Tensor):
+        if alibi_slopes.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"[{op}] alibi_slopes: requires grad; mha gives ALiBi slopes no gradient "
+                             "(FlashAttention neither): pass alibi_slopes.detach()")
+        alibi_slopes = alibi_slopes.detach().float().cpu().numpy()
+    return alibi_slopes
+
+
 def _gates_property(doc):
     def get(self):
         return self.__dict__.get("_head_gates")
@@ -1385,7 +1453,8 @@ def head_importance(module, loss_fn, method="gradient"):
 
 
 def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
-                            p, context, average, kept, window=None, rotary=None, softcap=None, alibi_slopes=None):
+                            p, context, average, kept, window=None, rotary=None, softcap=None, alibi_slopes=None,
+                            sinks=None):
     """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
     torch's ops from the call's query, key and parameters, with the call's masks, fully masked
     policy and mha's dropout mask: what mha returned, now differentiable."""
@@ -1469,10 +1538,14 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
         outside = ((left >= 0) & (j < diag - left)) | ((right >= 0) & (j > diag + right))
         masked = masked | (outside & given)
     s = s.masked_fill(masked, float("-inf"))
-    dead = torch.isneginf(s).all(-1, keepdim=True)
-    w = torch.softmax(s.masked_fill(dead, 0.0), -1)
-    fill = 0.0 if fully_masked == _core.FullyMaskedRows.ZEROS else 1.0 / Kt
-    w = torch.where(dead, torch.full_like(w, fill), w)
+    if sinks is not None:  # one more logit per head in the denominator, with no value: never a dead row
+        sink = sinks.float().reshape(1, h, 1, 1).expand(B, h, L, 1)
+        w = torch.softmax(torch.cat([s, sink], -1), -1)[..., :Kt]
+    else:
+        dead = torch.isneginf(s).all(-1, keepdim=True)
+        w = torch.softmax(s.masked_fill(dead, 0.0), -1)
+        fill = 0.0 if fully_masked == _core.FullyMaskedRows.ZEROS else 1.0 / Kt
+        w = torch.where(dead, torch.full_like(w, fill), w)
     if p > 0.0 and context is not None:
         w = w * torch.from_numpy(context.dropout_mask)
     if average:

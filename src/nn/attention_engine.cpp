@@ -29,6 +29,7 @@ kernels::MaskOptions AttentionMasks::options() const {
   m.window_right = window.right;
   m.softcap = softcap;
   m.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
+  m.sinks = sinks.empty() ? nullptr : sinks.data();
   m.fill = neg_inf_fill ? kernels::MaskFill::NegInf : kernels::MaskFill::Seed;
   m.fully_masked = fully_masked;
   return m;
@@ -323,6 +324,8 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   // (Without statistics, have_all is forward's, fixed before the context was
   // shared: all_weights() never writes those weights.)
   p.fwd.weights = c.stats.empty() && c.have_all.load(std::memory_order_acquire) ? c.weights.data() : nullptr;
+  Tensor d_sinks = c.masks.sinks.empty() ? Tensor() : Tensor({H});  // written whole by the kernel
+  p.grad_sinks = d_sinks.empty() ? nullptr : d_sinks.data();
   kernels::attention_backward(c.kernel, p);
   if (c.rotary.enabled()) {  // the gradients of the unrotated projections (one table for both)
     const RotaryTable table(c.rotary, 0, std::max(c.Q, c.K));
@@ -335,7 +338,7 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   if (layers.bias_v && grads.bias_v) appended_row_backward(dv, c, c.K, Ekv, *grads.bias_v);
 
   // q = queries W_q^T + b_q, and likewise for the K given keys and values.
-  EngineInputGrads g{Tensor(c.queries.shape()), Tensor(c.keys.shape()), Tensor(c.values.shape())};
+  EngineInputGrads g{Tensor(c.queries.shape()), Tensor(c.keys.shape()), Tensor(c.values.shape()), std::move(d_sinks)};
   linear_backward(layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias,
                   c.precision);
   keys_backward(layers.k, c.keys, dk, c, g.keys, grads.k);

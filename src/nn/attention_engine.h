@@ -70,6 +70,7 @@ struct AttentionMasks {
   Window window;  // over the K given keys (the kernel's keys when Kt == K)
   float softcap = 0.0f;              // MaskOptions::softcap (0: off)
   std::vector<float> alibi_slopes;   // [H] or empty: MaskOptions::alibi_slopes
+  std::vector<float> sinks;          // [H] or empty: MaskOptions::sinks
   bool neg_inf_fill = false;  // masked scores are -inf (PyTorch) instead of -1e6 (the d2l chapter)
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
 
@@ -189,6 +190,7 @@ struct EngineGrads {
 };
 struct EngineInputGrads {
   Tensor queries, keys, values;  // shaped as the inputs
+  Tensor sinks;                  // [H]: the call's sinks' gradient; empty when it had none
 };
 
 // grad_output (shaped as the forward's output) -> the inputs' gradients; adds

@@ -20,7 +20,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   const int64_t B = layout.B, n = call.n, H = call.H, Hkv = call.who.Hkv, d = call.who.d, E = H * d;
   call.valid_lens.check(call.op, B, n);
   check_window(call.op, call.window);
-  AttentionMasks scored;  // the modules' checks of softcap and the slopes (one per query head)
+  AttentionMasks scored;  // the modules' checks of softcap, the slopes and the sinks (one per query head)
   add_score_options(call.op, call.scores, {true, B, n, n, n, H}, scored);
   CacheAccess::check_call(call.op, cache, call.who, B, n, call.window.left);
   const Mask& kpm = call.key_padding_mask;
@@ -57,6 +57,7 @@ Tensor cached_attention_forward(const Tensor& queries, const Tensor& keys, const
   p.masks.window_left = call.window.left, p.masks.window_right = call.window.right;
   p.masks.softcap = scored.softcap;
   p.masks.alibi_slopes = scored.alibi_slopes.empty() ? nullptr : scored.alibi_slopes.data();
+  p.masks.sinks = scored.sinks.empty() ? nullptr : scored.sinks.data();  // once per row (the decode kernel)
   std::vector<int64_t> lengths = cache.lengths();
   for (int64_t& len : lengths) len += n;
   p.cache.lengths = lengths.data();

@@ -46,6 +46,14 @@ void add_score_options(const char* op, const ScoreOptions& scores, const MaskGeo
   if (!(std::isfinite(scores.softcap) && scores.softcap >= 0.0f))
     fail(op, "softcap: ", scores.softcap, "; wanted a finite cap >= 0 (0: no softcapping)");
   masks.softcap = scores.softcap;
+  if (!scores.sinks.empty()) {
+    // Sinks are per head, not per key: appended keys change nothing.
+    if (static_cast<int64_t>(scores.sinks.size()) != g.H)
+      fail(op, "sinks: ", scores.sinks.size(), " logits for ", g.H, " heads; wanted one per query head");
+    for (size_t h = 0; h < scores.sinks.size(); ++h)
+      if (!std::isfinite(scores.sinks[h])) fail(op, "sinks[", h, "]: ", scores.sinks[h], "; wanted a finite logit");
+    masks.sinks = scores.sinks;
+  }
   if (scores.alibi_slopes.empty()) return;
   if (static_cast<int64_t>(scores.alibi_slopes.size()) != g.H)
     fail(op, "alibi_slopes: ", scores.alibi_slopes.size(), " slopes for ", g.H,

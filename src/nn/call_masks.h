@@ -28,8 +28,8 @@ struct MaskGeometry {
 void check_window(const char* op, const Window& window);
 
 // Checks `scores` (ScoreOptions: softcap finite and >= 0, one finite ALiBi
-// slope per query head, ALiBi only without appended keys: g.Kt == g.K) and
-// sets them on `masks`. Throws mha::Error naming `op` and the option.
+// slope per query head, ALiBi only without appended keys: g.Kt == g.K, one
+// finite sink logit per query head) and sets them on `masks`. Throws mha::Error naming `op` and the option.
 void add_score_options(const char* op, const ScoreOptions& scores, const MaskGeometry& g, AttentionMasks& masks);
 
 // Throws mha::Error (naming `op` and the mask) for a mask of the wrong shape,

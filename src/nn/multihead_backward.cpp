@@ -141,7 +141,7 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::Attenti
   nn::EngineGrads grads = nn::layer_grads(grads_, kNames, layers);
   grads.head_gates = &params_.live().heads.gate_grad;
   nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
-  return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
+  return {std::move(g.queries), std::move(g.keys), std::move(g.values), std::move(g.sinks)};
 }
 
 }  // namespace mha

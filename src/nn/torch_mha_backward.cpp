@@ -114,7 +114,7 @@ TorchMultiheadAttention::InputGrads TorchMultiheadAttention::backward_of(const n
   layers.head_gates = heads_.gates.data();
   grads.head_gates = &heads_.gate_grad;
   nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
-  return {std::move(g.queries), std::move(g.keys), std::move(g.values)};
+  return {std::move(g.queries), std::move(g.keys), std::move(g.values), std::move(g.sinks)};
 }
 
 }  // namespace mha

@@ -312,10 +312,13 @@ PY = {
     "scores.softcap": lambda t: tmha_call(softcap=-1.0),
     "scores.alibi_count": lambda t: tmha_call(alibi_slopes=[0.5]),
     "scores.alibi_finite": lambda t: tmha_call(alibi_slopes=[0.5, float("inf")]),
+    "scores.sinks_count": lambda t: tmha_call(sinks=[0.5]),
+    "scores.sinks_finite": lambda t: tmha_call(sinks=[0.5, float("inf")]),
     "scores.alibi_appended": lambda t: tmha(torch_state(bias_k=ones(1, 1, 4), bias_v=ones(1, 1, 4)))(
         Q, KV, KV, alibi_slopes=[0.1, 0.2]),
     "py.softcap": lambda t: tmha_call(softcap="2"),
     "py.alibi_rank": lambda t: tmha_call(alibi_slopes=[[0.5, 0.5]]),
+    "py.sinks_rank": lambda t: tmha_call(sinks=[[0.5, 0.5]]),
     # AttentionModel, cross_entropy, OffsetPairTask
     "model.vocab_size": lambda t: small_model(vocab_size=0),
     "model.num_classes": lambda t: small_model(num_classes=-1),

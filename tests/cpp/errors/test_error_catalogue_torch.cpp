@@ -114,6 +114,16 @@ Triggers torch_triggers() {
          call.scores.alibi_slopes = {0.5f, INFINITY};
          torch_call(Q, KV, KV, call);
        }},
+      {"scores.sinks_count", [] {
+         TorchMhaCall call;
+         call.scores.sinks = {0.5f};
+         torch_call(Q, KV, KV, call);
+       }},
+      {"scores.sinks_finite", [] {
+         TorchMhaCall call;
+         call.scores.sinks = {0.5f, INFINITY};
+         torch_call(Q, KV, KV, call);
+       }},
       {"scores.alibi_appended", [] {
          TorchMhaCall call;
          call.scores.alibi_slopes = {0.1f, 0.2f};
