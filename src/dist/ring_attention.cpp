@@ -360,9 +360,12 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
 }
 
 Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                              const ValidLens& valid_lens, const CallMasks& masks, const std::vector<float>& sinks,
-                              const std::vector<int64_t>& doc_offsets) {
+                              const ValidLens& valid_lens, const CallMasks& masks,
+                              const std::vector<float>& given_sinks, const std::vector<int64_t>& doc_offsets) {
   static const char* op = "dist.RingAttention.forward";
+  // The sinks come as the modules take them (masks.scores.sinks) or as the
+  // argument; one place, not both.
+  const std::vector<float>& sinks = given_sinks.empty() ? masks.scores.sinks : given_sinks;
   const Causal causal = masks.causal;
   const FullyMaskedRows fully_masked = masks.fully_masked_rows;
   State& s = *s_;
@@ -397,6 +400,9 @@ Tensor RingAttention::forward(const Tensor& queries, const Tensor& keys, const T
       fail(op, !masks.key_padding_mask.is_none() ? "masks.key_padding_mask" : "masks.attn_mask",
            ": given; the ring takes valid lengths (global key positions), causal and window only");
     nn::check_window(op, masks.window);
+    if (!given_sinks.empty() && !masks.scores.sinks.empty())
+      fail(op, "sinks: ", given_sinks.size(), " logits given beside masks.scores.sinks (", masks.scores.sinks.size(),
+           "); wanted the sinks in one of them");
     nn::AttentionMasks checked;  // the module's checks of softcap and the slopes (one per head of the module)
     nn::add_score_options(op, masks.scores, {true, queries.size(0), queries.size(1), keys.size(1), keys.size(1),
                                              s.module_heads}, checked);

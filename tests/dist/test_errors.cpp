@@ -122,6 +122,12 @@ std::map<std::string, Trigger> triggers() {
                                     ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
                                                     CallMasks(), {0.5f, INFINITY});
                                   }}},
+      {"dist.ring_sinks_twice", {-1, [&c] {
+                                   CallMasks masks;
+                                   masks.scores.sinks = {0.5f, 1.0f};
+                                   ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
+                                                   masks, {0.5f, 1.0f});
+                                 }}},
       {"dist.ring_docs_rows", {-1, [&c] {
                                  ring(c).forward(randn({2, 2, 7}, 1), randn({2, 2, 6}, 2), randn({2, 2, 5}, 3), {},
                                                  CallMasks(), {}, {0, 2});

@@ -446,5 +446,45 @@ TEST(RingSinks, RefusesSinksOfTheWrongCountOrNotFinite) {
   EXPECT_THROW(ring.forward(x, y, z, {}, CallMasks(), {1.0f, 2.0f, INFINITY}), Error);
 }
 
+TEST(RingSinks, SinksInTheMasksScoreOptionsEqualTheArgument) {
+  // masks.scores.sinks (as the modules take them) and the argument are one
+  // path: the same bits forward and backward, the ring and the grid.
+  const Communicator& c = world();
+  auto ref = reference_module(12, 3, true, 7, 6, 5, 360);
+  const auto [q0, qn] = RingAttention::block_of(33, c.size(), c.rank());
+  const auto [k0, kn] = RingAttention::block_of(29, c.size(), c.rank());
+  const Tensor q = rows(randn({2, 33, 7}, 361), q0, qn), k = rows(randn({2, 29, 6}, 362), k0, kn),
+               v = rows(randn({2, 29, 5}, 363), k0, kn), g = rows(randn({2, 33, 12}, 364), q0, qn);
+  const ValidLens lens = ValidLens::per_batch({20, 29});
+  const CallMasks plain = call_masks(Causal::BottomRight, {6, 0}, {0.0f, {0.5f, -0.3f, 0.1f}});
+  CallMasks with_sinks = plain;
+  with_sinks.scores.sinks = kSinks3;
+  for (bool grid : {false, true}) {
+    std::vector<float> got[2];
+    for (int way = 0; way < 2; ++way) {
+      std::vector<float>& run = got[way];
+      auto take = [&run](const Tensor& t) { run.insert(run.end(), t.values().begin(), t.values().end()); };
+      if (grid) {
+        GridAttention attention(c, 1, 12, 3, ref->state_dict());
+        take(way == 0 ? attention.forward(q, k, v, lens, plain, kSinks3) : attention.forward(q, k, v, lens, with_sinks));
+        const auto grads = attention.backward(g);
+        take(grads.queries), take(grads.keys), take(grads.values);
+        run.insert(run.end(), attention.sinks_grad().begin(), attention.sinks_grad().end());
+      } else {
+        RingAttention attention(c, 12, 3, ref->state_dict());
+        take(way == 0 ? attention.forward(q, k, v, lens, plain, kSinks3) : attention.forward(q, k, v, lens, with_sinks));
+        const auto grads = attention.backward(g);
+        take(grads.queries), take(grads.keys), take(grads.values);
+        run.insert(run.end(), attention.sinks_grad().begin(), attention.sinks_grad().end());
+      }
+    }
+    ASSERT_EQ(got[0].size(), got[1].size());
+    EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float))) << (grid ? "grid" : "ring");
+  }
+  // Both at once is refused.
+  RingAttention ring(c, 12, 3, ref->state_dict());
+  EXPECT_THROW(ring.forward(q, k, v, lens, with_sinks, kSinks3), Error);
+}
+
 }  // namespace
 }  // namespace mha::dist::test

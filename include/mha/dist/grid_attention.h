@@ -78,7 +78,8 @@ class GridAttention {
   // fully-masked policy from `masks` (as RingAttention takes them). Collective.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
-  // The same with attention sinks, one logit per head of the module (every
+  // The same with attention sinks (here or as masks.scores.sinks, not both),
+  // one logit per head of the module (every
   // rank the same; each group's ring takes its heads'), and a packed row of
   // documents over global positions, as RingAttention::forward takes them.
   // Collective.

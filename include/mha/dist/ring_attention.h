@@ -112,7 +112,8 @@ class RingAttention {
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const ValidLens& valid_lens,
                  const CallMasks& masks);
   // The same with attention sinks (gpt-oss; FlashAttention's and ggml's
-  // sinks): sinks[h], one finite logit per head of the module (the same on
+  // sinks), given here or as masks.scores.sinks (as the modules take them;
+  // not both): sinks[h], one finite logit per head of the module (the same on
   // every rank) or empty (none), joins each query row's softmax denominator
   // once, with no value, after the key blocks merge; a row's weights then
   // sum to 1 - exp(sink - logsumexp), and no row is fully masked (under
