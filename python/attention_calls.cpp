@@ -33,6 +33,9 @@ constexpr const char* kOp = "mha.torch.attention";
 // What one call keeps for its backward.
 struct AttentionContext {
   Tensor q, k, v, out;         // (B, L, H*d), (B, S, Hkv*d), (B, S, Hkv*dv), (B, L, H*dv)
+  // What the kernels read: q, k, v's views, or (a forward keeping nothing)
+  // the caller's arrays in place.
+  TensorView qv, kv, vv;
   int64_t H = 1, Hkv = 1;
   std::vector<float> stats;    // [2,B,H,L] of the fused forward, or empty
   std::vector<float> alibi, sinks;     // [H] or empty
@@ -45,9 +48,9 @@ struct AttentionContext {
 
   kernels::AttentionForward params() {
     kernels::AttentionForward p;
-    p.q = q.view().split_heads(H);
-    p.k = k.view().split_heads(Hkv);
-    p.v = v.view().split_heads(Hkv);
+    p.q = qv.split_heads(H);
+    p.k = kv.split_heads(Hkv);
+    p.v = vv.split_heads(Hkv);
     p.scale_divisor = scale_divisor;
     p.dropout = dropout;
     kernels::MaskOptions& m = p.masks;
@@ -91,9 +94,26 @@ void bind_attention(py::module_& core) {
         auto c = std::make_shared<AttentionContext>();
         c->H = q.ndim() == 4 ? q.shape(2) : 1;
         c->Hkv = k.ndim() == 4 ? k.shape(2) : 1;
-        c->q = rows_of(q, "q");
-        c->k = rows_of(k, "k");
-        c->v = rows_of(v, "v");
+        FloatArray in[3];  // without keep: read in place (alive until the call returns)
+        if (keep) {
+          c->q = rows_of(q, "q");
+          c->k = rows_of(k, "k");
+          c->v = rows_of(v, "v");
+          c->qv = c->q.view(), c->kv = c->k.view(), c->vv = c->v.view();
+        } else {
+          const py::array* arrays[] = {&q, &k, &v};
+          const char* names[] = {"q", "k", "v"};
+          for (int x = 0; x < 3; ++x) {
+            in[x] = FloatArray::ensure(*arrays[x]);
+            if (!in[x] || in[x].ndim() != 4) {
+              PyErr_Clear();
+              fail(kOp, names[x], ": not a 4-D float32 array");
+            }
+          }
+          c->qv = attention_glue::rows_view(in[0]);
+          c->kv = attention_glue::rows_view(in[1]);
+          c->vv = attention_glue::rows_view(in[2]);
+        }
         const int64_t dv = v.shape(3);
         c->causal = causal;
         c->window_left = window_left, c->window_right = window_right;
@@ -106,13 +126,13 @@ void bind_attention(py::module_& core) {
         }
         c->scale_divisor = 1.0f / scale;
         if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
-        const int64_t B = c->q.size(0), L = c->q.size(1), H = c->H;
+        const int64_t B = c->qv.size(0), L = c->qv.size(1), H = c->H;
         {
           py::gil_scoped_release release;
           c->out = Tensor({B, L, H * dv});
           kernels::AttentionForward p = c->params();
           p.out = c->out.view().split_heads(H);
-          attention_glue::forward_keeping_stats(p, B * H * L, c->k.size(1), keep, c->stats);
+          attention_glue::forward_keeping_stats(p, B * H * L, c->kv.size(1), keep, c->stats);
         }
         return attention_glue::forward_result(c->out, c, keep);
       },

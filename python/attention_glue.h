@@ -39,6 +39,22 @@ inline Tensor copy_floats(const py::array& a, const char* op, const char* what, 
   return t;
 }
 
+// f: a 4-D float32 C-contiguous array (B, L, heads, width) -> a
+// (B, L, heads*width) view of its memory, no copy (f must outlive the view).
+// A forward that keeps nothing for a backward reads its inputs in place: a
+// packed batch's copies cost more than its attention (measured: bench/
+// attention_variants.py's packed forward 6.0x its sequences one by one with
+// q, k, v and out copied, each copy a fresh allocation that glibc returns to
+// the system after the call and the next call faults in again).
+inline TensorView rows_view(const FloatArray& f) {
+  TensorView v;
+  v.data = const_cast<float*>(f.data());
+  v.rank = 3;
+  v.shape[0] = f.shape(0), v.shape[1] = f.shape(1), v.shape[2] = f.shape(2) * f.shape(3);
+  v.stride[2] = 1, v.stride[1] = v.shape[2], v.stride[0] = v.shape[1] * v.shape[2];
+  return v;
+}
+
 // The fused forward of p (p.out set; GIL released by the caller) over
 // `rows` = B*H query rows and `keys` keys; with keep, where the fused kernel
 // runs, its statistics ([2, rows]) are kept in stats for the backward, else
@@ -69,11 +85,12 @@ inline void check_grad_shape(const char* op, const Tensor& g, const Tensor& out)
 }
 
 // What a forward returns: (out, the context) when kept for a backward, else (out, None).
+// Without a backward the output is handed to numpy (no copy); with one the
+// context keeps its own.
 template <class Context>
-py::tuple forward_result(const Tensor& out, const std::shared_ptr<Context>& c, bool keep) {
-  py::array_t<float> o = to_numpy(out);
-  if (!keep) return py::make_tuple(o, py::none());
-  return py::make_tuple(o, py::cast(c));
+py::tuple forward_result(Tensor& out, const std::shared_ptr<Context>& c, bool keep) {
+  if (!keep) return py::make_tuple(hand_to_numpy(std::move(out)), py::none());
+  return py::make_tuple(to_numpy(static_cast<const Tensor&>(out)), py::cast(c));
 }
 
 }  // namespace mha::python::attention_glue

@@ -171,6 +171,31 @@ def test_a_packed_batch_equals_its_sequences_one_by_one(seed):
         close(a, b, f"grad {name}")
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_without_autograd_inputs_are_read_in_place_and_left_alone(seed):
+    # Under no_grad the call reads q, k, v where they lie (views of larger tensors, transposed,
+    # bfloat16 widened): the same output as with autograd, and the inputs unchanged.
+    g = torch.Generator().manual_seed(5200 + seed)
+    B, Lq, Lk, H, d = 2, 7 + seed, 9 + 2 * seed, 4, 8
+    base = torch.randn(B, H, Lq + 3, d, generator=g)
+    q = base[:, :, 1:Lq + 1].transpose(1, 2)  # (B, Lq, H, d), not contiguous
+    k = torch.randn(B, Lk, H, d, generator=g).bfloat16()
+    v = torch.randn(B, Lk, 2 * H, d, generator=g)[:, :, ::2]
+    kw = dict(causal=seed % 2 == 0, window=(3, 1) if seed > 1 else None)
+    before = [x.clone() for x in (q, k, v)]
+    with torch.no_grad():
+        out = attention(q, k, v, **kw)
+    with_grad = attention(q.detach().requires_grad_(), k, v, **kw)
+    assert torch.equal(out, with_grad.detach())
+    close(out, reference(q, k, v, **kw).float(), "out")
+    for x, y in zip((q, k, v), before):
+        assert torch.equal(x, y)
+    q, k, v, cu, kw, _ = packed_case(5300 + seed)
+    with torch.no_grad():
+        packed = attention(q, k, v, cu_seqlens=cu, **kw)
+    close(packed, one_by_one(q, k, v, cu, **kw).detach(), "packed out")
+
+
 def test_max_seqlen_is_checked_not_needed():
     q, k, v, cu, kw, _ = packed_case(5100)
     longest = int((cu[1:] - cu[:-1]).max())
