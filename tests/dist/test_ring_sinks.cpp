@@ -464,19 +464,14 @@ TEST(RingSinks, SinksInTheMasksScoreOptionsEqualTheArgument) {
     for (int way = 0; way < 2; ++way) {
       std::vector<float>& run = got[way];
       auto take = [&run](const Tensor& t) { run.insert(run.end(), t.values().begin(), t.values().end()); };
-      if (grid) {
-        GridAttention attention(c, 1, 12, 3, ref->state_dict());
+      auto call = [&](auto&& attention) {  // the sinks as the argument (way 0) or in the masks (way 1)
         take(way == 0 ? attention.forward(q, k, v, lens, plain, kSinks3) : attention.forward(q, k, v, lens, with_sinks));
         const auto grads = attention.backward(g);
         take(grads.queries), take(grads.keys), take(grads.values);
         run.insert(run.end(), attention.sinks_grad().begin(), attention.sinks_grad().end());
-      } else {
-        RingAttention attention(c, 12, 3, ref->state_dict());
-        take(way == 0 ? attention.forward(q, k, v, lens, plain, kSinks3) : attention.forward(q, k, v, lens, with_sinks));
-        const auto grads = attention.backward(g);
-        take(grads.queries), take(grads.keys), take(grads.values);
-        run.insert(run.end(), attention.sinks_grad().begin(), attention.sinks_grad().end());
-      }
+      };
+      if (grid) call(GridAttention(c, 1, 12, 3, ref->state_dict()));
+      else call(RingAttention(c, 12, 3, ref->state_dict()));
     }
     ASSERT_EQ(got[0].size(), got[1].size());
     EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float))) << (grid ? "grid" : "ring");
