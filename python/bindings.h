@@ -46,5 +46,6 @@ void bind_caches(py::module_& m);         // cache_bindings.cpp: KVCache, cached
 void bind_torch_calls(py::module_& m);    // torch_calls.cpp: mha.torch's calls
 void bind_sdpa(py::module_& m);           // sdpa_calls.cpp: scaled_dot_product_attention
 void bind_attention(py::module_& m);      // attention_calls.cpp: mha.torch.attention
+void bind_ring(py::module_& m);           // ring_calls.cpp: mha.torch.distributed's ring
 
 }  // namespace mha::python

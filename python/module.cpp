@@ -403,6 +403,7 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_torch_calls(m);
   mha::python::bind_sdpa(m);
   mha::python::bind_attention(m);
+  mha::python::bind_ring(m);
   mha::python::bind_caches(m);
   // Last: every function, method and setter above gets the overload that
   // names an argument pybind11 could not convert (python/convert.h).

@@ -34,7 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import _core
 from . import torch as _mt
+from . import torch_ring as _ring
 
 __all__ = ["SequenceParallel", "HeadParallel", "shard", "unshard"]
 
@@ -176,18 +178,26 @@ class SequenceParallel(nn.Module):
     positions (self-attention layout); every rank must call forward (and backward) together.
     """
 
-    def __init__(self, attention, group=None, zigzag=False):
+    def __init__(self, attention, group=None, zigzag=False, method="ring"):
         super().__init__()
         op = "mha.torch.distributed.SequenceParallel"
         _check_attention(op, attention)
+        if method not in ("ring", "all_gather"):
+            raise ValueError(f"[{op}] method: {method!r}; wanted 'ring' (key/value blocks passed round the "
+                             "ranks) or 'all_gather' (every rank gathers the whole sequence's keys and values)")
         self.attention = attention
         self.group = group
         self.zigzag = bool(zigzag)
+        self.method = method
 
-    def _layout(self, op, local_len, local_error, extra=()):
+    def _layout(self, op, local_len, local_error, extra=(), key=0):
+        """Every rank's block length, this rank's global positions and the gather order; key: this
+        rank's dropout key, of which every rank takes rank 0's (self.key)."""
         rank, P = _world(self.group)
-        facts = _agree(op, self.group, rank, P, local_error, (local_len,) + tuple(extra))
+        facts = _agree(op, self.group, rank, P, local_error, (local_len, key) + tuple(extra))
         sizes = [int(s) for s in facts[:, 0]]
+        call_key = int(facts[0, 1])
+        facts = torch.cat([facts[:, :1], facts[:, 2:]], 1)
         for j in range(1, facts.shape[1]):
             if len(set(facts[:, j].tolist())) != 1:
                 raise ValueError(f"[{op}] the ranks' blocks disagree: {facts[:, j].tolist()} "
@@ -200,7 +210,7 @@ class SequenceParallel(nn.Module):
         # global positions of each rank's rows, in rank order
         pos = torch.cat([torch.cat([torch.arange(s, s + n) for s, n in pieces[r]]) for r in range(P)])
         order = torch.argsort(pos) if self.zigzag else None
-        return rank, P, sizes, pos[sum(sizes[:rank]):sum(sizes[:rank + 1])], order
+        return rank, P, sizes, pos[sum(sizes[:rank]):sum(sizes[:rank + 1])], order, call_key
 
     def _gather(self, x, dim, sizes, order, rank):
         return _Gather.apply(x, dim, sizes, order, self.group, rank)
@@ -213,8 +223,12 @@ class SequenceParallel(nn.Module):
     def _chapter(self, queries, keys, values, valid_lens=None, *, causal=False):
         op = "mha.torch.distributed.SequenceParallel"
         err = None
+        p = dkey = 0
         try:
-            _refuse_dropout(op, self.attention)
+            if self.method == "ring":
+                p, dkey = _ring_checks(op, self.attention)
+            else:
+                _refuse_dropout(op, self.attention)
             for name, t in (("queries", queries), ("keys", keys), ("values", values)):
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
                     raise ValueError(f"[{op}] {name}: got {_what(t)}; "
@@ -229,7 +243,9 @@ class SequenceParallel(nn.Module):
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (queries.shape[0], queries.shape[2], keys.shape[2], values.shape[2])
-        rank, P, sizes, pos, order = self._layout(op, 0 if err else queries.shape[1], err, shape)
+        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else queries.shape[1], err, shape, dkey)
+        if self.method == "ring":
+            return self._ring_chapter(queries, keys, values, valid_lens, causal, rank, P, sizes, p, dkey)
         k = self._gather(keys, 1, sizes, order, rank)
         v = k if values is keys else self._gather(values, 1, sizes, order, rank)
         B = queries.shape[0]
@@ -249,8 +265,17 @@ class SequenceParallel(nn.Module):
         a = self.attention
         sd = 1 if a.batch_first else 0
         err = None
+        p = dkey = 0
         try:
-            _refuse_dropout(op, a)
+            if self.method == "ring":
+                p, dkey = _ring_checks(op, a)
+            else:
+                _refuse_dropout(op, a)
+            if key_padding_mask is not None and (not isinstance(key_padding_mask, torch.Tensor)
+                                                 or key_padding_mask.dtype != torch.bool):
+                raise ValueError(f"[{op}] key_padding_mask: got {_what(key_padding_mask)}"
+                                 f"{'' if not isinstance(key_padding_mask, torch.Tensor) else ' ' + str(key_padding_mask.dtype)}; "
+                                 "wanted None or a boolean (B, L_rank) tensor, True = masked")
             if attn_mask is not None:
                 raise ValueError(f"[{op}] attn_mask: wanted None (pass is_causal=True and key_padding_mask; "
                                  "a mask over this rank's rows and all keys is not split here)")
@@ -266,7 +291,9 @@ class SequenceParallel(nn.Module):
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (query.shape[1 - sd], query.shape[2], key.shape[2], value.shape[2])
-        rank, P, sizes, pos, order = self._layout(op, 0 if err else query.shape[sd], err, shape)
+        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else query.shape[sd], err, shape, dkey)
+        if self.method == "ring":
+            return self._ring_drop_in(query, key, value, key_padding_mask, is_causal, rank, P, sizes, order, p, dkey)
         k = self._gather(key, sd, sizes, order, rank)
         v = k if value is key else self._gather(value, sd, sizes, order, rank)
         kpm = None
@@ -277,6 +304,70 @@ class SequenceParallel(nn.Module):
             mask = torch.arange(k.shape[sd])[None, :] > pos[:, None]
         out, _ = a(query, k, v, key_padding_mask=kpm, need_weights=False, attn_mask=mask)
         return out, None
+
+
+    def _ring_plan(self, rank, P, sizes, B, H, d):
+        length = sum(sizes)
+        if self.zigzag:
+            pieces = _chunks(length, P, True)
+        else:
+            pieces = [[(sum(sizes[:o]), sizes[o])] for o in range(P)]
+        return _ring.Plan(self.group, rank, P, pieces, B, H, d, length)
+
+    def _ring_chapter(self, queries, keys, values, valid_lens, causal, rank, P, sizes, p, dkey):
+        a = self.attention
+        a._materialise(queries, keys, values)
+        layers = _ring.chapter_layers(a)
+        d = a.num_hiddens // a.original_num_heads
+        plan = self._ring_plan(rank, P, sizes, queries.shape[0], layers[0][0].shape[0] // d, d)
+        lens = None if valid_lens is None else valid_lens.detach().to(torch.float32).numpy()
+        masks = dict(lens=lens, causal=bool(causal), key_keep=None, seed_fill=True, zeros=False,
+                     dropout_p=p, dropout_key=dkey)
+        dtype = queries.dtype
+        x = [t.to(torch.float32) for t in (queries, keys, values)]
+        q, k, v = (_ring.project(t, layer) for t, layer in zip(x, layers[:3]))
+        heads = _ring.attention(plan, q, k, v, masks, a.precision == "bfloat16" or dtype == torch.bfloat16)
+        return _ring.project(heads, layers[3]).to(dtype)
+
+    def _ring_drop_in(self, query, key, value, key_padding_mask, is_causal, rank, P, sizes, order, p, dkey):
+        a = self.attention
+        first = (lambda t: t) if a.batch_first else (lambda t: t.transpose(0, 1))
+        dtype = query.dtype
+        x = [first(t).to(torch.float32) for t in (query, key, value)]
+        layers = _ring.drop_in_layers(a)
+        d = a.head_dim
+        plan = self._ring_plan(rank, P, sizes, x[0].shape[0], a.num_heads, d)
+        keep = None
+        if key_padding_mask is not None:  # every rank's columns, in global order
+            masked = _Gather.apply(key_padding_mask.to(torch.float32), 1, sizes, order, self.group, rank) > 0.5
+            keep = (~masked).to(torch.uint8).numpy()
+        masks = dict(lens=None, causal=bool(is_causal), key_keep=keep, seed_fill=False,
+                     zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS, dropout_p=p,
+                     dropout_key=dkey)
+        q, k, v = (_ring.project(t, layer) for t, layer in zip(x, layers[:3]))
+        heads = _ring.attention(plan, q, k, v, masks, a.precision == "bfloat16" or dtype == torch.bfloat16)
+        return first(_ring.project(heads, layers[3])).to(dtype), None
+
+
+def _ring_checks(op, a):
+    """What the ring takes of the module: refusals of what it does not run; (dropout p, this rank's key)."""
+    if isinstance(a, _mt.MultiHeadAttention):
+        if a.head_gates is not None:
+            raise ValueError(f"[{op}] head_gates: set on the module; wanted None with method='ring' "
+                             "(prune the heads, or use method='all_gather')")
+        p = a.attention.dropout.p
+    else:
+        for what, bad in (("bias_k/bias_v", a.bias_k is not None), ("add_zero_attn", a.add_zero_attn),
+                          ("pruned heads", a._kept() is not None)):
+            if bad:
+                raise ValueError(f"[{op}] {what}: set on the drop-in; the ring runs the plain projections "
+                                 "only (use method='all_gather')")
+        p = a.dropout
+    if a._rotary is not None:
+        raise ValueError(f"[{op}] rotary: set on the module; wanted None with method='ring' "
+                         "(use method='all_gather')")
+    p = float(p) if a.training else 0.0
+    return p, _mt._dropout_key(p)
 
 
 def _out_bias(attention):

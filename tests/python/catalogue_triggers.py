@@ -751,7 +751,22 @@ def _torch_dist_call(what):
     if what == "zigzag_length":
         mtd.shard(torch.ones(1, 10), 1, 0, 2, zigzag=True)
     elif what == "dropout":
-        mtd.SequenceParallel(mt.MultiHeadAttention(8, 2, 0.1))(x, x, x)
+        mtd.SequenceParallel(mt.MultiHeadAttention(8, 2, 0.1), method="all_gather")(x, x, x)
+    elif what == "method":
+        mtd.SequenceParallel(chapter, method="p2p")
+    elif what == "padding_dtype":
+        mtd.SequenceParallel(drop_in)(x, x, x, key_padding_mask=torch.zeros(1, 4))
+    elif what == "ring_gates":
+        chapter.head_gates = torch.ones(2)
+        mtd.SequenceParallel(chapter)(x, x, x)
+    elif what == "ring_drop_in":
+        mtd.SequenceParallel(mt.MultiheadAttention(8, 2, batch_first=True, add_zero_attn=True))(x, x, x)
+    elif what == "ring_rotary":
+        mtd.SequenceParallel(mt.MultiHeadAttention(8, 2, 0.0, rotary=True))(x, x, x)
+    elif what == "ring_sizes":
+        import mha
+        mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], torch.ones(2).numpy(), False, None, True, False,
+                                       0.0, 0, False)
     elif what == "rank":
         mtd.SequenceParallel(chapter)(torch.ones(4, 8), x, x)
     elif what == "blocks":
@@ -776,4 +791,5 @@ def _torch_dist_call(what):
 
 PY.update({f"torch_dist.{w}": (lambda t, w=w: _torch_dist_call(w)) for w in (
     "zigzag_length", "dropout", "rank", "blocks", "valid_lens", "zigzag_blocks", "attn_mask", "need_weights",
-    "drop_in_rank", "drop_in_blocks", "head_mask", "head_weights")})
+    "drop_in_rank", "drop_in_blocks", "head_mask", "head_weights", "method", "padding_dtype", "ring_gates",
+    "ring_drop_in", "ring_rotary", "ring_sizes")})

@@ -40,7 +40,7 @@ def _allreduced_grads(m):
     return out
 
 
-def _chapter_case(rank, P, L, causal, lens, zigzag, distinct):
+def _chapter_case(rank, P, L, causal, lens, zigzag, distinct, method):
     torch.manual_seed(L * 7 + causal * 3 + zigzag)
     B, D = 2, 8
     m = mha.torch.MultiHeadAttention(D, 4, 0.0)
@@ -65,7 +65,7 @@ def _chapter_case(rank, P, L, causal, lens, zigzag, distinct):
         return mtd.shard(t.detach(), 1, rank, P, zigzag).requires_grad_()
     xs, ys, zs = mine(x), (mine(y) if distinct else None), (mine(z) if distinct else None)
     ys, zs = (ys, zs) if distinct else (xs, xs)
-    got = mtd.SequenceParallel(ring, zigzag=zigzag)(xs, ys, zs, valid, causal=causal)
+    got = mtd.SequenceParallel(ring, zigzag=zigzag, method=method)(xs, ys, zs, valid, causal=causal)
     (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
     torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
     for a, b in ((xs, x), (ys, y), (zs, z)) if distinct else ((xs, x),):
@@ -75,7 +75,7 @@ def _chapter_case(rank, P, L, causal, lens, zigzag, distinct):
         torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
-def _drop_in_case(rank, P, L, causal, lens, zigzag):
+def _drop_in_case(rank, P, L, causal, lens, zigzag, method):
     torch.manual_seed(L + 11 * causal + zigzag)
     B, E = 2, 8
     m = mha.torch.MultiheadAttention(E, 2, batch_first=True)
@@ -91,7 +91,7 @@ def _drop_in_case(rank, P, L, causal, lens, zigzag):
     want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False, attn_mask=am)
     (want * w).sum().backward()
     xs = mtd.shard(x.detach(), 1, rank, P, zigzag).requires_grad_()
-    got, _ = mtd.SequenceParallel(ring, zigzag=zigzag)(
+    got, _ = mtd.SequenceParallel(ring, zigzag=zigzag, method=method)(
         xs, xs, xs, key_padding_mask=None if kpm is None else mtd.shard(kpm, 1, rank, P, zigzag), is_causal=causal)
     (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
     torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
@@ -99,6 +99,94 @@ def _drop_in_case(rank, P, L, causal, lens, zigzag):
     full = _params_grads(m)
     for n, g in _allreduced_grads(ring).items():
         torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
+def _module(drop_in, dropout=0.0, **kw):
+    if drop_in:
+        return mha.torch.MultiheadAttention(8, 2, dropout=dropout, batch_first=True, **kw)
+    m = mha.torch.MultiHeadAttention(8, 4, dropout, **kw)
+    m(*[torch.zeros(1, 1, 8)] * 3)  # materialise the lazy projections
+    return m
+
+
+def _ring_dropout_case(rank, P, drop_in, zigzag):
+    """Dropout in training mode: the ring drops what one process drops given the same seed (every
+    weight's mask is keyed by its global (b, h, query, key) position)."""
+    torch.manual_seed(21 + drop_in)
+    B, L = 2, 4 * P
+    m = _module(drop_in, dropout=0.4)
+    ring = copy.deepcopy(m)
+    x = torch.randn(B, L, 8, requires_grad=True)
+    w = torch.randn(B, L, 8)
+    sp = mtd.SequenceParallel(ring, zigzag=zigzag)
+    xs = mtd.shard(x.detach(), 1, rank, P, zigzag).requires_grad_()
+    torch.manual_seed(99)
+    if drop_in:
+        want, _ = m(x, x, x, need_weights=False, attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1))
+    else:
+        want = m(x, x, x, torch.arange(1, L + 1, dtype=torch.float32).expand(B, L).contiguous())
+    torch.manual_seed(99)
+    got = sp(xs, xs, xs, is_causal=True)[0] if drop_in else sp(xs, xs, xs, causal=True)
+    (want * w).sum().backward()
+    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
+    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
+    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P, zigzag), **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(ring).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    # a different seed drops differently
+    torch.manual_seed(100)
+    other = sp(xs, xs, xs, is_causal=True)[0] if drop_in else sp(xs, xs, xs, causal=True)
+    assert not torch.allclose(other, got)
+
+
+def _ring_bf16_case(rank, P, drop_in):
+    """The modules' bfloat16 mode (q, k, v rounded to bfloat16): the ring is within the mode's bound of
+    the float64 attention with the same parameters."""
+    torch.manual_seed(31 + drop_in)
+    B, L = 2, 3 * P + 1
+    m = _module(drop_in)
+    m.precision = "bfloat16"
+    x = torch.randn(B, L, 8)
+    ref = copy.deepcopy(m)
+    ref.precision = "float32"
+    want = (ref(x, x, x, need_weights=False)[0] if drop_in else ref(x, x, x)).detach()
+    xs = mtd.shard(x, 1, rank, P).requires_grad_()
+    sp = mtd.SequenceParallel(m)
+    got = sp(xs, xs, xs)[0] if drop_in else sp(xs, xs, xs)
+    got.sum().backward()
+    err = (got.detach() - mtd.shard(want, 1, rank, P)).abs().max().item()
+    assert err <= 2 ** -6 * want.abs().max().item(), err  # q, k, v carry 8 significant bits
+    assert torch.isfinite(xs.grad).all()
+
+
+def _ring_fully_masked_case(rank, P):
+    """Rows with no live key: the chapter's module averages every value (its -1e6 fill), the drop-in
+    gives zeros; as one process, forward and backward."""
+    torch.manual_seed(41)
+    B, L = 3, 2 * P + 1
+    for drop_in in (False, True):
+        m = _module(drop_in)
+        ring = copy.deepcopy(m)
+        x = torch.randn(B, L, 8, requires_grad=True)
+        w = torch.randn(B, L, 8)
+        valid = torch.tensor([0, L, 2])
+        xs = mtd.shard(x.detach(), 1, rank, P).requires_grad_()
+        sp = mtd.SequenceParallel(ring)
+        if drop_in:
+            kpm = torch.arange(L)[None, :] >= valid[:, None]
+            want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
+            got, _ = sp(xs, xs, xs, key_padding_mask=mtd.shard(kpm, 1, rank, P))
+        else:
+            want = m(x, x, x, valid)
+            got = sp(xs, xs, xs, valid)
+        (want * w).sum().backward()
+        (got * mtd.shard(w, 1, rank, P)).sum().backward()
+        torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P), **TOL)
+        torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P), **TOL)
+        full = _params_grads(m)
+        for n, g in _allreduced_grads(ring).items():
+            torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
 def _head_case(rank, P, drop_in):
@@ -169,11 +257,18 @@ def worker(rank, P, port, result_dir):
     mha.set_num_threads(1)
     uneven = 4 * P + 3  # tensor_split's uneven blocks
     even = 4 * P        # zigzag: 2P chunks of 2
-    for L, causal, lens, zigzag in ((uneven, False, True, False), (uneven, True, True, False),
-                                    (even, True, False, True), (even, True, True, True), (P - 1 + P, True, True, False)):
-        _chapter_case(rank, P, L, causal, lens, zigzag, distinct=False)
-        _drop_in_case(rank, P, L, causal, lens, zigzag)
-    _chapter_case(rank, P, uneven, False, True, False, distinct=True)
+    for method in ("ring", "all_gather"):
+        for L, causal, lens, zigzag in ((uneven, False, True, False), (uneven, True, True, False),
+                                        (even, True, False, True), (even, True, True, True),
+                                        (P - 1 + P, True, True, False)):
+            _chapter_case(rank, P, L, causal, lens, zigzag, False, method)
+            _drop_in_case(rank, P, L, causal, lens, zigzag, method)
+        _chapter_case(rank, P, uneven, False, True, False, True, method)
+    for drop_in in (False, True):
+        for zigzag in (False, True):
+            _ring_dropout_case(rank, P, drop_in, zigzag)
+        _ring_bf16_case(rank, P, drop_in)
+    _ring_fully_masked_case(rank, P)
     _head_case(rank, P, drop_in=False)
     if 4 % P == 0:
         _head_case(rank, P, drop_in=True)

@@ -1,0 +1,145 @@
+"""The ring of mha.torch.distributed.SequenceParallel(method="ring") (internal).
+
+Each rank projects its own rows (q, k, v with the module's current parameters, torch.nn.functional.linear),
+then the key/value blocks travel round the ring of the group's ranks with torch.distributed's point-to-point
+isend/irecv (rank r sends to r + 1, receives from r - 1) while mha's fused kernel runs this rank's queries on
+the block it holds (python/ring_calls.cpp, src/kernels/ring_rows.h); the blocks' softmaxes merge into one over
+every key. Backward: the blocks travel again, each with the sum of its key and value gradients so far, which
+reaches the block's owner after the last step. A rank holds two key/value blocks at a time (the one computed
+on and the one arriving), never the whole sequence's.
+"""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import _core
+from . import torch as _mt
+
+_calls = _core._ring_calls
+_TAG_KV, _TAG_GRAD = 1000, 2000000
+
+
+class Plan:
+    """Who holds what: rank, P, the group's global ranks, every rank's pieces [(begin, size)] of global
+    positions (its rows in order), B, H, d, the sequence length."""
+
+    def __init__(self, group, rank, P, pieces, B, H, d, length):
+        self.group, self.rank, self.P, self.pieces = group, rank, P, pieces
+        self.B, self.H, self.d, self.length = B, H, d, length
+        self.sizes = [sum(n for _, n in p) for p in pieces]
+        if group is None:
+            self.ranks = list(range(P))
+        else:
+            self.ranks = [dist.distributed_c10d._get_global_rank(group, r) for r in range(P)]
+
+    def elems(self, owner):
+        return self.B * self.sizes[owner] * self.H * self.d
+
+    def exchange(self, send, recv, tag):
+        """Posts the sends of `send` to rank + 1 and the receives of `recv` from rank - 1."""
+        nxt, prv = self.ranks[(self.rank + 1) % self.P], self.ranks[(self.rank - 1) % self.P]
+        reqs = [dist.isend(t, nxt, group=self.group, tag=tag + i) for i, t in enumerate(send)]
+        reqs += [dist.irecv(t, prv, group=self.group, tag=tag + i) for i, t in enumerate(recv)]
+        return reqs
+
+
+def _wait(reqs):
+    for r in reqs:
+        r.wait()
+
+
+class _RingCore(torch.autograd.Function):
+    """(q (B, Q_r, H*d), k, v (B, K_r, H*d)) this rank's projections -> (B, Q_r, H*d) its rows of the
+    attention output over every rank's keys."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, masks):
+        P, r = plan.P, plan.rank
+        call = _calls.RingCall(plan.B, plan.H, plan.d, plan.length, plan.length, plan.pieces[r], **masks)
+        call.begin_forward(q.detach().numpy())
+        kb, vb = k.detach().reshape(-1), v.detach().reshape(-1)
+        for step in range(P):
+            owner = (r - step) % P
+            reqs = []
+            if step + 1 < P:  # the next block arrives while this one is computed on
+                n = plan.elems((r - step - 1) % P)
+                kn, vn = torch.empty(n), torch.empty(n)
+                reqs = plan.exchange((kb, vb), (kn, vn), _TAG_KV + 2 * step)
+            call.add_block(kb.numpy(), vb.numpy(), plan.pieces[owner])
+            if step + 1 < P:
+                _wait(reqs)
+                kb, vb = kn, vn
+        out = torch.from_numpy(call.finish())
+        ctx.call, ctx.plan = call, plan
+        ctx.save_for_backward(q, k, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        call, plan = ctx.call, ctx.plan
+        P, r = plan.P, plan.rank
+        call.begin_backward(q.detach().numpy(), g.contiguous().numpy())
+        kb, vb = k.detach().reshape(-1), v.detach().reshape(-1)
+        sending = []  # the previous step's gradients on their way to rank r + 1
+        mine = None
+        for step in range(P):
+            owner = (r - step) % P
+            n = plan.elems(owner)
+            kv_reqs = []
+            if step + 1 < P:
+                m = plan.elems((r - step - 1) % P)
+                kn, vn = torch.empty(m), torch.empty(m)
+                kv_reqs = plan.exchange((kb, vb), (kn, vn), _TAG_KV + 2 * step)
+            g_in = []
+            if step > 0:  # this block's gradients so far, from the ranks that had it before
+                dk_in, dv_in = torch.empty(n), torch.empty(n)
+                g_in = plan.exchange((), (dk_in, dv_in), _TAG_GRAD + 2 * step)
+            dk, dv = torch.empty(n), torch.empty(n)
+            call.backward_block(kb.numpy(), vb.numpy(), plan.pieces[owner], dk.numpy(), dv.numpy())
+            if step > 0:
+                _wait(g_in)
+                dk += dk_in
+                dv += dv_in
+            _wait(sending)  # posted after this step's receives: no rank waits round the whole ring
+            if P > 1:  # pass the block's gradients on; after the last step they reach its owner
+                sending = plan.exchange((dk, dv), (), _TAG_GRAD + 2 * (step + 1))
+            if step + 1 < P:
+                _wait(kv_reqs)
+                kb, vb = kn, vn
+            if P == 1:
+                mine = (dk, dv)
+            elif step + 1 == P:  # this rank's own block comes back from rank r - 1
+                mine = (torch.empty(plan.elems(r)), torch.empty(plan.elems(r)))
+                _wait(plan.exchange((), mine, _TAG_GRAD + 2 * P))
+        _wait(sending)
+        dq = torch.from_numpy(call.grad_q())
+        ctx.call = None
+        shape = k.shape
+        return dq, mine[0].view(shape), mine[1].view(shape), None, None
+
+
+def _bf16(t):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def attention(plan, q, k, v, masks, bfloat16):
+    """The ring's attention on this rank's projections (B, L_r, H*d) -> (B, L_r, H*d)."""
+    if bfloat16:  # the module's bfloat16 mode: q, k, v hold bfloat16 values
+        q, k, v = _bf16(q), _bf16(k), _bf16(v)
+    return _RingCore.apply(q.contiguous(), k.contiguous(), v.contiguous(), plan, dict(masks, bfloat16=bfloat16))
+
+
+def chapter_layers(m):
+    """The chapter's module's (weight, bias) of W_q, W_k, W_v, W_o, read now (replaced Parameters too)."""
+    return [(layer.weight, layer.bias) for layer in (m.W_q, m.W_k, m.W_v, m.W_o)]
+
+
+def drop_in_layers(m):
+    proj, _, _ = _mt._drop_in_split(m._named_params(), m.embed_dim)
+    return proj
+
+
+def project(x, layer):
+    w, b = layer
+    return F.linear(x, w, b)
