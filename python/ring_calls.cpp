@@ -142,11 +142,11 @@ void bind_ring(py::module_& core) {
            },
            py::arg("k"), py::arg("v"), py::arg("pieces"), py::arg("dk").noconvert(), py::arg("dv").noconvert())
       .def("grad_q", [](RingCall& c) {
-        const std::vector<float>& g = c.rows.grad_q();
-        Floats out({c.B, c.rows.rows(), c.Hd});
-        std::copy(g.begin(), g.end(), out.mutable_data());
+        // Handed to numpy without a copy (the gradient is as large as q).
+        auto* g = new std::vector<float>(std::move(c.rows.grad_q()));
+        py::capsule owner(g, [](void* p) { delete static_cast<std::vector<float>*>(p); });
         c.out = Floats(), c.grad_out = Floats(), c.q = Floats();
-        return out;
+        return Floats({c.B, c.rows.rows(), c.Hd}, g->data(), owner);
       });
 }
 

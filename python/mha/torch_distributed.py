@@ -4,16 +4,21 @@ Two wrappers around an mha.torch attention module (the d2l chapter's
 mha.torch.MultiHeadAttention or the drop-in mha.torch.MultiheadAttention),
 in the style of torch's DistributedDataParallel (wrap a module, name a group):
 
-SequenceParallel(attention, group=None, zigzag=False)
-    Each rank holds its block of the sequence (queries, keys, values); every
-    call all-gathers the key and value blocks (one all_gather each) and runs
-    the inner module on the rank's queries against the whole sequence.
-    Valid lengths and the causal mask are over GLOBAL positions; for the
-    chapter's module they become per-query valid lengths (B, Q_rank), never
-    an L x L mask. zigzag=True: each rank holds chunks r and 2P-1-r of 2P
-    equal chunks (shard(..., zigzag=True)), which balances causal work.
-    Backward: the gradient of the gathered keys/values is all-reduced and each
-    rank keeps its block's rows (the whole loss is the sum of the ranks').
+SequenceParallel(attention, group=None, zigzag=False, method="ring")
+    Each rank holds its block of the sequence (queries, keys, values) and gets its rows of the
+    output. method="ring" (the default): each rank projects its own rows, then the projected key/value
+    blocks travel round the group's ranks (torch.distributed isend/irecv, rank r to r + 1) while mha's
+    fused kernel runs the rank's queries on the block it holds, and the blocks' softmaxes merge into
+    one (python/mha/torch_ring.py); a rank holds two blocks at a time, never the whole sequence.
+    Backward: the blocks travel again, each with its key/value gradients summed so far, which reach
+    the block's owner. Dropout in training mode is keyed by each weight's global (b, h, query, key)
+    position, so the ranks drop what one process drops (every rank takes rank 0's key); the module's
+    bfloat16 mode rounds q, k, v as it does. method="all_gather": every call all-gathers the key and
+    value blocks (one all_gather each) and runs the inner module on the rank's queries against the
+    whole sequence (no dropout; any module options the inner module takes).
+    Valid lengths and the causal mask are over GLOBAL positions (never an L x L mask). zigzag=True:
+    each rank holds chunks r and 2P-1-r of 2P equal chunks (shard(..., zigzag=True)), which balances
+    causal work.
 
 HeadParallel(attention, group=None)
     Megatron style: every rank holds the whole sequence and the full module;
@@ -21,15 +26,21 @@ HeadParallel(attention, group=None)
     call's head_mask) and one all-reduce after W_o sums the ranks' outputs.
     Backward: the input gradient is all-reduced; parameter gradients are each
     rank's share (all-reduce them, as DDP does, for one process's gradients).
+    Dropout: every rank runs the whole module's call, whose masks are keyed by
+    (b, h, query, key), so with the same torch generator state on every rank
+    (checked) the ranks drop what one process drops.
 
 shard(x, dim, rank, world_size, zigzag=False) / unshard(blocks, dim, zigzag)
     this rank's block of a whole-sequence tensor and back (uneven lengths:
     torch.tensor_split's, the first L % P ranks get one more position).
 
-Not here: dropout in training mode (refused: the inner call's dropout mask is
-not keyed by global positions), and the key/value ring (all_gather measured;
-see docs/distributed.md).
+Not here: dropout in training mode for method="all_gather" (refused: the inner
+call's dropout mask is not keyed by global positions); the ring runs the modules' plain projections
+(no head_gates, rotary, bias_k/bias_v, add_zero_attn or pruned drop-in: refused; use all_gather).
+See docs/distributed.md.
 """
+import zlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -392,8 +403,11 @@ class HeadParallel(nn.Module):
         a = self.attention
         rank, P = _world(self.group)
         err = None
+        rng = 0
         try:
-            _refuse_dropout(op, a)
+            p = a.attention.dropout.p if isinstance(a, _mt.MultiHeadAttention) else a.dropout
+            if a.training and p > 0:  # every rank's module must draw the same dropout key
+                rng = zlib.crc32(torch.get_rng_state().numpy().tobytes())
             h = a.num_heads
             if h % P:
                 raise ValueError(f"[{op}] num_heads: {h} is not divisible by the group's {P} ranks; wanted an "
@@ -404,7 +418,11 @@ class HeadParallel(nn.Module):
                 raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has its heads' weights only)")
         except ValueError as e:
             err = e
-        _agree(op, self.group, rank, P, err, ())
+        states = _agree(op, self.group, rank, P, err, (rng,))[:, 0].tolist()
+        if len(set(states)) != 1:
+            raise ValueError(f"[{op}] dropout: the ranks' torch generators differ (CRC32 of their states: "
+                             f"{states}); wanted the same state on every rank (seed every rank alike), so that "
+                             "each draws one process's dropout key")
         share = a.num_heads // P
         gates = torch.zeros(a.num_heads)
         gates[rank * share:(rank + 1) * share] = 1

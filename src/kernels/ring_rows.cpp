@@ -27,6 +27,17 @@ TensorView rows_view(const float* base, int64_t L, int64_t Hd, int64_t b, int64_
   return v;
 }
 
+// A (1, 1, n, d) view of a contiguous [n, d] scratch buffer.
+TensorView scratch_view(std::vector<float>& buf, int64_t n, int64_t d) {
+  buf.resize(static_cast<size_t>(n * d));
+  TensorView v;
+  v.data = buf.data();
+  v.rank = 4;
+  v.shape[0] = 1, v.shape[1] = 1, v.shape[2] = n, v.shape[3] = d;
+  v.stride[0] = n * d, v.stride[1] = n * d, v.stride[2] = d, v.stride[3] = 1;
+  return v;
+}
+
 }  // namespace
 
 RingRows::RingRows(RingRowsSpec spec) : s_(std::move(spec)) {
@@ -164,8 +175,11 @@ void RingRows::begin_backward(const float* out, const float* grad_out) {
   out_ = out;
   grad_out_ = grad_out;
   dq_.assign(static_cast<size_t>(s_.B * Qr_ * Hd_), 0.0f);
-  d_live_.assign(grad_out, grad_out + dq_.size());
-  dq_pair_.resize(dq_.size());
+  // The kernels read grad_out itself unless some row has no live key
+  // anywhere (its dO is rescaled per pair): a copy only then.
+  d_live_.clear();
+  if (std::find(row_max2_.begin(), row_max2_.end(), -kInf) != row_max2_.end())
+    d_live_.assign(grad_out, grad_out + dq_.size());
 }
 
 void RingRows::backward_block(const float* k, const float* v, const std::vector<Piece>& k_pieces, float* dk,
@@ -175,8 +189,7 @@ void RingRows::backward_block(const float* k, const float* v, const std::vector<
   const size_t kv_size = static_cast<size_t>(s_.B * Kb * Hd_);
   std::fill(dk, dk + kv_size, 0.0f);
   std::fill(dv, dv + kv_size, 0.0f);
-  dk_pair_.resize(kv_size);
-  dv_pair_.resize(kv_size);
+  const float* d_out = d_live_.empty() ? grad_out_ : d_live_.data();
   int64_t k_row = 0;
   for (const Piece& kp : k_pieces) {
     int64_t q_row = 0;
@@ -195,7 +208,7 @@ void RingRows::backward_block(const float* k, const float* v, const std::vector<
           // gets the policy's weight 1/K times their dO, and the pair's
           // kernel weighs them 1/K_piece over its keys.
           for (int64_t i = 0; i < qp.size; ++i)
-            if (row_max2_[static_cast<size_t>(st + i)] == -kInf) {
+            if (row_max2_[static_cast<size_t>(st + i)] == -kInf) {  // then d_live_ is a copy
               const int64_t at = (b * Qr_ + q_row + i) * Hd_ + h * s_.d;
               for (int64_t x = 0; x < s_.d; ++x)
                 d_live_[static_cast<size_t>(at + x)] =
@@ -206,28 +219,27 @@ void RingRows::backward_block(const float* k, const float* v, const std::vector<
           p.fwd.out = rows_view(out_, Qr_, Hd_, b, h, s_.d, q_row, qp.size);
           p.fwd.stats = {row_max2_.data() + st, row_sum_.data() + st};
           p.stats_span_more_keys = true;
-          p.grad_out = rows_view(d_live_.data(), Qr_, Hd_, b, h, s_.d, q_row, qp.size);
-          p.grad_q = rows_view(dq_pair_.data(), Qr_, Hd_, b, h, s_.d, q_row, qp.size);
-          p.grad_k = rows_view(dk_pair_.data(), Kb, Hd_, b, h, s_.d, k_row, kp.size);
-          p.grad_v = rows_view(dv_pair_.data(), Kb, Hd_, b, h, s_.d, k_row, kp.size);
-          // The kernel skips rows with no key in the pair: start from zeros.
-          for (int64_t i = 0; i < qp.size; ++i)
-            std::fill_n(p.grad_q.ptr(0, 0, i), s_.d, 0.0f);
-          for (int64_t j = 0; j < kp.size; ++j) {
-            std::fill_n(p.grad_k.ptr(0, 0, j), s_.d, 0.0f);
-            std::fill_n(p.grad_v.ptr(0, 0, j), s_.d, 0.0f);
-          }
+          p.grad_out = rows_view(d_out, Qr_, Hd_, b, h, s_.d, q_row, qp.size);
+          // One (batch row, head) of the pair at a time in small scratch
+          // buffers, added to the sums over pairs (the kernel overwrites its
+          // outputs and skips rows with no key in the pair: zeros first).
+          p.grad_q = scratch_view(dq_pair_, qp.size, s_.d);
+          p.grad_k = scratch_view(dk_pair_, kp.size, s_.d);
+          p.grad_v = scratch_view(dv_pair_, kp.size, s_.d);
+          std::fill(dq_pair_.begin(), dq_pair_.end(), 0.0f);
+          std::fill(dk_pair_.begin(), dk_pair_.end(), 0.0f);
+          std::fill(dv_pair_.begin(), dv_pair_.end(), 0.0f);
           attention_backward(AttentionKernel::Fused, p);
           for (int64_t i = 0; i < qp.size; ++i) {
-            const float* from = p.grad_q.ptr(0, 0, i);
+            const float* from = dq_pair_.data() + i * s_.d;
             float* to = dq_.data() + (b * Qr_ + q_row + i) * Hd_ + h * s_.d;
             for (int64_t x = 0; x < s_.d; ++x) to[x] += from[x];
           }
           for (int64_t j = 0; j < kp.size; ++j) {
             const int64_t at = (b * Kb + k_row + j) * Hd_ + h * s_.d;
             for (int64_t x = 0; x < s_.d; ++x) {
-              dk[at + x] += dk_pair_[static_cast<size_t>(at + x)];
-              dv[at + x] += dv_pair_[static_cast<size_t>(at + x)];
+              dk[at + x] += dk_pair_[static_cast<size_t>(j * s_.d + x)];
+              dv[at + x] += dv_pair_[static_cast<size_t>(j * s_.d + x)];
             }
           }
         }

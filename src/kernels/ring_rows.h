@@ -75,7 +75,8 @@ class RingRows {
   // block's key and value gradients.
   void backward_block(const float* k, const float* v, const std::vector<Piece>& k_pieces, float* dk, float* dv);
   // [B, Q_r, H*d]: the queries' gradient over every block given so far.
-  const std::vector<float>& grad_q() const { return dq_; }
+  // Taken by the caller (moved out).
+  std::vector<float>& grad_q() { return dq_; }
 
   int64_t rows() const { return Qr_; }
 

@@ -158,6 +158,13 @@ def _ring_bf16_case(rank, P, drop_in):
     err = (got.detach() - mtd.shard(want, 1, rank, P)).abs().max().item()
     assert err <= 2 ** -6 * want.abs().max().item(), err  # q, k, v carry 8 significant bits
     assert torch.isfinite(xs.grad).all()
+    # HeadParallel runs the module's own bfloat16 call: one process's numbers but for the sum's order
+    if m.num_heads % P == 0:
+        one = m(x, x, x, need_weights=False)[0] if drop_in else m(x, x, x)
+        hp = mtd.HeadParallel(m)
+        got = hp(x, x, x, need_weights=False)[0] if drop_in else hp(x, x, x)
+        torch.testing.assert_close(got, one, rtol=0, atol=1e-5)
+        assert (one - want).abs().max().item() <= 2 ** -6 * want.abs().max().item()
 
 
 def _ring_fully_masked_case(rank, P):
@@ -219,6 +226,31 @@ def _head_case(rank, P, drop_in):
         torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
+def _head_dropout_case(rank, P, drop_in):
+    """HeadParallel in training mode with dropout: with one torch seed on every rank, the ranks drop
+    what one process drops (the masks are keyed by the whole module's (b, h, query, key))."""
+    torch.manual_seed(51 + drop_in)
+    B, L = 2, 6
+    m = mha.torch.MultiheadAttention(8, 4, dropout=0.5, batch_first=True) if drop_in else _module(False, 0.5)
+    hp = copy.deepcopy(m)
+    x = torch.randn(B, L, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    w = torch.randn(B, L, 8)
+    torch.manual_seed(7)
+    want = m(x, x, x, need_weights=False)[0] if drop_in else m(x, x, x)
+    torch.manual_seed(7)
+    got = mtd.HeadParallel(hp)(x2, x2, x2, need_weights=False)[0] if drop_in else mtd.HeadParallel(hp)(x2, x2, x2)
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    torch.testing.assert_close(got, want.detach(), **TOL)
+    torch.testing.assert_close(x2.grad, x.grad, **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(hp).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    torch.manual_seed(8)
+    assert not torch.allclose(m(x, x, x, need_weights=False)[0] if drop_in else m(x, x, x), want)
+
+
 def _failures(rank, P, result_dir):
     m = mha.torch.MultiHeadAttention(8, 2, 0.0)
     x = torch.randn(1, 4, 8)
@@ -231,7 +263,9 @@ def _failures(rank, P, result_dir):
     with open(os.path.join(result_dir, f"checks{rank}"), "w") as f:
         f.write(msg)
     for what, call in (("disagree", lambda: mtd.SequenceParallel(m)(*[torch.randn(1 + rank, 4, 8)] * 3)),
-                       ("share", lambda: mtd.HeadParallel(mha.torch.MultiHeadAttention(6, 3, 0.0))(x[..., :6], x[..., :6], x[..., :6]))):
+                       ("share", lambda: mtd.HeadParallel(mha.torch.MultiHeadAttention(6, 3, 0.0))(x[..., :6], x[..., :6], x[..., :6])),
+                       ("rng", lambda: (torch.manual_seed(rank),
+                                        mtd.HeadParallel(_module(False, 0.5))(*[torch.ones(1, 3, 8)] * 3)))):
         with pytest.raises(ValueError) as e:
             call()
         with open(os.path.join(result_dir, f"{what}{rank}"), "w") as f:
@@ -272,6 +306,8 @@ def worker(rank, P, port, result_dir):
     _head_case(rank, P, drop_in=False)
     if 4 % P == 0:
         _head_case(rank, P, drop_in=True)
+        _head_dropout_case(rank, P, drop_in=False)
+        _head_dropout_case(rank, P, drop_in=True)
     if P == 2:
         _failures(rank, P, result_dir)
         if rank == 1:
@@ -292,6 +328,7 @@ def test_sequence_and_head_parallel_equal_one_process(world_size, tmp_path):
     for r in (0, 1):
         assert "the ranks' blocks disagree: [1, 2]" in (tmp_path / f"disagree{r}").read_text()
         assert "num_heads: 3 is not divisible by the group's 2 ranks" in (tmp_path / f"share{r}").read_text()
+        assert "dropout: the ranks' torch generators differ" in (tmp_path / f"rng{r}").read_text()
     seconds, _, err = (tmp_path / "absent0").read_text().partition(" ")
     assert err and err != "error", err
     assert float(seconds) < 30
