@@ -64,7 +64,8 @@ void bind_ring(py::module_& core) {
   py::class_<RingCall, std::shared_ptr<RingCall>>(m, "RingCall", "One rank's rows of one ring attention call.")
       .def(py::init([](int64_t B, int64_t H, int64_t d, int64_t Q, int64_t K, const PieceList& q_pieces,
                        const py::object& lens, bool causal, const py::object& key_keep, bool seed_fill,
-                       bool zeros, float dropout_p, uint64_t dropout_key, bool bfloat16) {
+                       bool zeros, float dropout_p, uint64_t dropout_key, bool bfloat16, int64_t first_head,
+                       int64_t all_heads) {
              kernels::RingRowsSpec s;
              s.B = B, s.H = H, s.d = d, s.Q = Q, s.K = K;
              s.q_pieces = pieces_of(q_pieces);
@@ -83,6 +84,7 @@ void bind_ring(py::module_& core) {
              s.fully_masked = zeros ? FullyMaskedRows::Zeros : FullyMaskedRows::Uniform;
              if (dropout_p > 0.0f) s.dropout = {dropout_p, dropout_key};
              s.precision = bfloat16 ? Precision::BFloat16 : Precision::Float32;
+             s.first_head = first_head, s.all_heads = all_heads;  // dropout frames only: no index out of range
              s.scale_divisor = std::sqrt(static_cast<float>(d));
              auto c = std::make_shared<RingCall>(std::move(s), std::move(keep));
              c->B = B, c->Hd = H * d;
@@ -90,7 +92,7 @@ void bind_ring(py::module_& core) {
            }),
            py::arg("B"), py::arg("H"), py::arg("d"), py::arg("Q"), py::arg("K"), py::arg("q_pieces"), py::arg("lens"),
            py::arg("causal"), py::arg("key_keep"), py::arg("seed_fill"), py::arg("zeros"), py::arg("dropout_p"),
-           py::arg("dropout_key"), py::arg("bfloat16"))
+           py::arg("dropout_key"), py::arg("bfloat16"), py::arg("first_head") = 0, py::arg("all_heads") = 0)
       .def("begin_forward",
            [](RingCall& c, Floats q) {
              floats(q, c.B * c.rows.rows() * c.Hd, "q");

@@ -21,9 +21,13 @@ SequenceParallel(attention, group=None, zigzag=False, method="ring")
     causal work.
 
 HeadParallel(attention, group=None)
-    Megatron style: every rank holds the whole sequence and the full module;
-    rank r computes heads [r*h/P, (r+1)*h/P) (the others gated off with the
-    call's head_mask) and one all-reduce after W_o sums the ranks' outputs.
+    Megatron style: every rank holds the whole sequence; rank r computes heads
+    [r*h/P, (r+1)*h/P) alone (its rows of W_q, W_k, W_v, its columns of W_o)
+    and one all-reduce after W_o sums the ranks' outputs. A call with what
+    that path does not run (the chapter's per-query lengths or options, an
+    attn_mask, head gates, rotary, extra key/value biases, a pruned drop-in)
+    runs the whole module on every rank with the other ranks' heads gated off
+    (the call's head_mask): the same numbers, without the saving.
     Backward: the input gradient is all-reduced; parameter gradients are each
     rank's share (all-reduce them, as DDP does, for one process's gradients).
     Dropout: every rank runs the whole module's call, whose masks are keyed by
@@ -335,10 +339,11 @@ class SequenceParallel(nn.Module):
         masks = dict(lens=lens, causal=bool(causal), key_keep=None, seed_fill=True, zeros=False,
                      dropout_p=p, dropout_key=dkey)
         dtype = queries.dtype
+        bf16 = a.precision == "bfloat16" or dtype == torch.bfloat16
         x = [t.to(torch.float32) for t in (queries, keys, values)]
-        q, k, v = (_ring.project(t, layer) for t, layer in zip(x, layers[:3]))
-        heads = _ring.attention(plan, q, k, v, masks, a.precision == "bfloat16" or dtype == torch.bfloat16)
-        return _ring.project(heads, layers[3]).to(dtype)
+        q, k, v = (_ring.project(t, layer, bf16) for t, layer in zip(x, layers[:3]))
+        heads = _ring.attention(plan, q, k, v, masks, bf16)
+        return _ring.project(heads, layers[3], bf16).to(dtype)
 
     def _ring_drop_in(self, query, key, value, key_padding_mask, is_causal, rank, P, sizes, order, p, dkey):
         a = self.attention
@@ -355,9 +360,10 @@ class SequenceParallel(nn.Module):
         masks = dict(lens=None, causal=bool(is_causal), key_keep=keep, seed_fill=False,
                      zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS, dropout_p=p,
                      dropout_key=dkey)
-        q, k, v = (_ring.project(t, layer) for t, layer in zip(x, layers[:3]))
-        heads = _ring.attention(plan, q, k, v, masks, a.precision == "bfloat16" or dtype == torch.bfloat16)
-        return first(_ring.project(heads, layers[3])).to(dtype), None
+        bf16 = a.precision == "bfloat16" or dtype == torch.bfloat16
+        q, k, v = (_ring.project(t, layer, bf16) for t, layer in zip(x, layers[:3]))
+        heads = _ring.attention(plan, q, k, v, masks, bf16)
+        return first(_ring.project(heads, layers[3], bf16)).to(dtype), None
 
 
 def _ring_checks(op, a):
@@ -381,6 +387,72 @@ def _ring_checks(op, a):
     return p, _mt._dropout_key(p)
 
 
+def _drop_in_call(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                  average_attn_weights=True, is_causal=False):
+    """The drop-in's forward arguments by name (nn.MultiheadAttention's signature)."""
+    return query, key, value, key_padding_mask, attn_mask, is_causal
+
+
+def _sliced_heads(a, rank, P, args, kwargs):
+    """HeadParallel's call on this rank's heads alone (their rows of W_q, W_k, W_v and columns of
+    W_o; mha's fused kernel through kernels::RingRows on one block), or None for a call that takes
+    what this path does not run (then the whole module runs with the other heads gated off)."""
+    chapter = isinstance(a, _mt.MultiHeadAttention)
+    if a._rotary is not None:
+        return None
+    tensors = lambda ts: all(isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_floating_point() for t in ts)
+    if chapter:
+        if a.head_gates is not None or kwargs or not 3 <= len(args) <= 4 or not tensors(args[:3]):
+            return None
+        lens = args[3] if len(args) == 4 else None
+        if lens is not None and (not isinstance(lens, torch.Tensor) or lens.dim() != 1
+                                 or lens.shape[0] != args[0].shape[0]):
+            return None
+        first = lambda t: t
+        x = list(args[:3])
+        a._materialise(*x)
+        layers = _ring.chapter_layers(a)
+        d = a.num_hiddens // a.original_num_heads
+        masks = dict(lens=None if lens is None else lens.detach().to(torch.float32).numpy(), causal=False,
+                     key_keep=None, seed_fill=True, zeros=False)
+        p = a.attention.dropout.p
+    else:
+        try:
+            query, key, value, kpm, attn_mask, is_causal = _drop_in_call(*args, **kwargs)
+        except TypeError:
+            return None
+        if (a.bias_k is not None or a.add_zero_attn or a._kept() is not None or attn_mask is not None
+                or not tensors((query, key, value))
+                or kpm is not None and (not isinstance(kpm, torch.Tensor) or kpm.dtype != torch.bool)):
+            return None
+        first = (lambda t: t) if a.batch_first else (lambda t: t.transpose(0, 1))
+        x = [first(t) for t in (query, key, value)]
+        layers = _ring.drop_in_layers(a)
+        d = a.head_dim
+        keep = None if kpm is None else (~kpm).to(torch.uint8).contiguous().numpy()
+        masks = dict(lens=None, causal=bool(is_causal), key_keep=keep, seed_fill=False,
+                     zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS)
+        p = a.dropout
+    H = layers[0][0].shape[0] // d
+    B, Lq, Lk = x[0].shape[0], x[0].shape[1], x[1].shape[1]
+    p = float(p) if a.training else 0.0
+    masks.update(dropout_p=p, dropout_key=_mt._dropout_key(p))  # every rank's generator alike (checked)
+    share = H // P
+    rows = slice(rank * share * d, (rank + 1) * share * d)
+    dtype = x[0].dtype
+    bf16 = a.precision == "bfloat16" or dtype == torch.bfloat16
+    x = [t.to(torch.float32) for t in x]
+    q, k, v = (_ring.project(t, (w[rows], None if b is None else b[rows]), bf16)
+               for t, (w, b) in zip(x, layers[:3]))
+    plan = _ring.Plan(None, 0, 1, [[(0, Lq)]], B, share, d, Lq, keys=(Lk, [[(0, Lk)]]))
+    heads = _ring.attention(plan, q, k, v, masks, bf16, first_head=rank * share, all_heads=H)
+    w_o, b_o = layers[3]
+    y = _ring.project(heads, (w_o[:, rows], None), bf16)
+    if b_o is not None:  # 1/P of W_o's bias on each rank: once in the sum
+        y = y + b_o / P
+    return y, first, dtype
+
+
 def _out_bias(attention):
     if isinstance(attention, _mt.MultiHeadAttention):
         return attention.W_o.bias
@@ -389,7 +461,8 @@ def _out_bias(attention):
 
 class HeadParallel(nn.Module):
     """Head (Megatron) parallel attention: see the module's docstring. forward takes what the inner
-    module's forward takes (the whole sequence on every rank) and returns what it returns."""
+    module's forward takes (the whole sequence on every rank) and returns what it returns (the
+    drop-in: (output, None))."""
 
     def __init__(self, attention, group=None):
         super().__init__()
@@ -397,6 +470,18 @@ class HeadParallel(nn.Module):
         _check_attention(op, attention)
         self.attention = attention
         self.group = group
+
+    def _sliced(self, a, rank, P, args, kwargs):
+        args = [_SumInputGrads.apply(x, self.group) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                and x.requires_grad else x for x in args]
+        kwargs = {n: _SumInputGrads.apply(x, self.group) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                  and x.requires_grad else x for n, x in kwargs.items()}
+        got = _sliced_heads(a, rank, P, args, kwargs)
+        if got is None:
+            return None
+        y, first, dtype = got
+        y = first(_SumOutputs.apply(y, self.group)).to(dtype)
+        return y if isinstance(a, _mt.MultiHeadAttention) else (y, None)
 
     def forward(self, *args, **kwargs):
         op = "mha.torch.distributed.HeadParallel"
@@ -423,6 +508,9 @@ class HeadParallel(nn.Module):
             raise ValueError(f"[{op}] dropout: the ranks' torch generators differ (CRC32 of their states: "
                              f"{states}); wanted the same state on every rank (seed every rank alike), so that "
                              "each draws one process's dropout key")
+        sliced = self._sliced(a, rank, P, args, kwargs)
+        if sliced is not None:
+            return sliced
         share = a.num_heads // P
         gates = torch.zeros(a.num_heads)
         gates[rank * share:(rank + 1) * share] = 1

@@ -21,12 +21,15 @@ _TAG_KV, _TAG_GRAD = 1000, 2000000
 
 class Plan:
     """Who holds what: rank, P, the group's global ranks, every rank's pieces [(begin, size)] of global
-    positions (its rows in order), B, H, d, the sequence length."""
+    positions (its rows in order), B, H, d, the sequence length. keys: (K, [pieces]) when the keys are
+    not the queries' positions (one block: head parallelism's whole sequence on one rank)."""
 
-    def __init__(self, group, rank, P, pieces, B, H, d, length):
-        self.group, self.rank, self.P, self.pieces = group, rank, P, pieces
-        self.B, self.H, self.d, self.length = B, H, d, length
-        self.sizes = [sum(n for _, n in p) for p in pieces]
+    def __init__(self, group, rank, P, pieces, B, H, d, length, keys=None):
+        self.group, self.rank, self.P = group, rank, P
+        self.B, self.H, self.d = B, H, d
+        self.Q, self.q_pieces = length, pieces[rank]
+        self.K, self.pieces = (length, pieces) if keys is None else keys
+        self.sizes = [sum(n for _, n in p) for p in self.pieces]
         if group is None:
             self.ranks = list(range(P))
         else:
@@ -55,7 +58,7 @@ class _RingCore(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan, masks):
         P, r = plan.P, plan.rank
-        call = _calls.RingCall(plan.B, plan.H, plan.d, plan.length, plan.length, plan.pieces[r], **masks)
+        call = _calls.RingCall(plan.B, plan.H, plan.d, plan.Q, plan.K, plan.q_pieces, **masks)
         call.begin_forward(q.detach().numpy())
         kb, vb = k.detach().reshape(-1), v.detach().reshape(-1)
         for step in range(P):
@@ -119,15 +122,26 @@ class _RingCore(torch.autograd.Function):
         return dq, mine[0].view(shape), mine[1].view(shape), None, None
 
 
-def _bf16(t):
-    return t.to(torch.bfloat16).to(torch.float32)
+class _RoundBF16(torch.autograd.Function):
+    """Rounds to the nearest bfloat16 value, kept in float32; the gradient passes unrounded (the
+    modules' bfloat16 mode keeps gradients float32)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.to(torch.bfloat16).to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
-def attention(plan, q, k, v, masks, bfloat16):
-    """The ring's attention on this rank's projections (B, L_r, H*d) -> (B, L_r, H*d)."""
+def attention(plan, q, k, v, masks, bfloat16, first_head=0, all_heads=0):
+    """The ring's attention on this rank's projections (B, L_r, H*d) -> (B, L_r, H*d). first_head,
+    all_heads: these heads' place among the module's (for dropout), 0, 0: all of them."""
     if bfloat16:  # the module's bfloat16 mode: q, k, v hold bfloat16 values
-        q, k, v = _bf16(q), _bf16(k), _bf16(v)
-    return _RingCore.apply(q.contiguous(), k.contiguous(), v.contiguous(), plan, dict(masks, bfloat16=bfloat16))
+        q, k, v = _RoundBF16.apply(q), _RoundBF16.apply(k), _RoundBF16.apply(v)
+    return _RingCore.apply(q.contiguous(), k.contiguous(), v.contiguous(), plan,
+                           dict(masks, bfloat16=bfloat16, first_head=first_head, all_heads=all_heads))
 
 
 def chapter_layers(m):
@@ -140,6 +154,10 @@ def drop_in_layers(m):
     return proj
 
 
-def project(x, layer):
+def project(x, layer, bfloat16=False):
+    """x W^T + b; in the bfloat16 mode x and W rounded to bfloat16 first (the products of mha's
+    bfloat16 mode: bfloat16 factors, float32 sums)."""
     w, b = layer
+    if bfloat16:
+        x, w = _RoundBF16.apply(x), _RoundBF16.apply(w)
     return F.linear(x, w, b)

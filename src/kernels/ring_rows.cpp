@@ -97,7 +97,9 @@ AttentionForward RingRows::pair_params(int64_t b, int64_t h, int64_t q_row, cons
   p.masks.fill = s_.fill;
   p.masks.fully_masked = s_.fully_masked;
   p.dropout = s_.dropout;
-  if (p.dropout.active()) p.dropout.frame = {1, qp.size, kp.size, b, h, qp.begin, kp.begin, s_.H, s_.Q, s_.K};
+  if (p.dropout.active())
+    p.dropout.frame = {1,        qp.size,   kp.size, b, s_.first_head + h, qp.begin, kp.begin,
+                       s_.all_heads > 0 ? s_.all_heads : s_.H, s_.Q, s_.K};
   return p;
 }
 

@@ -48,6 +48,9 @@ struct RingRowsSpec {
   MaskFill fill = MaskFill::Seed;
   FullyMaskedRows fully_masked = FullyMaskedRows::Uniform;
   Dropout dropout;              // p and key; frames are set per call
+  // These heads' place among the module's (head parallelism: a rank's
+  // share of the heads), for the dropout frames; all_heads 0: H.
+  int64_t first_head = 0, all_heads = 0;
   Precision precision = Precision::Float32;  // q, k, v hold bfloat16 values in BFloat16
   float scale_divisor = 1.0f;   // sqrt(d)
 };
