@@ -78,6 +78,15 @@ bool RingRows::skippable(int64_t b, const Piece& qp, int64_t q_row, const Piece&
   return true;
 }
 
+void RingRows::pair_lengths(int64_t b, int64_t q_row, const Piece& qp, const Piece& kp) {
+  if (s_.lens.empty() && !s_.causal) return;
+  for (int64_t i = 0; i < qp.size; ++i) {
+    float n = s_.lens.empty() ? kInf : s_.lens[static_cast<size_t>(b)] - static_cast<float>(kp.begin);
+    if (s_.causal) n = std::min(n, static_cast<float>(qp.begin + i - kp.begin + 1));
+    lens_buf_[static_cast<size_t>(b * Qr_ + q_row + i)] = n;
+  }
+}
+
 AttentionForward RingRows::pair_params(int64_t b, int64_t h, int64_t q_row, const Piece& qp, const float* k,
                                        const float* v, int64_t Kb, int64_t k_row, const Piece& kp) {
   AttentionForward p;
@@ -124,12 +133,7 @@ void RingRows::add_block(const float* k, const float* v, const std::vector<Piece
     for (const Piece& qp : s_.q_pieces) {
       for (int64_t b = 0; b < s_.B; ++b) {
         if (qp.size == 0 || kp.size == 0 || skippable(b, qp, q_row, kp)) continue;  // adds exactly nothing
-        if (!s_.lens.empty() || s_.causal)
-          for (int64_t i = 0; i < qp.size; ++i) {
-            float n = s_.lens.empty() ? kInf : s_.lens[static_cast<size_t>(b)] - static_cast<float>(kp.begin);
-            if (s_.causal) n = std::min(n, static_cast<float>(qp.begin + i - kp.begin + 1));
-            lens_buf_[static_cast<size_t>(b * Qr_ + q_row + i)] = n;
-          }
+        pair_lengths(b, q_row, qp, kp);
         for (int64_t h = 0; h < s_.H; ++h) {
           AttentionForward p = pair_params(b, h, q_row, qp, k, v, Kb, k_row, kp);
           p.out = rows_view(block_out_.data(), Qr_, Hd_, b, h, s_.d, q_row, qp.size);
@@ -198,12 +202,7 @@ void RingRows::backward_block(const float* k, const float* v, const std::vector<
     for (const Piece& qp : s_.q_pieces) {
       for (int64_t b = 0; b < s_.B; ++b) {
         if (qp.size == 0 || kp.size == 0 || skippable(b, qp, q_row, kp)) continue;  // weights 0 there
-        if (!s_.lens.empty() || s_.causal)
-          for (int64_t i = 0; i < qp.size; ++i) {
-            float n = s_.lens.empty() ? kInf : s_.lens[static_cast<size_t>(b)] - static_cast<float>(kp.begin);
-            if (s_.causal) n = std::min(n, static_cast<float>(qp.begin + i - kp.begin + 1));
-            lens_buf_[static_cast<size_t>(b * Qr_ + q_row + i)] = n;
-          }
+        pair_lengths(b, q_row, qp, kp);
         for (int64_t h = 0; h < s_.H; ++h) {
           const int64_t st = (b * s_.H + h) * Qr_ + q_row;
           // Rows with no live key anywhere have constant scores: each value

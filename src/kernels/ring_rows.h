@@ -89,6 +89,9 @@ class RingRows {
   // Whether the pair (query piece, key piece) can be skipped: no row in it
   // has a live key there (rows with no live key anywhere are never skipped).
   bool skippable(int64_t b, const Piece& qp, int64_t q_row, const Piece& kp) const;
+  // Batch row b's per-query lengths over the pair's keys (lengths and the
+  // causal limit over global positions), into lens_buf_.
+  void pair_lengths(int64_t b, int64_t q_row, const Piece& qp, const Piece& kp);
   // The kernel's parameters for batch row b, head h of the pair.
   AttentionForward pair_params(int64_t b, int64_t h, int64_t q_row, const Piece& qp, const float* k,
                                const float* v, int64_t Kb, int64_t k_row, const Piece& kp);

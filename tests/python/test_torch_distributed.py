@@ -40,6 +40,17 @@ def _allreduced_grads(m):
     return out
 
 
+def _rows_as_one_process(got, want, w, xs, x, m, ring, rank, P, zigzag=False):
+    """A rank's rows of the output and of the input gradient, and the all-reduced parameter
+    gradients, against one process's (want and x.grad: the whole sequence's, backward done)."""
+    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
+    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
+    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P, zigzag), **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(ring).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
 def _chapter_case(rank, P, L, causal, lens, zigzag, distinct, method):
     torch.manual_seed(L * 7 + causal * 3 + zigzag)
     B, D = 2, 8
@@ -93,12 +104,7 @@ def _drop_in_case(rank, P, L, causal, lens, zigzag, method):
     xs = mtd.shard(x.detach(), 1, rank, P, zigzag).requires_grad_()
     got, _ = mtd.SequenceParallel(ring, zigzag=zigzag, method=method)(
         xs, xs, xs, key_padding_mask=None if kpm is None else mtd.shard(kpm, 1, rank, P, zigzag), is_causal=causal)
-    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
-    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
-    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P, zigzag), **TOL)
-    full = _params_grads(m)
-    for n, g in _allreduced_grads(ring).items():
-        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    _rows_as_one_process(got, want, w, xs, x, m, ring, rank, P, zigzag)
 
 
 def _module(drop_in, dropout=0.0, **kw):
@@ -128,12 +134,7 @@ def _ring_dropout_case(rank, P, drop_in, zigzag):
     torch.manual_seed(99)
     got = sp(xs, xs, xs, is_causal=True)[0] if drop_in else sp(xs, xs, xs, causal=True)
     (want * w).sum().backward()
-    (got * mtd.shard(w, 1, rank, P, zigzag)).sum().backward()
-    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, rank, P, zigzag), **TOL)
-    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, rank, P, zigzag), **TOL)
-    full = _params_grads(m)
-    for n, g in _allreduced_grads(ring).items():
-        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    _rows_as_one_process(got, want, w, xs, x, m, ring, rank, P, zigzag)
     # a different seed drops differently
     torch.manual_seed(100)
     other = sp(xs, xs, xs, is_causal=True)[0] if drop_in else sp(xs, xs, xs, causal=True)
@@ -196,6 +197,17 @@ def _ring_fully_masked_case(rank, P):
             torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
+def _same_as_one_process(want, got, w, x, x2, m, hp):
+    """HeadParallel's output, input gradient and all-reduced parameter gradients against one process's."""
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    torch.testing.assert_close(got, want.detach(), **TOL)
+    torch.testing.assert_close(x2.grad, x.grad, **TOL)
+    full = _params_grads(m)
+    for n, g in _allreduced_grads(hp).items():
+        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+
+
 def _head_case(rank, P, drop_in):
     torch.manual_seed(5 + drop_in)
     B, L, D = 2, 7, 8
@@ -214,23 +226,18 @@ def _head_case(rank, P, drop_in):
     plain = mtd._ring.project
     mtd._ring.project = lambda t, layer, bf16=False: (widths.append(layer[0].shape), plain(t, layer, bf16))[1]
     try:
-        if drop_in:
+        if drop_in:  # a padding mask and the causal limit
             kpm = torch.arange(L)[None, :] >= valid[:, None]
-            want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
-            got, _ = mtd.HeadParallel(hp)(x2, x2, x2, key_padding_mask=kpm, need_weights=False)
+            want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False,
+                        attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1))
+            got, _ = mtd.HeadParallel(hp)(x2, x2, x2, key_padding_mask=kpm, need_weights=False, is_causal=True)
         else:
             want = m(x, x, x, valid)
             got = mtd.HeadParallel(hp)(x2, x2, x2, valid)
     finally:
         mtd._ring.project = plain
     assert widths == [(D // P, D)] * 3 + [(D, D // P)], widths
-    (want * w).sum().backward()
-    (got * w).sum().backward()
-    torch.testing.assert_close(got, want.detach(), **TOL)
-    torch.testing.assert_close(x2.grad, x.grad, **TOL)
-    full = _params_grads(m)
-    for n, g in _allreduced_grads(hp).items():
-        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    _same_as_one_process(want, got, w, x, x2, m, hp)
 
 
 def _head_gated_case(rank, P):
@@ -252,13 +259,7 @@ def _head_gated_case(rank, P):
         else:
             lens = torch.randint(1, L + 1, (B, L)).float()
             want, got = m(x, x, x, lens), mtd.HeadParallel(hp)(x2, x2, x2, lens)
-        (want * w).sum().backward()
-        (got * w).sum().backward()
-        torch.testing.assert_close(got, want.detach(), **TOL)
-        torch.testing.assert_close(x2.grad, x.grad, **TOL)
-        full = _params_grads(m)
-        for n, g in _allreduced_grads(hp).items():
-            torch.testing.assert_close(g, full[n], **TOL, msg=n)
+        _same_as_one_process(want, got, w, x, x2, m, hp)
 
 
 def _head_dropout_case(rank, P, drop_in):
@@ -275,13 +276,7 @@ def _head_dropout_case(rank, P, drop_in):
     want = m(x, x, x, need_weights=False)[0] if drop_in else m(x, x, x)
     torch.manual_seed(7)
     got = mtd.HeadParallel(hp)(x2, x2, x2, need_weights=False)[0] if drop_in else mtd.HeadParallel(hp)(x2, x2, x2)
-    (want * w).sum().backward()
-    (got * w).sum().backward()
-    torch.testing.assert_close(got, want.detach(), **TOL)
-    torch.testing.assert_close(x2.grad, x.grad, **TOL)
-    full = _params_grads(m)
-    for n, g in _allreduced_grads(hp).items():
-        torch.testing.assert_close(g, full[n], **TOL, msg=n)
+    _same_as_one_process(want, got, w, x, x2, m, hp)
     torch.manual_seed(8)
     assert not torch.allclose(m(x, x, x, need_weights=False)[0] if drop_in else m(x, x, x), want)
 
