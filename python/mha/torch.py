@@ -543,6 +543,10 @@ class MultiHeadAttention(nn.Module):
 
     def _materialise(self, queries, keys, values):
         """torch's lazy initialisation, as the chapter's first call does it (same draws, same order)."""
+        mods = self._modules  # the registry itself: nn.Module.__getattr__ costs ~1 us a name per call
+        if all(type(layer) is nn.Linear and layer.in_features == layer._parameters["weight"].shape[1]
+               for layer in (mods["W_q"], mods["W_k"], mods["W_v"], mods["W_o"])):
+            return  # built (a LazyLinear becomes an nn.Linear) and consistent: nothing to do
         for layer, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values), (self.W_o, None)):
             if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
                 if x is None:  # W_o reads the heads' concatenation (narrower once heads are pruned)
@@ -558,11 +562,14 @@ class MultiHeadAttention(nn.Module):
 
     def _params(self):
         """The call's parameters, read from the layers now: (name, tensor) in the chapter's order."""
+        mods = self._modules
         out = []
-        for name, layer in self._layers():
-            out.append((name + ".weight", layer.weight))
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            layer = mods[name]
+            ps = layer._parameters
+            out.append((name + ".weight", ps["weight"] if "weight" in ps else layer.weight))
             if self._bias:
-                out.append((name + ".bias", layer.bias))
+                out.append((name + ".bias", ps["bias"] if "bias" in ps else layer.bias))
         return out
 
     def _call_layers(self, params, weights):
@@ -658,7 +665,7 @@ class MultiHeadAttention(nn.Module):
                                                  lens, num_heads, kernel, precision, for_backward, p, key, True,
                                                  rotary, window=window, softcap=softcap,
                                                  alibi_slopes=alibi_slopes, sinks=sinks_np)
-            module._last_context = context
+            object.__setattr__(module, "_last_context", context)  # a plain attribute: skip nn.Module's
             return out, None, context
 
         def grads(ps, rest):
@@ -1196,7 +1203,7 @@ def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_fi
             fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary, softcap=softcap,
             alibi_slopes=alibi_slopes, sinks=sinks_np)
         if context is not None and module is not None:
-            module._last_context = context
+            object.__setattr__(module, "_last_context", context)  # a plain attribute: skip nn.Module's
         last[0] = context
         return out, w, context
 
