@@ -33,7 +33,9 @@ class Plan:
         if group is None:
             self.ranks = list(range(P))
         else:
-            self.ranks = [dist.distributed_c10d._get_global_rank(group, r) for r in range(P)]
+            c10d = dist.distributed_c10d
+            global_rank = getattr(c10d, "get_global_rank", None) or c10d._get_global_rank  # torch >= 2.0 / 1.13
+            self.ranks = [global_rank(group, r) for r in range(P)]
 
     def elems(self, owner):
         return self.B * self.sizes[owner] * self.H * self.d

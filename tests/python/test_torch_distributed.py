@@ -208,6 +208,28 @@ def _same_as_one_process(want, got, w, x, x2, m, hp):
         torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
+def _subgroup_case(rank, P):
+    """The ring over a subgroup (ranks 1 and P-1 of the world): point-to-point peers are named by
+    their global ranks; the other ranks take no part."""
+    group = dist.new_group([1, P - 1])  # every rank makes it
+    if rank not in (1, P - 1):
+        return
+    r = 0 if rank == 1 else 1
+    torch.manual_seed(71)
+    m = _module(False)
+    ring = copy.deepcopy(m)
+    x = torch.randn(2, 9, 8, requires_grad=True)
+    w = torch.randn(2, 9, 8)
+    lens = torch.tensor([4, 9])
+    want = m(x, x, x, lens)
+    (want * w).sum().backward()
+    xs = mtd.shard(x.detach(), 1, r, 2).requires_grad_()
+    got = mtd.SequenceParallel(ring, group=group)(xs, xs, xs, lens)
+    (got * mtd.shard(w, 1, r, 2)).sum().backward()
+    torch.testing.assert_close(got, mtd.shard(want.detach(), 1, r, 2), **TOL)
+    torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, r, 2), **TOL)
+
+
 def _head_case(rank, P, drop_in):
     torch.manual_seed(5 + drop_in)
     B, L, D = 2, 7, 8
@@ -333,6 +355,8 @@ def worker(rank, P, port, result_dir):
             _ring_dropout_case(rank, P, drop_in, zigzag)
         _ring_bf16_case(rank, P, drop_in)
     _ring_fully_masked_case(rank, P)
+    if P == 4:
+        _subgroup_case(rank, P)
     _head_case(rank, P, drop_in=False)
     if 4 % P == 0:
         _head_case(rank, P, drop_in=True)
