@@ -230,6 +230,32 @@ def _subgroup_case(rank, P):
     torch.testing.assert_close(xs.grad, mtd.shard(x.grad, 1, r, 2), **TOL)
 
 
+def _sequence_first_and_empty_case(rank, P):
+    """The drop-in with batch_first=False (blocks along dimension 0), and fewer positions than ranks
+    (the last ranks hold none): forward and input gradients as one process."""
+    torch.manual_seed(81)
+    L = P - 1
+    for drop_in in (False, True):
+        if drop_in:
+            m = mha.torch.MultiheadAttention(8, 2)
+            x = torch.randn(L, 2, 8, requires_grad=True)
+            want = m(x, x, x, need_weights=False, attn_mask=torch.triu(torch.ones(L, L, dtype=torch.bool), 1))[0]
+            dim = 0
+        else:
+            m = _module(False)
+            x = torch.randn(2, L, 8, requires_grad=True)
+            want = m(x, x, x, torch.arange(1, L + 1, dtype=torch.float32).expand(2, L).contiguous())
+            dim = 1
+        w = torch.randn_like(want)
+        (want * w).sum().backward()
+        xs = mtd.shard(x.detach(), dim, rank, P).requires_grad_()
+        sp = mtd.SequenceParallel(copy.deepcopy(m))
+        got = sp(xs, xs, xs, is_causal=True)[0] if drop_in else sp(xs, xs, xs, causal=True)
+        (got * mtd.shard(w, dim, rank, P)).sum().backward()
+        torch.testing.assert_close(got, mtd.shard(want.detach(), dim, rank, P), **TOL)
+        torch.testing.assert_close(xs.grad, mtd.shard(x.grad, dim, rank, P), **TOL)
+
+
 def _head_case(rank, P, drop_in):
     torch.manual_seed(5 + drop_in)
     B, L, D = 2, 7, 8
@@ -357,6 +383,7 @@ def worker(rank, P, port, result_dir):
     _ring_fully_masked_case(rank, P)
     if P == 4:
         _subgroup_case(rank, P)
+    _sequence_first_and_empty_case(rank, P)
     _head_case(rank, P, drop_in=False)
     if 4 % P == 0:
         _head_case(rank, P, drop_in=True)
