@@ -43,6 +43,11 @@ TensorView scratch_view(std::vector<float>& buf, int64_t n, int64_t d) {
 RingRows::RingRows(RingRowsSpec spec) : s_(std::move(spec)) {
   for (const Piece& p : s_.q_pieces) Qr_ += p.size;
   Hd_ = s_.H * s_.d;
+  if (s_.key_keep)  // each row's first kept key, once (not per query and block)
+    for (int64_t b = 0; b < s_.B; ++b) {
+      const uint8_t* keep = s_.key_keep + b * s_.K;
+      first_kept_.push_back(std::find(keep, keep + s_.K, uint8_t{1}) - keep);
+    }
 }
 
 int64_t RingRows::position(int64_t i) const {
@@ -66,9 +71,7 @@ int64_t RingRows::last_key(int64_t b, int64_t x) const {
 bool RingRows::masked_anywhere(int64_t b, int64_t x) const {
   const int64_t last = last_key(b, x);
   if (last < 0) return true;
-  if (!s_.key_keep) return false;
-  const uint8_t* keep = s_.key_keep + b * s_.K;
-  return std::find(keep, keep + last + 1, uint8_t{1}) == keep + last + 1;
+  return s_.key_keep && first_kept_[static_cast<size_t>(b)] > last;
 }
 
 bool RingRows::skippable(int64_t b, const Piece& qp, int64_t q_row, const Piece& kp) const {

@@ -104,6 +104,7 @@ class RingRows {
   int64_t Qr_ = 0, Hd_ = 0;
   const float* q_ = nullptr;
   const float *out_ = nullptr, *grad_out_ = nullptr;
+  std::vector<int64_t> first_kept_;              // [B] with key_keep: each row's first kept key (K: none)
   std::vector<float> acc_, row_max2_, row_sum_;  // [B,Q_r,H*d], [B,H,Q_r] each
   std::vector<float> block_out_, block_stats_, lens_buf_, d_live_, dq_, dq_pair_, dk_pair_, dv_pair_;
 };
