@@ -18,13 +18,20 @@ def test_readme_python_blocks_run(monkeypatch, tmp_path, page):
     assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "readme"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for i, block in enumerate(blocks):
-            try:
-                exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)
-            except Exception as e:  # name the block in the failure
-                raise AssertionError(f"{page} python block {i + 1} failed: {e!r}") from e
+    import torch.distributed as dist
+
+    had_group = dist.is_available() and dist.is_initialized()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, block in enumerate(blocks):
+                try:
+                    exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)
+                except Exception as e:  # name the block in the failure
+                    raise AssertionError(f"{page} python block {i + 1} failed: {e!r}") from e
+    finally:  # the distributed example starts a group of one; later tests start their own
+        if not had_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_readme_points_to_sections_that_exist_where_it_says():
