@@ -37,7 +37,7 @@ inline float update(float acc, float alpha, float beta, const float* c) {
 template <class M>
 struct Driver {
   using T = typename M::Tiles;
-  static constexpr int MR = T::MR, NR = T::NR, KC = T::KC, MC = T::MC;
+  static constexpr int MR = T::MR, NR = T::NR, KC = T::KC, MC = T::MC, NC = T::NC, KA = T::KA;
 
   static int64_t padded_n(int64_t N) { return (N + NR - 1) / NR * NR; }
   static int64_t packed_b_floats(int64_t K, int64_t N) { return std::max<int64_t>(K, 1) * padded_n(N); }
@@ -103,6 +103,16 @@ struct Driver {
       int64_t used = MR;
       if constexpr (requires { M::rows_used(1); }) used = M::rows_used(static_cast<int>(mr));
       if (!g.trans_a) {  // op(A)(i, k) = A[i*lda + k]
+        // Whole panels in registers (M::pack_rows); a few rows' panel (an
+        // edge, or a product of a few rows) is copied faster one by one.
+        if constexpr (requires { &M::pack_rows; }) {
+          if (mr == MR) {
+            const float* src[MR];
+            for (int64_t i = 0; i < MR; ++i) src[i] = g.A + (i0 + r0 + i) * g.lda + p0;
+            M::pack_rows(src, kc, panel);
+            continue;
+          }
+        }
         for (int64_t i = 0; i < used; ++i) {
           if (i < mr) {
             const float* src = g.A + (i0 + r0 + i) * g.lda + p0;
@@ -132,6 +142,11 @@ struct Driver {
   }
 
   // One A block per thread, reused by every call on it.
+  // One A block of every chunk of a sum of at most KA (run()).
+  static float* a_block_buffer() {
+    alignas(64) static thread_local float a_all[MC * KA];
+    return a_all;
+  }
   static float* a_buffer() {
     alignas(64) static thread_local float a_pack[MC * KC];
     return a_pack;
@@ -231,8 +246,31 @@ struct Driver {
       for (int64_t i = 0; i < g.M; ++i) std::memcpy(g.C + i * g.ldc, g.bias, sizeof(float) * g.N);
       beta = 1.0f;
     }
-    float* a_pack = a_buffer();
     const int64_t Np = padded_n(g.N);
+    if (g.K <= KA) {
+      // Each A block packed once for the whole sum (all its KC-chunks),
+      // then C in slices of NC columns: a slice's MC x NC block of C stays
+      // in L2 while every chunk adds to it (gemm_traits.h: why).
+      float* a_all = a_block_buffer();
+      for (int64_t i0 = 0; i0 < g.M; i0 += MC) {
+        const int64_t mc = std::min<int64_t>(MC, g.M - i0), mc_pad = (mc + MR - 1) / MR * MR;
+        for (int64_t p0 = 0; p0 < g.K; p0 += KC)
+          pack_a(g, i0, mc, p0, std::min<int64_t>(KC, g.K - p0), a_all + p0 * mc_pad);
+        for (int64_t jc = 0; jc < g.N; jc += NC) {
+          const int64_t j_end = std::min<int64_t>(g.N, jc + NC);
+          for (int64_t p0 = 0; p0 < g.K; p0 += KC) {
+            const int64_t kc = std::min<int64_t>(KC, g.K - p0);
+            // The first chunk scales C by beta; later ones add to it.
+            const float beta_here = p0 == 0 ? beta : 1.0f;
+            const float* b_chunk = packed_b + p0 * Np;
+            for (int64_t j0 = jc; j0 < j_end; j0 += NR)
+              panel_rows(g, i0, mc, kc, a_all + p0 * mc_pad, b_chunk + j0 * kc, j0, beta_here);
+          }
+        }
+      }
+      return;
+    }
+    float* a_pack = a_buffer();
     for (int64_t i0 = 0; i0 < g.M; i0 += MC) {
       const int64_t mc = std::min<int64_t>(MC, g.M - i0);
       for (int64_t p0 = 0; p0 < g.K; p0 += KC) {

@@ -27,10 +27,12 @@ struct TwoVectorMicro {
   // i < R (each row's sums are the same whatever R is).
   template <int R = MR>
   static inline void accumulate(int64_t kc, const float* a, const float* b, Reg (&lo)[MR], Reg (&hi)[MR]) {
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i) lo[i] = hi[i] = V::zero();
     for (int64_t k = 0; k < kc; ++k) {
       const Reg b0 = V::load_aligned(b);
       const Reg b1 = V::load_aligned(b + L);
+#pragma GCC unroll 16
       for (int i = 0; i < R; ++i) {
         const Reg ai = V::broadcast(a + i);
         lo[i] = V::fmadd(ai, b0, lo[i]);
@@ -52,6 +54,7 @@ struct TwoVectorMicro {
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta) {
     Reg lo[MR], hi[MR];
     accumulate(kc, a, b, lo, hi);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       float* row = c + i * ldc;
       V::store(row, update(lo[i], alpha, beta, row));

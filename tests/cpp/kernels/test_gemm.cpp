@@ -61,7 +61,8 @@ class GemmIsaTest : public ::testing::TestWithParam<GemmIsa> {
 };
 
 // Sizes around every ISA's micro-tile and block edges (MR 4/6/12, NR 8/16/32,
-// KC 256, MC 64/96/192), 1, and primes.
+// KC 256, MC 64/96/192, NC 256), 1, and primes. (Sums longer than KA 1024,
+// which the driver runs in another order, are the depth 1100 below.)
 const int64_t kSizes[] = {1, 2, 5, 7, 11, 12, 13, 16, 17, 31, 33, 64, 97, 191, 193, 255, 257, 300};
 
 TEST_P(GemmIsaTest, MatchesTheExactProductWithinTheFloatBound) {
@@ -89,7 +90,7 @@ TEST_P(GemmIsaTest, MatchesTheExactProductWithinTheFloatBound) {
 
 TEST_P(GemmIsaTest, AgreesWithOpenBlasAndTheReferenceLoop) {
   Generator gen(11);
-  for (int64_t K : {1, 40, 256, 513}) {
+  for (int64_t K : {1, 40, 256, 513, 1100}) {
     Operands o(gen, false, true, 77, 70, K, 0, 1.0f, 0.0f, false);
     std::vector<float> ours = o.C, blas = o.C, ref = o.C;
     cpu::gemm(o.block(ours));
@@ -133,30 +134,33 @@ TEST_P(GemmIsaTest, AnEmptySumGivesBetaCOrTheBias) {
 
 TEST_P(GemmIsaTest, BitwiseTheSameAtAnyThreadCountAndRowSplit) {
   Generator gen(13);
-  // A product big enough for many row blocks, and padded batches of pieces.
-  Operands o(gen, false, true, 2000, 200, 300, 0, 1.0f, 0.0f, true);
-  const int saved = num_threads();
-  std::vector<std::vector<float>> results;
-  for (int threads : {1, 2, 3}) {
-    set_num_threads(threads);
-    std::vector<float> out(o.C.size());
-    cpu::parallel_sgemm(o.M, o.N, o.K, o.A.data(), o.lda, o.B.data(), o.ldb, true, o.b.data(), out.data(),
-                        o.ldc);
-    results.push_back(out);
+  // A product big enough for many row blocks, and padded batches of pieces;
+  // a sum within KA and one past it (the driver's two orders).
+  for (int64_t K : {300, 1100}) {
+    Operands o(gen, false, true, 2000, 200, K, 0, 1.0f, 0.0f, true);
+    const int saved = num_threads();
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<float> out(o.C.size());
+      cpu::parallel_sgemm(o.M, o.N, o.K, o.A.data(), o.lda, o.B.data(), o.ldb, true, o.b.data(), out.data(),
+                          o.ldc);
+      results.push_back(out);
+    }
+    set_num_threads(saved);
+    // The same rows as pieces of other sizes, in one batch: each row's sum
+    // does not depend on which block it falls in.
+    std::vector<float> pieces(o.C.size());
+    cpu::GemmBatch batch;
+    for (int64_t r0 = 0, step = 1; r0 < o.M; r0 += step, step = step * 3 % 401 + 1) {
+      const int64_t rows = std::min(step, o.M - r0);
+      batch.add(rows, o.N, o.K, o.A.data() + r0 * o.lda, o.lda, o.B.data(), o.ldb, true, o.b.data(),
+                pieces.data() + r0 * o.ldc, o.ldc);
+    }
+    batch.run();
+    results.push_back(pieces);
+    for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "run " << r << " K " << K;
   }
-  set_num_threads(saved);
-  // The same rows as pieces of other sizes, in one batch: each row's sum
-  // does not depend on which block it falls in.
-  std::vector<float> pieces(o.C.size());
-  cpu::GemmBatch batch;
-  for (int64_t r0 = 0, step = 1; r0 < o.M; r0 += step, step = step * 3 % 401 + 1) {
-    const int64_t rows = std::min(step, o.M - r0);
-    batch.add(rows, o.N, o.K, o.A.data() + r0 * o.lda, o.lda, o.B.data(), o.ldb, true, o.b.data(),
-              pieces.data() + r0 * o.ldc, o.ldc);
-  }
-  batch.run();
-  results.push_back(pieces);
-  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "run " << r;
 }
 
 TEST_P(GemmIsaTest, StackedWeightsReadInPlaceGiveEachLayersProductBitwise) {
@@ -213,12 +217,14 @@ TEST_P(GemmIsaTest, StackedWeightsReadInPlaceGiveEachLayersProductBitwise) {
 // switch), odd and even N and K, strides, every op() and alpha/beta/bias.
 TEST_P(GemmIsaTest, UnpackedProductsGiveThePackedBitsWithinTheFloatBound) {
   Generator gen(19);
-  const int64_t widths[] = {1, 2, 7, 16, 31, 32, 33, 64, 100, 129};
-  const int64_t depths[] = {1, 3, 8, 17, 64, 100, 255, 256, 257, 513};
+  // Widths past NC 256 and depths past KA 1024: the packed driver's two
+  // orders (gemm_impl.h run) give the unpacked path's bits too.
+  const int64_t widths[] = {1, 2, 7, 16, 31, 32, 33, 64, 100, 129, 300};
+  const int64_t depths[] = {1, 3, 8, 17, 64, 100, 255, 256, 257, 513, 1100};
   const int64_t nr = cpu::gemm_panel_width();
   for (int trial = 0; trial < 120; ++trial) {
     const int64_t M = 1 + static_cast<int64_t>(gen.below(40));
-    const int64_t N = widths[gen.below(10)], K = depths[gen.below(10)], pad = gen.below(3);
+    const int64_t N = widths[gen.below(11)], K = depths[gen.below(11)], pad = gen.below(3);
     const bool ta = gen.below(2), tb = gen.below(4) != 0;  // weights (trans_b) most often
     const float alphas[] = {1.0f, -0.5f};
     const float betas[] = {0.0f, 1.0f, 0.25f};
