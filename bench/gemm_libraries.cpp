@@ -22,10 +22,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cpu/gemm/few_rows.h"
+#include "cpu/gemm/packed_weight.h"
 #include "cpu/gemm/parallel_gemm.h"
 #include "mha/threads.h"
 
@@ -61,6 +64,25 @@ std::vector<Library> libraries(int threads) {
   out.push_back({"mha", [](const Case& c, const float* A, const float* B, float* C) {
                    mha::cpu::parallel_sgemm(c.M, c.N, c.K, A, c.K, B, c.trans_b ? c.K : c.N, c.trans_b, nullptr,
                                             C, c.N);
+                 }});
+  // What a module runs for a weight's product (x W^T): the weight packed
+  // once per version (cpu/gemm/packed_weight.h), outside the timing; other
+  // products pack per call, as above.
+  out.push_back({"mha (weight packed)", [](const Case& c, const float* A, const float* B, float* C) {
+                   static const float* packed_from = nullptr;
+                   static std::shared_ptr<mha::cpu::PackedWeight> w;
+                   if (!c.trans_b || c.M <= mha::cpu::kDotProductMaxRows) {
+                     mha::cpu::parallel_sgemm(c.M, c.N, c.K, A, c.K, B, c.trans_b ? c.K : c.N, c.trans_b, nullptr,
+                                              C, c.N);
+                     return;
+                   }
+                   if (packed_from != B || !w || w->N != c.N || w->K != c.K) {
+                     w = mha::cpu::pack_weight(B, c.N, c.K, mha::Precision::Float32);
+                     packed_from = B;
+                   }
+                   mha::cpu::GemmBatch batch;
+                   batch.add_packed(c.M, A, c.K, *w, nullptr, C, c.N);
+                   batch.run();
                  }});
   // OpenBLAS as a user has it: whatever kernels it picks for this CPU
   // without OPENBLAS_CORETYPE (the variable is left as the caller set it).

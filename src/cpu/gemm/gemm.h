@@ -24,10 +24,15 @@
 // So oneDNN's kernels (libdnnl-dev) beat these per thread, by most on the
 // packing this product repeats every call; its own threading does not, and
 // whether its bits stay the same at any thread count is not measured.
-// Kept here for now: bitwise results at any thread count by fixed blocking
-// (tested), no new dependency. The measured next step: oneDNN's single-
-// threaded sgemm on each fixed row block of cpu::GemmBatch, or weights
-// packed once per parameter version.
+// Since then (2-core AMD EPYC, 48 KiB L1d, 1 MiB L2, FMA peak 233 GFLOP/s
+// a core; bench/gemm_libraries.sh build 1 5): A's panels packed in
+// registers, the tile's sums kept in registers and C written in L2-sized
+// slices (gemm_traits.h) bring this product to 1.00-1.05x oneDNN's time on
+// the products above at one thread (mha 177-198 GFLOP/s, oneDNN 183-201),
+// 0.9-1.1x at two; the few-row products run as dot products (few_rows.h)
+// at oneDNN's speed. Kept, then: bitwise results at any thread count by
+// fixed blocking (tested), weights packed once per version
+// (packed_weight.h), no new dependency.
 //
 // The bfloat16 product (Precision::BFloat16) is not a micro-kernel here but
 // AMX tiles (gemm_amx.h), by measurement: a 12 x 32 vdpbf16ps kernel

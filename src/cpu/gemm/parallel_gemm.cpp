@@ -116,6 +116,13 @@ void GemmBatch::run_float32(int threads) const {
   // chapter's toy shape: 2e5).
   constexpr double kFloat32Speed = 10;
   const int team = gemm_team(products_, kFloat32Speed, threads);
+  if (team == 1 && products_.size() == 1 && rows_[0].empty() && !packed_[0]) {
+    // One small product: straight to the kernels, without the schedule's
+    // bookkeeping (the same kernels and blocking, so the same bits; the d2l
+    // chapter's toy product, 8 x 100 x 100: ~1 us of its ~3).
+    gemm(products_[0]);
+    return;
+  }
   const GemmBackend<PackedB> float32{gemm_unpacked_max_rows(), gemm_panel_width(), gemm_packed, gemm_unpacked};
   run_gemm_schedule(
       float32, products_, rows_, [this](size_t x, size_t y) { return shares_b(x, y); },
@@ -139,7 +146,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, Precision precision) {
   GemmBatch batch(precision);
-  batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
+  // A row or so against a weight: dot products over its rows, as a decode
+  // step's projections run (few_rows.h; a packing per call would read the
+  // weight twice).
+  if (trans_b && ldb == K && dot_products_serve(M, precision)) batch.add_dot_products(M, A, lda, B, N, K, bias, C, ldc, {});
+  else batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
   batch.run();
 }
 

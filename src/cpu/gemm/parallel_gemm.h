@@ -134,7 +134,9 @@ bool dot_products_serve(int64_t M, Precision precision);
 
 // One product through a GemmBatch: C = A op(B) (+ bias). cpu::sgemm
 // (blas.h) is the general one, run the same way (on the calling thread alone
-// when called from inside one of mha's parallel regions).
+// when called from inside one of mha's parallel regions). A product of at
+// most kDotProductMaxRows rows against a weight (trans_b, ldb == K, float32)
+// runs as dot products, as a decode step's projection does (few_rows.h).
 void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                     int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc,
                     Precision precision = Precision::Float32);
