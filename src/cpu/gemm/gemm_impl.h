@@ -141,12 +141,12 @@ struct Driver {
       }
   }
 
-  // One A block per thread, reused by every call on it.
-  // One A block of every chunk of a sum of at most KA (run()).
+  // One A block of every chunk of a sum of at most KA (run()), per thread.
   static float* a_block_buffer() {
     alignas(64) static thread_local float a_all[MC * KA];
     return a_all;
   }
+  // One A block per thread, reused by every call on it.
   static float* a_buffer() {
     alignas(64) static thread_local float a_pack[MC * KC];
     return a_pack;

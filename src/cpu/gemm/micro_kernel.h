@@ -24,7 +24,9 @@ struct TwoVectorMicro {
   static_assert(Tiles::NR == 2 * L, "two vectors per row");
 
   // lo[i], hi[i] = sum_k a[k*MR + i] * b[k*NR .. k*NR + NR-1], for rows
-  // i < R (each row's sums are the same whatever R is).
+  // i < R (each row's sums are the same whatever R is). The loops over rows
+  // are unrolled whole so that lo and hi are registers, not a stack array
+  // (without it GCC 12 zeroed, stored and reloaded them every tile).
   template <int R = MR>
   static inline void accumulate(int64_t kc, const float* a, const float* b, Reg (&lo)[MR], Reg (&hi)[MR]) {
 #pragma GCC unroll 16
