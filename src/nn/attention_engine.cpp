@@ -338,7 +338,9 @@ EngineInputGrads attention_backward(const AttentionContext& c, const EngineLayer
   if (layers.bias_v && grads.bias_v) appended_row_backward(dv, c, c.K, Ekv, *grads.bias_v);
 
   // q = queries W_q^T + b_q, and likewise for the K given keys and values.
-  EngineInputGrads g{Tensor(c.queries.shape()), Tensor(c.keys.shape()), Tensor(c.values.shape()), std::move(d_sinks)};
+  // (Written whole by the products below: buffers from `reuse` serve.)
+  EngineInputGrads g{take_buffer(c.queries.shape(), reuse), take_buffer(c.keys.shape(), reuse),
+                     take_buffer(c.values.shape(), reuse), std::move(d_sinks)};
   linear_backward(layers.q, c.queries.data(), dq.data(), B * c.Q, g.queries.data(), *grads.q.weight, grads.q.bias,
                   c.precision);
   keys_backward(layers.k, c.keys, dk, c, g.keys, grads.k);

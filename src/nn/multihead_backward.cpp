@@ -140,7 +140,16 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::Attenti
   layers.head_gates = p.heads.gates.data();
   nn::EngineGrads grads = nn::layer_grads(grads_, kNames, layers);
   grads.head_gates = &params_.live().heads.gate_grad;
-  nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads);
+  // The backward's scratch (the heads' gradients: four of the output's size)
+  // and the input gradients from the buffers a replaced call left, and the
+  // scratch back to them for the next forward: fewer fresh pages per step
+  // (page faults and zeroing). At B8 L512 D768 h12, one thread, a step
+  // allocates 4 buffers of 12 MiB instead of 11; the time it saves was
+  // within the noise (2%) of the 2-core VM's measurements.
+  std::shared_ptr<std::vector<Tensor>> spare = spare_.exchange(nullptr);
+  if (!spare) spare = std::make_shared<std::vector<Tensor>>();
+  nn::EngineInputGrads g = nn::attention_backward(ctx, layers, grad_output, grads, spare.get());
+  spare_.store(std::move(spare));
   return {std::move(g.queries), std::move(g.keys), std::move(g.values), std::move(g.sinks)};
 }
 

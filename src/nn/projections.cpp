@@ -220,13 +220,18 @@ void round_to_bf16(Projected& proj) {
 }
 
 Tensor take_buffer(const Shape& shape, std::vector<Tensor>* reuse) {
-  if (reuse)
+  if (reuse) {
+    int64_t n = 1;
+    for (int64_t e : shape) n *= e;
+    // Any buffer of that many elements serves (its values are stale either
+    // way): a kept input (B, L, E) becomes a gradient's (B*L, E) scratch.
     for (Tensor& t : *reuse)
-      if (t.shape() == shape) {
-        Tensor out = std::move(t);
+      if (!t.empty() && t.numel() == n) {
+        Tensor out(shape, std::move(t.values()));
         t = Tensor();
         return out;
       }
+  }
   return Tensor(shape);
 }
 

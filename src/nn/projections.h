@@ -91,8 +91,8 @@ Projected project_qkv(const Tensor& queries, const Tensor& keys, const Tensor& v
 // (mha/precision.h).
 void round_to_bf16(Projected& proj);
 
-// A tensor of `shape`: one from `reuse` with that shape if there is one (its
-// contents are stale, for buffers that are fully written or whose stale rows
+// A tensor of `shape`: one from `reuse` with that many elements if there is
+// one, reshaped (its contents are stale, for buffers that are fully written or whose stale rows
 // are never read), else a new zeroed one. Reusing the last call's buffers
 // saves the page faults and zeroing of fresh memory: ~10% of a B8 L512
 // forward.
