@@ -144,7 +144,7 @@ MultiHeadAttention::InputGrads MultiHeadAttention::backward_of(const nn::Attenti
   // and the input gradients from the buffers a replaced call left, and the
   // scratch back to them for the next forward: fewer fresh pages per step
   // (page faults and zeroing). At B8 L512 D768 h12, one thread, a step
-  // allocates 4 buffers of 12 MiB instead of 11; the time it saves was
+  // allocates 4 buffers of 12 MiB instead of 8; the time it saves was
   // within the noise (2%) of the 2-core VM's measurements.
   std::shared_ptr<std::vector<Tensor>> spare = spare_.exchange(nullptr);
   if (!spare) spare = std::make_shared<std::vector<Tensor>>();
