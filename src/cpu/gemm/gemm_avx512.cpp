@@ -107,7 +107,8 @@ struct Avx512Micro : TwoVectorMicro<kernels::fused::Avx512, Avx512Tiles> {
   // are one masked store. Measured against the scalar copy (one load and
   // one strided store per element), B8 L512 D768's projection, one thread:
   // that packing of A was 8% of the product's time. (A few rows' panel
-  // stays scalar: the 16 x 16 transpose costs more than it saves there.)
+  // stays scalar: the transpose's cost is that of 16 rows whatever the
+  // count; this path on few rows was not measured on its own.)
   static void pack_rows(const float* const* src, int64_t kc, float* panel) {
     static_assert(MR <= 16, "a panel row is one vector");
     constexpr __mmask16 keep = static_cast<__mmask16>((1u << MR) - 1);

@@ -149,8 +149,10 @@ void parallel_sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   // A row or so against a weight: dot products over its rows, as a decode
   // step's projections run (few_rows.h; a packing per call would read the
   // weight twice).
-  if (trans_b && ldb == K && dot_products_serve(M, precision)) batch.add_dot_products(M, A, lda, B, N, K, bias, C, ldc, {});
-  else batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
+  if (trans_b && ldb == K && dot_products_serve(M, precision))
+    batch.add_dot_products(M, A, lda, B, N, K, bias, C, ldc, {});
+  else
+    batch.add(M, N, K, A, lda, B, ldb, trans_b, bias, C, ldc);
   batch.run();
 }
 
