@@ -104,7 +104,7 @@ struct Driver {
       if constexpr (requires { M::rows_used(1); }) used = M::rows_used(static_cast<int>(mr));
       if (!g.trans_a) {  // op(A)(i, k) = A[i*lda + k]
         // Whole panels in registers (M::pack_rows); a few rows' panel (an
-        // edge, or a product of a few rows) is copied faster one by one.
+        // edge, or a product of a few rows) is copied one by one.
         if constexpr (requires { &M::pack_rows; }) {
           if (mr == MR) {
             const float* src[MR];
