@@ -55,6 +55,21 @@ inline TensorView rows_view(const FloatArray& f) {
   return v;
 }
 
+// f: a 4-D float32 C-contiguous array -> a view of its memory of the same
+// shape, no copy (f must outlive the view; rows_view: why).
+inline TensorView array_view(const FloatArray& f) {
+  TensorView v;
+  v.data = const_cast<float*>(f.data());
+  v.rank = 4;
+  int64_t step = 1;
+  for (int i = 3; i >= 0; --i) {
+    v.shape[i] = f.shape(i);
+    v.stride[i] = step;
+    step *= v.shape[i];
+  }
+  return v;
+}
+
 // The fused forward of p (p.out set; GIL released by the caller) over
 // `rows` = B*H query rows and `keys` keys; with keep, where the fused kernel
 // runs, its statistics ([2, rows]) are kept in stats for the backward, else

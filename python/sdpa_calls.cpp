@@ -33,6 +33,7 @@ constexpr const char* kOp = "mha.torch.scaled_dot_product_attention";
 // What one call keeps for its backward.
 struct SdpaContext {
   Tensor q, k, v, out;       // [B,H,L,E], [B,Hkv,S,E], [B,Hkv,S,Ev], [B,H,L,Ev]
+  TensorView qv, kv, vv;     // q, k, v's views, or the inputs' own memory when nothing is kept
   std::vector<float> stats;  // [2,B,H,L] of the fused forward, or empty
   std::vector<uint8_t> keep;  // the pair mask, bool ...
   std::vector<float> bias;    // ... or additive
@@ -43,9 +44,9 @@ struct SdpaContext {
 
   kernels::AttentionForward params() {
     kernels::AttentionForward p;
-    p.q = q.view();
-    p.k = k.view();
-    p.v = v.view();
+    p.q = qv;
+    p.k = kv;
+    p.v = vv;
     p.scale_divisor = scale_divisor;
     p.dropout = dropout;
     p.masks.pair_keep = keep.empty() ? nullptr : keep.data();
@@ -72,9 +73,30 @@ void bind_sdpa(py::module_& core) {
       [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, int64_t stride_b,
          int64_t stride_h, bool causal, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
         auto c = std::make_shared<SdpaContext>();
-        c->q = tensor_of(q, "query");
-        c->k = tensor_of(k, "key");
-        c->v = tensor_of(v, "value");
+        FloatArray in[3];  // without keep: read in place (alive until the call returns)
+        if (keep) {
+          c->q = tensor_of(q, "query");
+          c->k = tensor_of(k, "key");
+          c->v = tensor_of(v, "value");
+          c->qv = c->q.view(), c->kv = c->k.view(), c->vv = c->v.view();
+        } else {
+          // Copies here would be fresh allocations that glibc hands back
+          // after the call and the next call faults in again (measured B8
+          // h12 L512 d64, no grad: 160 ms a call with them, the kernel's
+          // ~40 ms without; attention_glue.h rows_view).
+          const py::array* arrays[] = {&q, &k, &v};
+          const char* names[] = {"query", "key", "value"};
+          for (int x = 0; x < 3; ++x) {
+            in[x] = FloatArray::ensure(*arrays[x]);
+            if (!in[x] || in[x].ndim() != 4) {
+              PyErr_Clear();
+              fail(kOp, names[x], ": not a 4-D float32 array");
+            }
+          }
+          c->qv = attention_glue::array_view(in[0]);
+          c->kv = attention_glue::array_view(in[1]);
+          c->vv = attention_glue::array_view(in[2]);
+        }
         if (!mask.is_none()) {
           py::array a = py::array::ensure(mask);
           if (a.dtype().kind() == 'b') {
@@ -89,13 +111,13 @@ void bind_sdpa(py::module_& core) {
         c->causal = causal ? Causal::TopLeft : Causal::None;
         c->scale_divisor = 1.0f / scale;
         if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
-        const int64_t B = c->q.size(0), H = c->q.size(1), L = c->q.size(2), Ev = c->v.size(3);
+        const int64_t B = c->qv.size(0), H = c->qv.size(1), L = c->qv.size(2), Ev = c->vv.size(3);
         {
           py::gil_scoped_release release;
           c->out = Tensor({B, H, L, Ev});
           kernels::AttentionForward p = c->params();
           p.out = c->out.view();
-          attention_glue::forward_keeping_stats(p, B * H * L, c->k.size(2), keep, c->stats);
+          attention_glue::forward_keeping_stats(p, B * H * L, c->kv.size(2), keep, c->stats);
         }
         return attention_glue::forward_result(c->out, c, keep);
       },

@@ -115,6 +115,13 @@ struct ForwardJob {
   const int64_t* kv_rows = nullptr;  // [B]: max over q of n_valid, the key rows read (K where read_all)
   int64_t pack_rows = 0;             // max over b of kv_rows
   const uint8_t* read_all = nullptr; // [B] or null: read every key of these rows
+  // Where the keys and values are read. With kv_shared every thread reads
+  // `keys` [B,Hkv,K,d] and `values` [B,Hkv,K,dv] in place, their rows d and
+  // dv floats apart (attention_fused.cpp share_keys_values: when). Without
+  // it each thread packs the (b, kv head) slice of its chunk into its
+  // scratch (kernel_impl.h Scratch::kp, vp).
+  bool kv_shared = false;
+  TensorView keys, values;
   MaskJob mask;
 };
 

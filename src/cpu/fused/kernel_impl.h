@@ -474,7 +474,7 @@ struct Kernel {
     const int64_t h = bh % H, b = bh / H, Hkv = p.Hkv(), hk = p.kv_head(h);
     const int64_t i0 = tile.i0, mq = tile.mq;
     int64_t key0 = tile.key0;
-    const Scratch s = carve(scratch, d, dv, job.pack_rows);
+    const Scratch s = carve(scratch, d, dv, job.kv_shared ? 0 : job.pack_rows);
     const MaskJob& mj = job.mask;
     const bool tile_mask = mj.tile_mask[b] != 0;
 
@@ -506,14 +506,15 @@ struct Kernel {
     const int64_t rows = job.kv_rows[b];
     const bool one_doc = job.tiles.table && !(job.read_all && job.read_all[b]);
     const int64_t from = one_doc ? lmin(key0, rows) : 0, to = one_doc ? lmin(tile.key_end, rows) : rows;
-    if (s.slice[0] != b * Hkv + hk + 1 || s.slice[1] != (one_doc ? key0 + 1 : 0)) {
+    if (!job.kv_shared && (s.slice[0] != b * Hkv + hk + 1 || s.slice[1] != (one_doc ? key0 + 1 : 0))) {
       pack_rows(p.k.ptr(b, hk) + from * p.k.stride[2], p.k.stride[2], to - from, d, s.kp + from * d);
       pack_rows(p.v.ptr(b, hk) + from * p.v.stride[2], p.v.stride[2], to - from, dv, s.vp + from * dv);
       s.slice[0] = b * Hkv + hk + 1;
       s.slice[1] = one_doc ? key0 + 1 : 0;
     }
-    const float* kb = s.kp;
-    const float* vb = s.vp;
+    // Rows d (dv) floats apart either way.
+    const float* kb = job.kv_shared ? job.keys.ptr(b, hk) : s.kp;
+    const float* vb = job.kv_shared ? job.values.ptr(b, hk) : s.vp;
     const int64_t ks = d, vs = dv;
     const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -131,6 +132,57 @@ TEST_P(FusedIsaTest, ScoresAtTheFillKeepTheMaskedKeys) {
   for (float x : w_ref.values()) EXPECT_FLOAT_EQ(x, 0.2f);
   EXPECT_LE(normalised_error(w.data(), w_ref.data(), w.numel()), kWeightsBound);
   EXPECT_LE(normalised_error(out.data(), ref.data(), out.numel()), kForwardBound);
+}
+
+// Keys and values are read where they are (contiguous rows) or from each
+// thread's packed copy (strided rows): the same operations on the same
+// values, so every output bit agrees, at 1 and 2 threads, and with the
+// reference within its bound. Slices shorter and longer than L2, with
+// lengths, causal, a packed batch and dropout.
+TEST_P(FusedIsaTest, KeysReadInPlaceOrPackedGiveTheSameBits) {
+  Case cases[] = {forward_case(2, 2, 70, 2100, 64, 64, LengthKind::PerQuery, 0.1f, 5),
+                  forward_case(1, 3, 40, 2600, 48, 80, LengthKind::None, 0.0f, 6),
+                  forward_case(2, 2, 90, 900, 64, 64, LengthKind::PerBatch, 0.0f, 7),
+                  forward_case(1, 2, 2300, 2300, 64, 64, LengthKind::None, 0.0f, 8)};  // a packed batch, causal
+  cases[0].causal = Causal::TopLeft;
+  cases[3].causal = Causal::TopLeft;
+  cases[3].doc_offsets = {0, 700, 2250, 2300};
+  const int saved = omp_get_max_threads();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name());
+    const CaseData data(c);
+    AttentionForward strided = data.forward();
+    ASSERT_NE(strided.k.stride[2], c.d) << "the case must have strided key rows";
+    // The same keys and values as contiguous (B, Hkv, K, width) tensors.
+    Tensor k({c.B, c.Hkv, c.K, c.d}), v({c.B, c.Hkv, c.K, c.dv});
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hkv; ++h)
+        for (int64_t j = 0; j < c.K; ++j) {
+          for (int64_t x = 0; x < c.d; ++x) k.at({b, h, j, x}) = *strided.k.ptr(b, h, j, x);
+          for (int64_t x = 0; x < c.dv; ++x) v.at({b, h, j, x}) = *strided.v.ptr(b, h, j, x);
+        }
+    AttentionForward in_place = strided;
+    in_place.k = k.view();
+    in_place.v = v.view();
+    Tensor ref = data.new_out();
+    run_reference(data, ref, nullptr);
+    // kForwardBound holds sums of a few hundred terms; rounding over K keys
+    // grows like sqrt(K) (2.3e-6 seen at K = 2600).
+    const double bound = kForwardBound * std::max(1.0, std::sqrt(static_cast<double>(c.K) / 256.0));
+    Tensor first;
+    for (int threads : {1, 2})
+      for (AttentionForward* p : {&strided, &in_place}) {
+        omp_set_num_threads(threads);
+        Tensor out = data.new_out();
+        p->out = out.view().split_heads(c.H);
+        attention_forward_fused(*p);
+        EXPECT_LE(normalised_error(out.data(), ref.data(), out.numel()), bound);
+        if (first.numel() == 0) first = out;
+        else EXPECT_TRUE(out == first) << (p == &strided ? "packed" : "in place") << " at " << threads
+                                       << " threads differs from packed at 1 thread";
+      }
+  }
+  omp_set_num_threads(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, FusedIsaTest, ::testing::ValuesIn(test::supported_isas()),
