@@ -32,10 +32,12 @@ constexpr const char* kOp = "mha.torch.attention";
 
 // What one call keeps for its backward.
 struct AttentionContext {
-  Tensor q, k, v, out;         // (B, L, H*d), (B, S, Hkv*d), (B, S, Hkv*dv), (B, L, H*dv)
-  // What the kernels read: q, k, v's views, or (a forward keeping nothing)
-  // the caller's arrays in place.
-  TensorView qv, kv, vv;
+  // The caller's q (B, L, H, d), k (B, S, Hkv, d), v (B, S, Hkv, dv) and the
+  // output (B, L, H*dv), read in place (attention_glue.h forward_result:
+  // why); the kernels' (B, L, heads*width) views of them.
+  FloatArray in[3];
+  py::array_t<float> out_array;
+  TensorView qv, kv, vv, outv;
   int64_t H = 1, Hkv = 1;
   std::vector<float> stats;    // [2,B,H,L] of the fused forward, or empty
   std::vector<float> alibi, sinks;     // [H] or empty
@@ -70,8 +72,6 @@ struct AttentionContext {
   }
 };
 
-// a:(B, L, heads, width) float32 -> a (B, L, heads*width) tensor.
-Tensor rows_of(const py::array& a, const char* what) { return attention_glue::copy_floats(a, kOp, what, true); }
 
 std::vector<float> floats_of(const py::object& o) {
   if (o.is_none()) return {};
@@ -94,26 +94,12 @@ void bind_attention(py::module_& core) {
         auto c = std::make_shared<AttentionContext>();
         c->H = q.ndim() == 4 ? q.shape(2) : 1;
         c->Hkv = k.ndim() == 4 ? k.shape(2) : 1;
-        FloatArray in[3];  // without keep: read in place (alive until the call returns)
-        if (keep) {
-          c->q = rows_of(q, "q");
-          c->k = rows_of(k, "k");
-          c->v = rows_of(v, "v");
-          c->qv = c->q.view(), c->kv = c->k.view(), c->vv = c->v.view();
-        } else {
-          const py::array* arrays[] = {&q, &k, &v};
-          const char* names[] = {"q", "k", "v"};
-          for (int x = 0; x < 3; ++x) {
-            in[x] = FloatArray::ensure(*arrays[x]);
-            if (!in[x] || in[x].ndim() != 4) {
-              PyErr_Clear();
-              fail(kOp, names[x], ": not a 4-D float32 array");
-            }
-          }
-          c->qv = attention_glue::rows_view(in[0]);
-          c->kv = attention_glue::rows_view(in[1]);
-          c->vv = attention_glue::rows_view(in[2]);
-        }
+        const py::array* arrays[] = {&q, &k, &v};
+        const char* names[] = {"q", "k", "v"};
+        attention_glue::hold_arrays(arrays, names, c->in, kOp, 3);
+        c->qv = attention_glue::rows_view(c->in[0]);
+        c->kv = attention_glue::rows_view(c->in[1]);
+        c->vv = attention_glue::rows_view(c->in[2]);
         const int64_t dv = v.shape(3);
         c->causal = causal;
         c->window_left = window_left, c->window_right = window_right;
@@ -127,14 +113,15 @@ void bind_attention(py::module_& core) {
         c->scale_divisor = 1.0f / scale;
         if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
         const int64_t B = c->qv.size(0), L = c->qv.size(1), H = c->H;
+        Tensor out;
         {
           py::gil_scoped_release release;
-          c->out = Tensor({B, L, H * dv});
+          out = Tensor({B, L, H * dv});
           kernels::AttentionForward p = c->params();
-          p.out = c->out.view().split_heads(H);
+          p.out = out.view().split_heads(H);
           attention_glue::forward_keeping_stats(p, B * H * L, c->kv.size(1), keep, c->stats);
         }
-        return attention_glue::forward_result(c->out, c, keep);
+        return attention_glue::forward_result(out, c, keep);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("window_left"), py::arg("window_right"),
       py::arg("softcap"), py::arg("alibi_slopes"), py::arg("sinks"), py::arg("doc_offsets"), py::arg("scale"),
@@ -143,16 +130,26 @@ void bind_attention(py::module_& core) {
   m.def(
       "backward",
       [](const std::shared_ptr<AttentionContext>& c, const py::array& grad_out) {
-        Tensor g = rows_of(grad_out, "grad_output");
-        attention_glue::check_grad_shape(kOp, g, c->out);
-        Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
+        const FloatArray g = FloatArray::ensure(grad_out);
+        if (!g || g.ndim() != 4) {
+          PyErr_Clear();
+          fail(kOp, "grad_output: not a 4-D float32 array");
+        }
+        const TensorView gview = attention_glue::rows_view(g);
+        if (gview.shape[0] != c->outv.shape[0] || gview.shape[1] != c->outv.shape[1] ||
+            gview.shape[2] != c->outv.shape[2])
+          fail(kOp, "grad_output: shape ", shape_str(shape_of(g)), " does not fit the output's ",
+               shape_str(shape_of(c->out_array)));
+        Tensor gq(Shape{c->qv.shape[0], c->qv.shape[1], c->qv.shape[2]}),
+            gk(Shape{c->kv.shape[0], c->kv.shape[1], c->kv.shape[2]}),
+            gv(Shape{c->vv.shape[0], c->vv.shape[1], c->vv.shape[2]});
         std::vector<float> gs(c->sinks.size());
         {
           py::gil_scoped_release release;
           kernels::AttentionBackward p;
           p.fwd = c->params();
-          p.fwd.out = c->out.view().split_heads(c->H);
-          p.grad_out = g.view().split_heads(c->H);
+          p.fwd.out = c->outv.split_heads(c->H);
+          p.grad_out = gview.split_heads(c->H);
           p.grad_q = gq.view().split_heads(c->H);
           p.grad_k = gk.view().split_heads(c->Hkv);
           p.grad_v = gv.view().split_heads(c->Hkv);

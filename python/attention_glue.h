@@ -24,21 +24,6 @@ namespace mha::python::attention_glue {
 
 namespace py = pybind11;
 
-// a: a float32 array -> a copy of its values: of its own shape, or with
-// rows, a 4-D (B, L, heads, width) array as (B, L, heads*width); anything
-// else fails naming op and what. The Python functions shape every array
-// first, so a failure here is an internal self-check.
-inline Tensor copy_floats(const py::array& a, const char* op, const char* what, bool rows = false) {
-  FloatArray f = FloatArray::ensure(a);
-  if (!f || (rows && f.ndim() != 4)) {
-    PyErr_Clear();
-    fail(op, what, rows ? ": not a 4-D float32 array" : ": not a float32 array");
-  }
-  Tensor t(rows ? Shape{f.shape(0), f.shape(1), f.shape(2) * f.shape(3)} : shape_of(f));
-  if (f.size() > 0) std::memcpy(t.data(), f.data(), sizeof(float) * static_cast<size_t>(f.size()));
-  return t;
-}
-
 // f: a 4-D float32 C-contiguous array (B, L, heads, width) -> a
 // (B, L, heads*width) view of its memory, no copy (f must outlive the view).
 // A forward that keeps nothing for a backward reads its inputs in place: a
@@ -55,19 +40,33 @@ inline TensorView rows_view(const FloatArray& f) {
   return v;
 }
 
-// f: a 4-D float32 C-contiguous array -> a view of its memory of the same
-// shape, no copy (f must outlive the view; rows_view: why).
-inline TensorView array_view(const FloatArray& f) {
+// f: a float32 C-contiguous array of rank <= 4 -> a view of its memory of
+// the same shape, no copy (f must outlive the view; rows_view: why).
+inline TensorView array_view_any(const py::array& f) {
   TensorView v;
-  v.data = const_cast<float*>(f.data());
-  v.rank = 4;
+  v.data = static_cast<float*>(const_cast<void*>(f.data()));
+  v.rank = static_cast<int>(f.ndim());
   int64_t step = 1;
-  for (int i = 3; i >= 0; --i) {
+  for (int i = v.rank - 1; i >= 0; --i) {
     v.shape[i] = f.shape(i);
     v.stride[i] = step;
     step *= v.shape[i];
   }
   return v;
+}
+
+// The caller's float32 arrays `arrays` (4-D, C-contiguous, as mha.torch
+// passes them) read in place: held in `held`, their views in `views`; any
+// other array fails naming op and the array.
+inline void hold_arrays(const py::array* const* arrays, const char* const* names, FloatArray* held,
+                        const char* op, int count) {
+  for (int x = 0; x < count; ++x) {
+    held[x] = FloatArray::ensure(*arrays[x]);
+    if (!held[x] || held[x].ndim() != 4) {
+      PyErr_Clear();
+      fail(op, names[x], ": not a 4-D float32 array");
+    }
+  }
 }
 
 // The fused forward of p (p.out set; GIL released by the caller) over
@@ -93,19 +92,34 @@ inline void backward_from_stats(kernels::AttentionBackward p, std::vector<float>
   kernels::attention_backward(AttentionKernel::Fused, p);
 }
 
-// grad_output's shape is the output's, else a failure naming op.
-inline void check_grad_shape(const char* op, const Tensor& g, const Tensor& out) {
-  if (g.shape() != out.shape())
-    fail(op, "grad_output: shape ", shape_str(g.shape()), " is not the output's ", shape_str(out.shape()));
+// grad_output as a float32 C-contiguous array of the output's shape (read
+// in place), else a failure naming op.
+inline FloatArray grad_array(const char* op, const py::array& grad_out, const py::array& out) {
+  FloatArray g = FloatArray::ensure(grad_out);
+  if (!g) {
+    PyErr_Clear();
+    fail(op, "grad_output: not a float32 array");
+  }
+  if (shape_of(g) != shape_of(out))
+    fail(op, "grad_output: shape ", shape_str(shape_of(g)), " is not the output's ", shape_str(shape_of(out)));
+  return g;
 }
 
-// What a forward returns: (out, the context) when kept for a backward, else (out, None).
-// Without a backward the output is handed to numpy (no copy); with one the
-// context keeps its own.
+// What a forward returns: (out, the context) when kept for a backward, else
+// (out, None). The output is handed to numpy (no copy); a context keeps that
+// array and a view of it (c->out_array, c->outv) for its backward.
+//
+// A context reads its inputs and output where the caller's arrays hold them,
+// never copies (each copy a fresh allocation, faulted in on every call on a
+// VM): mha.torch saves the tensors for the backward, so that one changed in
+// place in between fails there as PyTorch's own functions do.
 template <class Context>
 py::tuple forward_result(Tensor& out, const std::shared_ptr<Context>& c, bool keep) {
-  if (!keep) return py::make_tuple(hand_to_numpy(std::move(out)), py::none());
-  return py::make_tuple(to_numpy(static_cast<const Tensor&>(out)), py::cast(c));
+  py::array_t<float> a = hand_to_numpy(std::move(out));
+  if (!keep) return py::make_tuple(a, py::none());
+  c->out_array = a;
+  c->outv = array_view_any(c->out_array);
+  return py::make_tuple(a, py::cast(c));
 }
 
 }  // namespace mha::python::attention_glue

@@ -32,8 +32,11 @@ constexpr const char* kOp = "mha.torch.scaled_dot_product_attention";
 
 // What one call keeps for its backward.
 struct SdpaContext {
-  Tensor q, k, v, out;       // [B,H,L,E], [B,Hkv,S,E], [B,Hkv,S,Ev], [B,H,L,Ev]
-  TensorView qv, kv, vv;     // q, k, v's views, or the inputs' own memory when nothing is kept
+  // The caller's q [B,H,L,E], k [B,Hkv,S,E], v [B,Hkv,S,Ev] and the output
+  // [B,H,L,Ev], read in place (attention_glue.h forward_result: why).
+  FloatArray in[3];
+  py::array_t<float> out_array;
+  TensorView qv, kv, vv, outv;
   std::vector<float> stats;  // [2,B,H,L] of the fused forward, or empty
   std::vector<uint8_t> keep;  // the pair mask, bool ...
   std::vector<float> bias;    // ... or additive
@@ -60,7 +63,6 @@ struct SdpaContext {
   }
 };
 
-Tensor tensor_of(const py::array& a, const char* what) { return attention_glue::copy_floats(a, kOp, what); }
 
 }  // namespace
 
@@ -73,30 +75,12 @@ void bind_sdpa(py::module_& core) {
       [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, int64_t stride_b,
          int64_t stride_h, bool causal, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
         auto c = std::make_shared<SdpaContext>();
-        FloatArray in[3];  // without keep: read in place (alive until the call returns)
-        if (keep) {
-          c->q = tensor_of(q, "query");
-          c->k = tensor_of(k, "key");
-          c->v = tensor_of(v, "value");
-          c->qv = c->q.view(), c->kv = c->k.view(), c->vv = c->v.view();
-        } else {
-          // Copies here would be fresh allocations that glibc hands back
-          // after the call and the next call faults in again (measured B8
-          // h12 L512 d64, no grad: 160 ms a call with them, the kernel's
-          // ~40 ms without; attention_glue.h rows_view).
-          const py::array* arrays[] = {&q, &k, &v};
-          const char* names[] = {"query", "key", "value"};
-          for (int x = 0; x < 3; ++x) {
-            in[x] = FloatArray::ensure(*arrays[x]);
-            if (!in[x] || in[x].ndim() != 4) {
-              PyErr_Clear();
-              fail(kOp, names[x], ": not a 4-D float32 array");
-            }
-          }
-          c->qv = attention_glue::array_view(in[0]);
-          c->kv = attention_glue::array_view(in[1]);
-          c->vv = attention_glue::array_view(in[2]);
-        }
+        const py::array* arrays[] = {&q, &k, &v};
+        const char* names[] = {"query", "key", "value"};
+        attention_glue::hold_arrays(arrays, names, c->in, kOp, 3);
+        c->qv = attention_glue::array_view_any(c->in[0]);
+        c->kv = attention_glue::array_view_any(c->in[1]);
+        c->vv = attention_glue::array_view_any(c->in[2]);
         if (!mask.is_none()) {
           py::array a = py::array::ensure(mask);
           if (a.dtype().kind() == 'b') {
@@ -112,14 +96,15 @@ void bind_sdpa(py::module_& core) {
         c->scale_divisor = 1.0f / scale;
         if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
         const int64_t B = c->qv.size(0), H = c->qv.size(1), L = c->qv.size(2), Ev = c->vv.size(3);
+        Tensor out;
         {
           py::gil_scoped_release release;
-          c->out = Tensor({B, H, L, Ev});
+          out = Tensor({B, H, L, Ev});
           kernels::AttentionForward p = c->params();
-          p.out = c->out.view();
+          p.out = out.view();
           attention_glue::forward_keeping_stats(p, B * H * L, c->kv.size(2), keep, c->stats);
         }
-        return attention_glue::forward_result(c->out, c, keep);
+        return attention_glue::forward_result(out, c, keep);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("stride_b"), py::arg("stride_h"),
       py::arg("causal"), py::arg("scale"), py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep"),
@@ -128,15 +113,14 @@ void bind_sdpa(py::module_& core) {
   m.def(
       "backward",
       [](const std::shared_ptr<SdpaContext>& c, const py::array& grad_out) {
-        Tensor g = tensor_of(grad_out, "grad_output");
-        attention_glue::check_grad_shape(kOp, g, c->out);
-        Tensor gq(c->q.shape()), gk(c->k.shape()), gv(c->v.shape());
+        const FloatArray g = attention_glue::grad_array(kOp, grad_out, c->out_array);
+        Tensor gq(shape_of(c->in[0])), gk(shape_of(c->in[1])), gv(shape_of(c->in[2]));
         {
           py::gil_scoped_release release;
           kernels::AttentionBackward p;
           p.fwd = c->params();
-          p.fwd.out = c->out.view();
-          p.grad_out = g.view();
+          p.fwd.out = c->outv;
+          p.grad_out = attention_glue::array_view_any(g);
           p.grad_q = gq.view();
           p.grad_k = gk.view();
           p.grad_v = gv.view();

@@ -66,16 +66,23 @@ class _Call:
 
 
 class _Function(torch.autograd.Function):
-    """forward(call, *inputs) -> out by call.forward(True); backward from that call's own context."""
+    """forward(call, *inputs) -> out by call.forward(True); backward from that call's own context.
+
+    The context reads the inputs and the output in place (no copies), so both are saved for the
+    backward: one changed in place in between makes the backward fail, as PyTorch's own functions do,
+    instead of giving gradients of other values."""
 
     @staticmethod
     def forward(ctx, call, *inputs):
         out, ctx.context = call.forward(True)
         ctx.call = call
-        return torch.from_numpy(out)
+        out = torch.from_numpy(out)
+        ctx.save_for_backward(*inputs, out)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        ctx.saved_tensors  # noqa: B018 -- PyTorch's check that nothing saved was changed in place
         if torch.is_grad_enabled():
             raise RuntimeError(f"[{ctx.call.op}] backward with create_graph=True: mha's attention has no double "
                                "backward; its first-order gradients are exact")

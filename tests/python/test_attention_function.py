@@ -364,3 +364,25 @@ def _qkv(*shape):
 def test_bad_arguments_are_refused_clearly(call, error, message):
     with pytest.raises(error, match=r"\[mha.torch.attention\] " + message):
         call()
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v", "output"])
+def test_changing_a_saved_tensor_in_place_fails_the_backward(which):
+    # As mha.torch.scaled_dot_product_attention: q, k, v and the output are read in place by the
+    # backward, saved as PyTorch saves them; a change in between fails the backward.
+    g = torch.Generator().manual_seed(6200)
+    leaves = [torch.randn(2, 6, 3, 8, generator=g, requires_grad=True) for _ in range(3)]
+    inputs = [t * 1.0 for t in leaves]
+    out = attention(*inputs, causal=True)
+    if which == "output":
+        out.add_(1.0)
+    else:
+        inputs["qkv".index(which)].mul_(0.5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    out = attention(*leaves, causal=True)
+    want = reference(*leaves, causal=True)
+    close(out.detach(), want.float().detach(), "out")
+    for name, a, b in zip("qkv", torch.autograd.grad(out, leaves, torch.ones_like(out)),
+                          torch.autograd.grad(want, leaves, torch.ones_like(want))):
+        close(a, b.float(), f"grad {name}")

@@ -184,3 +184,28 @@ def test_errors_name_the_argument():
     with pytest.raises(RuntimeError, match=r"create_graph=True"):
         qg = q.clone().requires_grad_(True)
         torch.autograd.grad(sdpa(qg, k, k).sum(), qg, create_graph=True)
+
+
+@pytest.mark.parametrize("which", ["query", "key", "value", "output"])
+def test_changing_a_saved_tensor_in_place_fails_the_backward(which):
+    # The call keeps no copies of q, k, v or its output for the backward: it saves them as PyTorch's
+    # own functions do, so a change in place in between fails there instead of giving the
+    # gradients of other values. Without the change the gradients match the reference.
+    g = torch.Generator().manual_seed(6100)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g, requires_grad=True) for _ in range(3))
+    x = {n: t.detach().clone().requires_grad_() for n, t in zip(("query", "key", "value"), (q, k, v))}
+    out = sdpa(x["query"] * 1.0, x["key"] * 1.0, x["value"] * 1.0)  # non-leaf inputs may change in place
+    want = reference(q, k, v)
+    close(out.detach(), want.float().detach(), "out")
+    grads = torch.autograd.grad(want, (q, k, v), torch.ones_like(want))
+    inputs = [t * 1.0 for t in (x["query"], x["key"], x["value"])]
+    out2 = sdpa(*inputs)
+    if which == "output":
+        out2.mul_(2.0)
+    else:
+        inputs[("query", "key", "value").index(which)].add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out2.sum().backward()
+    got = torch.autograd.grad(out, (x["query"], x["key"], x["value"]), torch.ones_like(out))
+    for name, a, b in zip("qkv", got, grads):
+        close(a, b.float(), f"grad {name}")
