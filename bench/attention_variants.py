@@ -5,6 +5,7 @@ score and mask options (ALiBi, a window, softcap, rotary) against plain attentio
     flock /tmp/mha-bench.lock /usr/bin/python3 bench/attention_variants.py
     /usr/bin/python3 bench/attention_variants.py --section packed --reps 5 --causal 0
     flock /tmp/mha-bench.lock /usr/bin/python3 bench/attention_variants.py --section module --module-reps 21
+    flock /tmp/mha-bench.lock /usr/bin/python3 bench/attention_variants.py --section functions
 
 What is measured, --section packed (docs/performance.md keeps the numbers)
 - A batch of 8 sequences of at most 1024 rows whose lengths average 40% of the longest (fixed
@@ -36,6 +37,12 @@ What is measured, --section module (docs/masks.md keeps the numbers)
   each variant's ratio to the plain call.
 - Targets (the issue's benchmarks): training with ALiBi or a window within 10% of plain causal
   training; each option's forward overhead on dense B8 L512 <= 10%.
+
+What is measured, --section functions
+- mha.torch.scaled_dot_product_attention on contiguous (B, h, L, d) and mha.torch.attention on
+  (B, L, h, d) q, k, v, full attention, at B8 h12 L512 d64 and B1 h8 L4096 d64: the first call on
+  those inputs and the median of --reps after it, forward under torch.no_grad() and forward with
+  backward of out.sum() (fresh buffers are slow to fault in on a VM: the first call shows it).
 """
 import argparse
 import os
@@ -166,9 +173,35 @@ def print_table(title, what, ms, base):
         print(f"| {n} | {t:.1f} | {t / ms[base]:.3f} |", flush=True)
 
 
+def functions_section(reps, threads):
+    torch.set_num_threads(threads)
+    mha.set_num_threads(threads)
+    print(f"\nmha.torch's functions, full attention, {threads} thread(s): first call, then median of {reps} (ms)")
+    print("| function | shape | direction | first | median |")
+    print("|---|---|---|---:|---:|")
+    for B, h, L in ((8, 12, 512), (1, 8, 4096)):
+        torch.manual_seed(0)
+        for name, layout, fn in (("scaled_dot_product_attention", (B, h, L, D), mha.torch.scaled_dot_product_attention),
+                                 ("attention", (B, L, h, D), mha.torch.attention)):
+            q, k, v = (torch.randn(*layout) for _ in range(3))
+            for direction in ("forward", "fwd+bwd"):
+                def run():
+                    if direction == "forward":
+                        with torch.no_grad():
+                            fn(q, k, v)
+                    else:
+                        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+                        fn(*xs).sum().backward()
+                t0 = time.perf_counter()
+                run()
+                first = (time.perf_counter() - t0) * 1e3
+                print(f"| {name} | B{B} h{h} L{L} d{D} | {direction} | {first:.1f} | {median_ms(run, reps):.1f} |",
+                      flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--section", choices=("packed", "module", "all"), default="all")
+    ap.add_argument("--section", choices=("packed", "module", "functions", "all"), default="all")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--causal", type=int, default=1, help="1: causal (default), 0: full attention per sequence")
     ap.add_argument("--module-reps", type=int, default=15)
@@ -180,6 +213,9 @@ def main():
             packed_section(args, threads)
     if args.section in ("module", "all"):
         module_section(args.module_reps, threads_list)
+    if args.section in ("functions", "all"):
+        for threads in threads_list:
+            functions_section(args.reps, threads)
 
 
 def packed_section(args, threads):
