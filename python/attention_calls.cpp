@@ -94,12 +94,8 @@ void bind_attention(py::module_& core) {
         auto c = std::make_shared<AttentionContext>();
         c->H = q.ndim() == 4 ? q.shape(2) : 1;
         c->Hkv = k.ndim() == 4 ? k.shape(2) : 1;
-        const py::array* arrays[] = {&q, &k, &v};
-        const char* names[] = {"q", "k", "v"};
-        attention_glue::hold_arrays(arrays, names, c->in, kOp, 3);
-        c->qv = attention_glue::rows_view(c->in[0]);
-        c->kv = attention_glue::rows_view(c->in[1]);
-        c->vv = attention_glue::rows_view(c->in[2]);
+        attention_glue::hold_qkv(*c, q, k, v, {"q", "k", "v"}, kOp,
+                                 [](const FloatArray& a) { return attention_glue::rows_view(a); });
         const int64_t dv = v.shape(3);
         c->causal = causal;
         c->window_left = window_left, c->window_right = window_right;

@@ -55,18 +55,24 @@ inline TensorView array_view_any(const py::array& f) {
   return v;
 }
 
-// The caller's float32 arrays `arrays` (4-D, C-contiguous, as mha.torch
-// passes them) read in place: held in `held`, their views in `views`; any
-// other array fails naming op and the array.
-inline void hold_arrays(const py::array* const* arrays, const char* const* names, FloatArray* held,
-                        const char* op, int count) {
-  for (int x = 0; x < count; ++x) {
-    held[x] = FloatArray::ensure(*arrays[x]);
-    if (!held[x] || held[x].ndim() != 4) {
+// The caller's q, k, v (float32 4-D C-contiguous arrays, as mha.torch
+// passes them) read in place: held in c.in, the kernels' views of them
+// (view(array)) in c.qv, c.kv, c.vv; any other array fails naming op and
+// names[i].
+template <class Context, class View>
+void hold_qkv(Context& c, const py::array& q, const py::array& k, const py::array& v, const char* const (&names)[3],
+              const char* op, View view) {
+  const py::array* arrays[] = {&q, &k, &v};
+  for (int x = 0; x < 3; ++x) {
+    c.in[x] = FloatArray::ensure(*arrays[x]);
+    if (!c.in[x] || c.in[x].ndim() != 4) {
       PyErr_Clear();
       fail(op, names[x], ": not a 4-D float32 array");
     }
   }
+  c.qv = view(c.in[0]);
+  c.kv = view(c.in[1]);
+  c.vv = view(c.in[2]);
 }
 
 // The fused forward of p (p.out set; GIL released by the caller) over

@@ -75,12 +75,8 @@ void bind_sdpa(py::module_& core) {
       [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, int64_t stride_b,
          int64_t stride_h, bool causal, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
         auto c = std::make_shared<SdpaContext>();
-        const py::array* arrays[] = {&q, &k, &v};
-        const char* names[] = {"query", "key", "value"};
-        attention_glue::hold_arrays(arrays, names, c->in, kOp, 3);
-        c->qv = attention_glue::array_view_any(c->in[0]);
-        c->kv = attention_glue::array_view_any(c->in[1]);
-        c->vv = attention_glue::array_view_any(c->in[2]);
+        attention_glue::hold_qkv(*c, q, k, v, {"query", "key", "value"}, kOp,
+                                 [](const FloatArray& a) { return attention_glue::array_view_any(a); });
         if (!mask.is_none()) {
           py::array a = py::array::ensure(mask);
           if (a.dtype().kind() == 'b') {
