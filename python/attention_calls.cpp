@@ -1,9 +1,15 @@
 // python/attention_calls.cpp: FlashAttention-style attention on mha's
-// kernels, for mha.torch.attention (python/mha/torch_attention.py), which
-// checks and shapes every argument first (flash_attn_func's conventions).
+// kernels, for mha.torch.attention (python/mha/torch_attention.py, through
+// the operators of python/mha/_torch_ops.py), which checks and shapes every
+// argument first (flash_attn_func's conventions).
 //
 //   q:(B,L,H,d) k:(B,S,Hkv,d) v:(B,S,Hkv,dv) (float32, C-contiguous; Hkv divides H)
-//   -> out:(B,L,H,dv), and a context from which the backward runs
+//   options = (causal, window_left, window_right, softcap, alibi_slopes, sinks,
+//              doc_offsets, scale, dropout_p, dropout_key): slopes and sinks
+//              None or [H], doc_offsets None or [documents + 1] int64
+//   forward(q, k, v, options) -> (out (B,L,H,dv), stats [2, B*H*L] or None)
+//   backward(grad_out, q, k, v, out, stats, options)
+//     -> (grad_q, grad_k, grad_v, grad_sinks or None)
 //
 // The layout is FlashAttention's (rows, then heads): the kernels read it as
 // strided [B,H,L,d] views, so nothing is transposed. A packed batch is B = 1
@@ -13,7 +19,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <memory>
 #include <vector>
 
 #include "attention_glue.h"
@@ -30,134 +35,96 @@ namespace {
 
 constexpr const char* kOp = "mha.torch.attention";
 
-// What one call keeps for its backward.
-struct AttentionContext {
-  // The caller's q (B, L, H, d), k (B, S, Hkv, d), v (B, S, Hkv, dv) and the
-  // output (B, L, H*dv), read in place (attention_glue.h forward_result:
-  // why); the kernels' (B, L, heads*width) views of them.
-  FloatArray in[3];
-  py::array_t<float> out_array;
-  TensorView qv, kv, vv, outv;
-  int64_t H = 1, Hkv = 1;
-  std::vector<float> stats;    // [2,B,H,L] of the fused forward, or empty
-  std::vector<float> alibi, sinks;     // [H] or empty
-  std::vector<int64_t> doc_offsets;    // [documents + 1] or empty
-  bool causal = false;
-  int64_t window_left = -1, window_right = -1;
-  float softcap = 0.0f;
-  float scale_divisor = 1.0f;
-  kernels::Dropout dropout;
+using OffsetArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-  kernels::AttentionForward params() {
-    kernels::AttentionForward p;
-    p.q = qv.split_heads(H);
-    p.k = kv.split_heads(Hkv);
-    p.v = vv.split_heads(Hkv);
-    p.scale_divisor = scale_divisor;
-    p.dropout = dropout;
+// One call's inputs, read in place, and its kernel parameters (without out).
+struct AttentionCall {
+  FloatArray in[3];  // q (B,L,H,d), k (B,S,Hkv,d), v (B,S,Hkv,dv)
+  FloatArray alibi, sinks;  // [H] or empty
+  OffsetArray doc_offsets;  // [documents + 1] or empty
+  int64_t H = 1, Hkv = 1;
+  kernels::AttentionForward p;
+
+  AttentionCall(const py::handle& q, const py::handle& k, const py::handle& v, const py::tuple& options) {
+    const char* names[] = {"q", "k", "v"};
+    const py::handle arrays[] = {q, k, v};
+    for (int x = 0; x < 3; ++x) in[x] = attention_glue::float_input(arrays[x], 4, kOp, names[x]);
+    H = in[0].shape(2), Hkv = in[1].shape(2);
+    if (Hkv < 1 || H % Hkv != 0) fail(kOp, "k: ", Hkv, " heads do not divide q's ", H);
+    p.q = attention_glue::rows_view(in[0]).split_heads(H);
+    p.k = attention_glue::rows_view(in[1]).split_heads(Hkv);
+    p.v = attention_glue::rows_view(in[2]).split_heads(Hkv);
+    if (options.size() != 10) fail(kOp, "options: ", options.size(), " entries; wanted 10");
     kernels::MaskOptions& m = p.masks;
-    m.causal = causal ? Causal::BottomRight : Causal::None;
-    m.window_left = window_left;
-    m.window_right = window_right;
-    m.softcap = softcap;
-    m.alibi_slopes = alibi.empty() ? nullptr : alibi.data();
-    m.sinks = sinks.empty() ? nullptr : sinks.data();
-    if (!doc_offsets.empty()) {
+    m.causal = options[0].cast<bool>() ? Causal::BottomRight : Causal::None;
+    m.window_left = options[1].cast<int64_t>();
+    m.window_right = options[2].cast<int64_t>();
+    m.softcap = options[3].cast<float>();
+    alibi = attention_glue::optional_floats(py::reinterpret_borrow<py::object>(options[4]), H, kOp, "alibi_slopes");
+    sinks = attention_glue::optional_floats(py::reinterpret_borrow<py::object>(options[5]), H, kOp, "sinks");
+    m.alibi_slopes = attention_glue::data_or_null(alibi);
+    m.sinks = attention_glue::data_or_null(sinks);
+    if (!options[6].is_none()) {
+      doc_offsets = OffsetArray::ensure(options[6]);
+      if (!doc_offsets || doc_offsets.ndim() != 1 || doc_offsets.size() < 2) {
+        PyErr_Clear();
+        fail(kOp, "cu_seqlens: not a 1-D array of at least 2 offsets");
+      }
       m.doc_offsets = doc_offsets.data();
-      m.documents = static_cast<int64_t>(doc_offsets.size()) - 1;
+      m.documents = doc_offsets.size() - 1;
     }
+    p.scale_divisor = 1.0f / options[7].cast<float>();
+    const float dropout_p = options[8].cast<float>();
+    if (dropout_p > 0.0f) p.dropout = {dropout_p, options[9].cast<uint64_t>()};
     m.fill = kernels::MaskFill::NegInf;
     m.fully_masked = FullyMaskedRows::Zeros;
-    return p;
   }
+
+  Shape out_shape() const { return {in[0].shape(0), in[0].shape(1), H, in[2].shape(3)}; }
+  int64_t rows() const { return in[0].shape(0) * in[0].shape(1) * H; }
 };
-
-
-std::vector<float> floats_of(const py::object& o) {
-  if (o.is_none()) return {};
-  FloatArray f = FloatArray::ensure(o);
-  return std::vector<float>(f.data(), f.data() + f.size());
-}
 
 }  // namespace
 
 void bind_attention(py::module_& core) {
   py::module_ m = core.def_submodule("_attention_calls", "mha.torch.attention's calls (internal)");
-  py::class_<AttentionContext, std::shared_ptr<AttentionContext>>(m, "_AttentionContext",
-                                                                  "What one call keeps for its backward.");
 
   m.def(
       "forward",
-      [](const py::array& q, const py::array& k, const py::array& v, bool causal, int64_t window_left,
-         int64_t window_right, float softcap, const py::object& alibi, const py::object& sinks,
-         const py::object& doc_offsets, float scale, float dropout_p, uint64_t dropout_key, bool keep) {
-        auto c = std::make_shared<AttentionContext>();
-        c->H = q.ndim() == 4 ? q.shape(2) : 1;
-        c->Hkv = k.ndim() == 4 ? k.shape(2) : 1;
-        attention_glue::hold_qkv(*c, q, k, v, {"q", "k", "v"}, kOp,
-                                 [](const FloatArray& a) { return attention_glue::rows_view(a); });
-        const int64_t dv = v.shape(3);
-        c->causal = causal;
-        c->window_left = window_left, c->window_right = window_right;
-        c->softcap = softcap;
-        c->alibi = floats_of(alibi);
-        c->sinks = floats_of(sinks);
-        if (!doc_offsets.is_none()) {
-          py::array_t<int64_t, py::array::c_style | py::array::forcecast> o(doc_offsets);
-          c->doc_offsets.assign(o.data(), o.data() + o.size());
-        }
-        c->scale_divisor = 1.0f / scale;
-        if (dropout_p > 0.0f) c->dropout = {dropout_p, dropout_key};
-        const int64_t B = c->qv.size(0), L = c->qv.size(1), H = c->H;
-        Tensor out;
-        {
-          py::gil_scoped_release release;
-          out = Tensor({B, L, H * dv});
-          kernels::AttentionForward p = c->params();
-          p.out = out.view().split_heads(H);
-          attention_glue::forward_keeping_stats(p, B * H * L, c->kv.size(1), keep, c->stats);
-        }
-        return attention_glue::forward_result(out, c, keep);
+      [](const py::array& q, const py::array& k, const py::array& v, const py::tuple& options) {
+        AttentionCall c(q, k, v, options);
+        Tensor out(c.out_shape());
+        c.p.out = attention_glue::rows_view(out).split_heads(c.H);
+        py::object stats = attention_glue::forward_with_stats(c.p, c.rows(), c.in[1].shape(1));
+        return py::make_tuple(hand_to_numpy(std::move(out)), stats);
       },
-      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("window_left"), py::arg("window_right"),
-      py::arg("softcap"), py::arg("alibi_slopes"), py::arg("sinks"), py::arg("doc_offsets"), py::arg("scale"),
-      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep"), "-> (out (B,L,H*dv), context or None)");
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("options"), "-> (out (B,L,H,dv), stats [2,B*H*L] or None)");
 
   m.def(
       "backward",
-      [](const std::shared_ptr<AttentionContext>& c, const py::array& grad_out) {
-        const FloatArray g = FloatArray::ensure(grad_out);
-        if (!g || g.ndim() != 4) {
-          PyErr_Clear();
-          fail(kOp, "grad_output: not a 4-D float32 array");
-        }
-        const TensorView gview = attention_glue::rows_view(g);
-        if (gview.shape[0] != c->outv.shape[0] || gview.shape[1] != c->outv.shape[1] ||
-            gview.shape[2] != c->outv.shape[2])
-          fail(kOp, "grad_output: shape ", shape_str(shape_of(g)), " does not fit the output's ",
-               shape_str(shape_of(c->out_array)));
-        Tensor gq(Shape{c->qv.shape[0], c->qv.shape[1], c->qv.shape[2]}),
-            gk(Shape{c->kv.shape[0], c->kv.shape[1], c->kv.shape[2]}),
-            gv(Shape{c->vv.shape[0], c->vv.shape[1], c->vv.shape[2]});
-        std::vector<float> gs(c->sinks.size());
-        {
-          py::gil_scoped_release release;
-          kernels::AttentionBackward p;
-          p.fwd = c->params();
-          p.fwd.out = c->outv.split_heads(c->H);
-          p.grad_out = gview.split_heads(c->H);
-          p.grad_q = gq.view().split_heads(c->H);
-          p.grad_k = gk.view().split_heads(c->Hkv);
-          p.grad_v = gv.view().split_heads(c->Hkv);
-          p.grad_sinks = gs.empty() ? nullptr : gs.data();
-          attention_glue::backward_from_stats(p, c->stats);
-        }
-        py::object sinks = gs.empty() ? py::object(py::none()) : py::object(py::array_t<float>(
-                                                                      static_cast<py::ssize_t>(gs.size()), gs.data()));
-        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)),
-                              hand_to_numpy(std::move(gv)), sinks);
+      [](const py::array& grad_out, const py::array& q, const py::array& k, const py::array& v, const py::array& out,
+         const py::object& stats, const py::tuple& options) {
+        AttentionCall c(q, k, v, options);
+        const Shape shape = c.out_shape();
+        const FloatArray g = attention_glue::grad_array(kOp, grad_out, shape);
+        const FloatArray o = attention_glue::float_input(out, 4, kOp, "out");
+        if (shape_of(o) != shape) fail(kOp, "out: shape ", shape_str(shape_of(o)), "; wanted ", shape_str(shape));
+        Tensor gq(shape_of(c.in[0])), gk(shape_of(c.in[1])), gv(shape_of(c.in[2]));
+        std::vector<float> gs(static_cast<size_t>(c.sinks.size()));
+        kernels::AttentionBackward p;
+        p.fwd = c.p;
+        p.fwd.out = attention_glue::rows_view(o).split_heads(c.H);
+        p.grad_out = attention_glue::rows_view(g).split_heads(c.H);
+        p.grad_q = attention_glue::rows_view(gq).split_heads(c.H);
+        p.grad_k = attention_glue::rows_view(gk).split_heads(c.Hkv);
+        p.grad_v = attention_glue::rows_view(gv).split_heads(c.Hkv);
+        p.grad_sinks = gs.empty() ? nullptr : gs.data();
+        attention_glue::backward_with_stats(p, stats, c.rows(), kOp);
+        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)), hand_to_numpy(std::move(gv)),
+                              attention_glue::optional_grad(gs));
       },
-      py::arg("context"), py::arg("grad_output"), "-> (grad_q, grad_k, grad_v (rows, heads*width), grad_sinks or None)");
+      py::arg("grad_output"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("stats"),
+      py::arg("options"), "-> (grad_q, grad_k, grad_v, grad_sinks or None)");
 }
 
 }  // namespace mha::python

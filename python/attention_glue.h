@@ -1,10 +1,14 @@
 // python/attention_glue.h: what the calls of mha.torch's two attention
 // functions share (python/attention_calls.cpp for mha.torch.attention,
-// python/sdpa_calls.cpp for mha.torch.scaled_dot_product_attention): the
-// fused forward that keeps its row statistics for the backward, the backward
-// from them, a float32 array copied into a Tensor, and the (out, context)
-// pair a forward returns. Each call's context is its own (one per autograd
-// node), so calls share nothing.
+// python/sdpa_calls.cpp for mha.torch.scaled_dot_product_attention): arrays
+// read in place, the fused forward that writes its row statistics into an
+// array for the backward, and the backward from them.
+//
+// The calls are stateless: a forward returns (out, stats), and the backward
+// takes the inputs, the output and the statistics back. So the same calls
+// serve torch.library operators (whose autograd saves tensors, never an
+// opaque context) and the autograd Function of torch without torch.library
+// (python/mha/_torch_ops.py).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -26,18 +30,24 @@ namespace py = pybind11;
 
 // f: a 4-D float32 C-contiguous array (B, L, heads, width) -> a
 // (B, L, heads*width) view of its memory, no copy (f must outlive the view).
-// A forward that keeps nothing for a backward reads its inputs in place: a
-// packed batch's copies cost more than its attention (measured: bench/
-// attention_variants.py's packed forward 6.0x its sequences one by one with
-// q, k, v and out copied, each copy a fresh allocation that glibc returns to
-// the system after the call and the next call faults in again).
-inline TensorView rows_view(const FloatArray& f) {
+// Inputs are read in place: a packed batch's copies cost more than its
+// attention (measured: bench/attention_variants.py's packed forward 6.0x its
+// sequences one by one with q, k, v and out copied, each copy a fresh
+// allocation that glibc returns to the system after the call and the next
+// call faults in again).
+inline TensorView rows_view(float* data, int64_t B, int64_t L, int64_t width) {
   TensorView v;
-  v.data = const_cast<float*>(f.data());
+  v.data = data;
   v.rank = 3;
-  v.shape[0] = f.shape(0), v.shape[1] = f.shape(1), v.shape[2] = f.shape(2) * f.shape(3);
-  v.stride[2] = 1, v.stride[1] = v.shape[2], v.stride[0] = v.shape[1] * v.shape[2];
+  v.shape[0] = B, v.shape[1] = L, v.shape[2] = width;
+  v.stride[2] = 1, v.stride[1] = width, v.stride[0] = L * width;
   return v;
+}
+inline TensorView rows_view(const FloatArray& f) {
+  return rows_view(const_cast<float*>(f.data()), f.shape(0), f.shape(1), f.shape(2) * f.shape(3));
+}
+inline TensorView rows_view(Tensor& t) {
+  return rows_view(t.data(), t.shape()[0], t.shape()[1], t.shape()[2] * t.shape()[3]);
 }
 
 // f: a float32 C-contiguous array of rank <= 4 -> a view of its memory of
@@ -55,77 +65,80 @@ inline TensorView array_view_any(const py::array& f) {
   return v;
 }
 
-// The caller's q, k, v (float32 4-D C-contiguous arrays, as mha.torch
-// passes them) read in place: held in c.in, the kernels' views of them
-// (view(array)) in c.qv, c.kv, c.vv; any other array fails naming op and
-// names[i].
-template <class Context, class View>
-void hold_qkv(Context& c, const py::array& q, const py::array& k, const py::array& v, const char* const (&names)[3],
-              const char* op, View view) {
-  const py::array* arrays[] = {&q, &k, &v};
-  for (int x = 0; x < 3; ++x) {
-    c.in[x] = FloatArray::ensure(*arrays[x]);
-    if (!c.in[x] || c.in[x].ndim() != 4) {
-      PyErr_Clear();
-      fail(op, names[x], ": not a 4-D float32 array");
-    }
+// a as a float32 C-contiguous array of rank `rank` (read in place when it
+// is one), else a failure naming op and name.
+inline FloatArray float_input(const py::handle& a, int rank, const char* op, const char* name) {
+  FloatArray f = FloatArray::ensure(a);
+  if (!f || f.ndim() != rank) {
+    PyErr_Clear();
+    fail(op, name, ": not a ", rank, "-D float32 array");
   }
-  c.qv = view(c.in[0]);
-  c.kv = view(c.in[1]);
-  c.vv = view(c.in[2]);
+  return f;
 }
 
-// The fused forward of p (p.out set; GIL released by the caller) over
-// `rows` = B*H query rows and `keys` keys; with keep, where the fused kernel
-// runs, its statistics ([2, rows]) are kept in stats for the backward, else
-// stats is left empty (the backward then recomputes the weights).
-inline void forward_keeping_stats(kernels::AttentionForward p, int64_t rows, int64_t keys, bool keep,
-                                  std::vector<float>& stats) {
-  if (keep && kernels::runs_fused(AttentionKernel::Fused, keys)) {
-    stats.resize(static_cast<size_t>(2 * rows));
-    p.stats = {stats.data(), stats.data() + rows};
-  }
-  if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) stats.clear();
+// None -> an empty array (size 0); else a 1-D float32 array of n values (held, read
+// in place), or a failure naming op and name.
+inline FloatArray optional_floats(const py::object& a, int64_t n, const char* op, const char* name) {
+  if (a.is_none()) return FloatArray();
+  FloatArray f = float_input(a, 1, op, name);
+  if (f.shape(0) != n) fail(op, name, ": ", f.shape(0), " values; wanted ", n);
+  return f;
 }
 
-// The backward of p (every view set; GIL released by the caller) from the
-// statistics forward_keeping_stats kept, if any.
-inline void backward_from_stats(kernels::AttentionBackward p, std::vector<float>& stats) {
-  if (!stats.empty()) {
-    const size_t n = stats.size() / 2;
-    p.fwd.stats = {stats.data(), stats.data() + n};
+// (A default FloatArray is an empty array, not a null handle.)
+inline const float* data_or_null(const FloatArray& f) { return f.size() > 0 ? f.data() : nullptr; }
+
+// The fused forward of p (p.out set) over `rows` = B*H query rows and
+// `keys` keys, the GIL released. Where the fused kernel runs, its row
+// statistics go to a fresh [2, rows] array, returned; else None (the
+// backward then recomputes the weights).
+inline py::object forward_with_stats(kernels::AttentionForward p, int64_t rows, int64_t keys) {
+  py::object stats = py::none();
+  if (kernels::runs_fused(AttentionKernel::Fused, keys)) {
+    py::array_t<float> s(std::vector<py::ssize_t>{2, static_cast<py::ssize_t>(rows)});
+    p.stats = {s.mutable_data(), s.mutable_data() + rows};
+    stats = s;
   }
+  py::gil_scoped_release release;
+  if (kernels::attention_forward(AttentionKernel::Fused, p).empty()) {
+    py::gil_scoped_acquire acquire;
+    stats = py::none();
+  }
+  return stats;
+}
+
+// The backward of p (every view set), the GIL released, from the statistics
+// forward_with_stats returned (an array [2, rows], or None: recomputed).
+inline void backward_with_stats(kernels::AttentionBackward p, const py::object& stats, int64_t rows,
+                                const char* op) {
+  FloatArray s;
+  if (!stats.is_none()) {
+    s = float_input(stats, 2, op, "stats");
+    if (s.shape(0) != 2 || s.shape(1) != rows) fail(op, "stats: shape ", shape_str(shape_of(s)), "; wanted (2, ", rows, ")");
+    float* d = const_cast<float*>(s.data());
+    p.fwd.stats = {d, d + rows};
+  }
+  py::gil_scoped_release release;
   kernels::attention_backward(AttentionKernel::Fused, p);
 }
 
-// grad_output as a float32 C-contiguous array of the output's shape (read
-// in place), else a failure naming op.
-inline FloatArray grad_array(const char* op, const py::array& grad_out, const py::array& out) {
+// grad_output as a float32 C-contiguous array of shape `want` (read in
+// place), else a failure naming op.
+inline FloatArray grad_array(const char* op, const py::array& grad_out, const Shape& want) {
   FloatArray g = FloatArray::ensure(grad_out);
   if (!g) {
     PyErr_Clear();
     fail(op, "grad_output: not a float32 array");
   }
-  if (shape_of(g) != shape_of(out))
-    fail(op, "grad_output: shape ", shape_str(shape_of(g)), " is not the output's ", shape_str(shape_of(out)));
+  if (shape_of(g) != want) fail(op, "grad_output: shape ", shape_str(shape_of(g)), " is not the output's ", shape_str(want));
   return g;
 }
 
-// What a forward returns: (out, the context) when kept for a backward, else
-// (out, None). The output is handed to numpy (no copy); a context keeps that
-// array and a view of it (c->out_array, c->outv) for its backward.
-//
-// A context reads its inputs and output where the caller's arrays hold them,
-// never copies (each copy a fresh allocation, faulted in on every call on a
-// VM): mha.torch saves the tensors for the backward, so that one changed in
-// place in between fails there as PyTorch's own functions do.
-template <class Context>
-py::tuple forward_result(Tensor& out, const std::shared_ptr<Context>& c, bool keep) {
-  py::array_t<float> a = hand_to_numpy(std::move(out));
-  if (!keep) return py::make_tuple(a, py::none());
-  c->out_array = a;
-  c->outv = array_view_any(c->out_array);
-  return py::make_tuple(a, py::cast(c));
+// A (heads,) gradient as a numpy array, or None when the call had no such
+// input (g empty).
+inline py::object optional_grad(const std::vector<float>& g) {
+  if (g.empty()) return py::none();
+  return py::array_t<float>(static_cast<py::ssize_t>(g.size()), g.data());
 }
 
 }  // namespace mha::python::attention_glue

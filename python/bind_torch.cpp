@@ -71,7 +71,7 @@ mha::Mask to_mask(const py::object& obj, const char* op, const char* arg, Conven
 mha::Causal to_causal(const py::object& is_causal, const char* op) {
   if (py::isinstance<mha::Causal>(is_causal)) return is_causal.cast<mha::Causal>();
   if (py::isinstance<py::bool_>(is_causal)) return is_causal.cast<bool>() ? mha::Causal::TopLeft : mha::Causal::None;
-  mha::python::fail(mha::python::kType, op, "is_causal: ", std::string(py::str(is_causal.get_type())),
+  mha::python::fail(mha::python::kType, op, "is_causal: ", std::string(py::str(py::type::of(is_causal))),
                     " is neither a bool nor an mha.Causal");
 }
 

@@ -370,6 +370,63 @@ inline std::vector<std::string> split_top(const std::string& text) {
   return parts;
 }
 
+// A parameter's type as pybind11 2 spells it, which the checks below read:
+// pybind11 3 (the build's with numpy 2) writes int as "typing.SupportsInt |
+// typing.SupportsIndex", float as "typing.SupportsFloat | ...", Optional[T]
+// as "T | None", List/Tuple/Dict as "collections.abc.Sequence[...]",
+// "tuple[...]", "collections.abc.Mapping[...]" and arrays as
+// "typing.Annotated[numpy.typing.ArrayLike, ...]".
+inline std::string pybind11_2_type(const std::string& type) {
+  std::vector<std::string> parts;  // the union's members, at the top level
+  {
+    std::string cur;
+    int depth = 0;
+    for (size_t i = 0; i < type.size(); ++i) {
+      const char c = type[i];
+      if (c == '[' || c == '(') ++depth;
+      if (c == ']' || c == ')') --depth;
+      if (depth == 0 && type.compare(i, 3, " | ") == 0) {
+        parts.push_back(cur);
+        cur.clear();
+        i += 2;
+        continue;
+      }
+      cur += c;
+    }
+    parts.push_back(cur);
+  }
+  bool optional = false;
+  std::vector<std::string> kinds;
+  for (const std::string& part : parts) {
+    if (part == "None") optional = true;
+    else if (part != "typing.SupportsIndex" || parts.size() == 1) kinds.push_back(part);
+  }
+  std::string t;
+  if (kinds.size() != 1) {
+    t = "object";  // a union of kinds: left to pybind11
+  } else if (kinds[0] == "typing.SupportsInt") {
+    t = "int";
+  } else if (kinds[0] == "typing.SupportsFloat") {
+    t = "float";
+  } else if (kinds[0].rfind("typing.Annotated[numpy", 0) == 0 || kinds[0].rfind("numpy.typing.", 0) == 0) {
+    t = "numpy.ndarray";
+  } else {
+    t = kinds[0];
+    const size_t open = t.find('[');
+    if (open != std::string::npos && t.back() == ']') {
+      std::string name = t.substr(0, open);
+      if (name == "collections.abc.Sequence" || name == "list") name = "List";
+      else if (name == "tuple") name = "Tuple";
+      else if (name == "collections.abc.Mapping" || name == "dict") name = "Dict";
+      std::string inner;
+      for (const std::string& a : split_top(t.substr(open + 1, t.size() - open - 2)))
+        inner += (inner.empty() ? "" : ", ") + pybind11_2_type(a);
+      t = name + "[" + inner + "]";
+    }
+  }
+  return optional ? "Optional[" + t + "]" : t;
+}
+
 // The parameters of one signature line "name(a: int, b: float = 0.0) -> None"
 // -> {a: int}, {b: float}; false if the line holds no signature.
 inline bool line_params(const std::string& line, std::vector<Param>& out) {
@@ -392,7 +449,7 @@ inline bool line_params(const std::string& line, std::vector<Param>& out) {
       std::string type = part.substr(colon + 1);
       const size_t eq = type.find(" = ");
       if (eq != std::string::npos) type = type.substr(0, eq);
-      p.type = split_top(type).empty() ? std::string() : type.substr(type.find_first_not_of(' '));
+      p.type = split_top(type).empty() ? std::string() : pybind11_2_type(type.substr(type.find_first_not_of(' ')));
     }
     out.push_back(p);
   }

@@ -43,9 +43,8 @@ import math
 import torch
 
 from . import _attention_glue as _glue
-from . import _checks, _core
+from . import _checks, _torch_ops
 
-_calls = _core._attention_calls
 OP = "mha.torch.attention"
 
 __all__ = ["attention"]
@@ -56,7 +55,8 @@ def _check_tensor(x, name):
 
 
 def _per_head(x, name, H):
-    """alibi_slopes / sinks: None or a (H,) floating tensor -> None or a float32 numpy array."""
+    """alibi_slopes / sinks: None or a (H,) floating tensor -> None or a float32 tensor (its values are
+    checked to be finite by the operator, python/mha/_torch_ops.py)."""
     if x is None:
         return None
     _check_tensor(x, name)
@@ -64,10 +64,7 @@ def _per_head(x, name, H):
         raise TypeError(f"[{OP}] {name}: dtype {x.dtype}; wanted a floating tensor (one value per query head)")
     if tuple(x.shape) != (H,):
         raise ValueError(f"[{OP}] {name}: shape {tuple(x.shape)}; wanted ({H},), one value per query head")
-    a = x.detach().float().contiguous()
-    if not bool(torch.isfinite(a).all()):
-        raise ValueError(f"[{OP}] {name}: {a.tolist()} holds a value that is not finite; wanted finite numbers")
-    return a.numpy()
+    return x.float().contiguous()
 
 
 def _window(window, causal):
@@ -89,28 +86,24 @@ def _window(window, causal):
     return left, right
 
 
-def _documents(cu_seqlens, max_seqlen, T):
-    """cu_seqlens (B + 1 offsets from 0 to T) -> an int64 numpy array; max_seqlen checked against them."""
+def _documents(cu_seqlens, max_seqlen):
+    """cu_seqlens (B + 1 offsets from 0 to T: checked by the operator) -> an int64 tensor; max_seqlen as an
+    int, -1 when not given."""
     _check_tensor(cu_seqlens, "cu_seqlens")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"[{OP}] cu_seqlens: dtype {cu_seqlens.dtype}; wanted torch.int32 (as FlashAttention's) "
                         "or torch.int64")
-    o = cu_seqlens.detach().to(torch.int64).contiguous()
-    if o.dim() != 1 or o.numel() < 2:
-        raise ValueError(f"[{OP}] cu_seqlens: shape {tuple(o.shape)}; wanted (B + 1,) offsets with B >= 1")
-    lengths = o[1:] - o[:-1]
-    if int(o[0]) != 0 or int(o[-1]) != T or bool((lengths < 0).any()):
-        shown = o.tolist() if o.numel() <= 12 else o[:12].tolist() + ["..."]
-        raise ValueError(f"[{OP}] cu_seqlens: {shown}; wanted nondecreasing offsets from 0 to the {T} packed rows")
-    if max_seqlen is not None:
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"[{OP}] cu_seqlens: shape {tuple(cu_seqlens.shape)}; wanted (B + 1,) offsets with B >= 1")
+    if max_seqlen is None:
+        max_seqlen = -1
+    else:
         max_seqlen = _checks.integer(max_seqlen, OP, "max_seqlen")
         if max_seqlen > 2**31 - 1:
             raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at most 2147483647 (FlashAttention's int32)")
-        longest = int(lengths.max())
-        if max_seqlen < longest:
-            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "
-                             f"({longest} rows); wanted at least {longest}")
-    return o.numpy()
+        if max_seqlen < 0:
+            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at least the longest sequence of cu_seqlens")
+    return cu_seqlens.detach().to(torch.int64).contiguous(), max_seqlen
 
 
 def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=None, sinks=None, cu_seqlens=None,
@@ -160,26 +153,16 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
                                   "FlashAttention's): pass alibi_slopes.detach()")
     slopes = _per_head(alibi_slopes, "alibi_slopes", H)
     sink_values = _per_head(sinks, "sinks", H)
-    offsets = _documents(cu_seqlens, max_seqlen, Lq) if packed else None
+    offsets, max_seqlen = _documents(cu_seqlens, max_seqlen) if packed else (None, -1)
     out_dtype = q.dtype
     out_shape = (*q.shape[:-1], dv)
     if B * H * Lq * Lk * d == 0 or dv == 0:
         # Nothing to attend to (Lk = 0: every query sees no key, so zeros) or nothing to compute.
+        _torch_ops.flash_checks(slopes, sink_values, offsets, max_seqlen, Lq)  # values are still checked
         tie = 0.0 * (q.sum() + k.sum() + v.sum() + (sinks.sum() if sinks is not None else 0.0))
         return q.new_zeros(out_shape) + tie
-    q32, k32, v32 = (x.detach().float().contiguous() for x in (q4, k4, v4))
-    key_ = _glue.dropout_key(dropout_p)
-
-    def forward(keep):
-        return _calls.forward(q32.numpy(), k32.numpy(), v32.numpy(), causal, left, right, float(softcap), slopes,
-                              sink_values, offsets, float(scale), float(dropout_p), key_, keep)
-
-    def backward(context, grad_out):
-        gq, gk, gv, gs = _calls.backward(context, grad_out.reshape(B, Lq, H, dv).numpy())
-        return (torch.from_numpy(gq).reshape(q4.shape), torch.from_numpy(gk).reshape(k4.shape),
-                torch.from_numpy(gv).reshape(v4.shape), None if gs is None else torch.from_numpy(gs))
-
     # float(): a bfloat16 input gets its gradient through the widening.
-    out = _glue.run(OP, (q4.float(), k4.float(), v4.float(), None if sinks is None else sinks.float()), forward,
-                    backward)
+    q32, k32, v32 = (x.float().contiguous() for x in (q4, k4, v4))
+    out = _torch_ops.flash(q32, k32, v32, slopes, sink_values, offsets, _torch_ops.dropout_key(dropout_p),
+                           [left, right], causal, [float(scale), float(softcap), float(dropout_p)], max_seqlen)
     return _glue.in_dtype(out.reshape(out_shape), out_dtype)

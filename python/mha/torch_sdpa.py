@@ -32,9 +32,8 @@ import math
 import torch
 
 from . import _attention_glue as _glue
-from . import _checks, _core
+from . import _checks, _torch_ops
 
-_calls = _core._sdpa_calls
 OP = "mha.torch.scaled_dot_product_attention"
 
 __all__ = ["scaled_dot_product_attention"]
@@ -44,11 +43,11 @@ def _check_tensor(x, name):
     _glue.check_tensor(OP, x, name)
 
 
-def _mask_args(attn_mask, lead, B, H, L, S):
-    """(mask array or None, stride_b, stride_h): the mask over (B, H, L, S), broadcast dimensions kept
-    as stride 0 where the kernel allows it (the batch and head axes)."""
+def _mask_tensor(attn_mask, lead, B, H, L, S):
+    """The mask over (B, H, L, S) as a (b, h, L, S) tensor, b in {1, B} and h in {1, H}: broadcast batch
+    and head axes are kept at 1 (the kernel reads them with stride 0), bool kept, floats as float32."""
     if attn_mask is None:
-        return None, 0, 0
+        return None
     _check_tensor(attn_mask, "attn_mask")
     if attn_mask.dtype != torch.bool:
         if not attn_mask.is_floating_point():
@@ -64,42 +63,46 @@ def _mask_args(attn_mask, lead, B, H, L, S):
         raise ValueError(f"[{OP}] attn_mask: shape {tuple(attn_mask.shape)} does not broadcast to "
                          f"{tuple(want)} (the query's leading dimensions, L, S)") from None
     m = m.reshape(B, H, L, S)
-    same_b = B == 1 or m.stride(0) == 0
-    same_h = H == 1 or m.stride(1) == 0
-    if same_b:
+    if B == 1 or m.stride(0) == 0:
         m = m[:1]
-    if same_h:
+    if H == 1 or m.stride(1) == 0:
         m = m[:, :1]
-    m = m.contiguous() if m.dtype == torch.bool else m.float().contiguous()
-    stride_h = 0 if same_h else L * S
-    stride_b = 0 if same_b else (1 if same_h else H) * L * S
-    return m.numpy(), stride_b, stride_h
+    return m.contiguous() if m.dtype == torch.bool else m.float().contiguous()
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """softmax(query key^T * scale + mask) value, with PyTorch 2.x's arguments and semantics
     (module docstring); gradients by mha's attention backward."""
-    _glue.check_inputs(OP, ((query, "query"), (key, "key"), (value, "value")))
-    dropout_p = _checks.real(dropout_p, OP, "dropout_p")
-    is_causal = _checks.flag(is_causal, OP, "is_causal")
-    enable_gqa = _checks.flag(enable_gqa, OP, "enable_gqa")
+    return attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+           softcap=None, sinks=None, op=OP):
+    """scaled_dot_product_attention with two score options more (the Hugging Face backend's, mha/hf.py):
+    softcap (None or > 0: the scaled score s becomes softcap * tanh(s / softcap), before the mask) and
+    sinks (None or (H,) floating: one more logit per head in each row's softmax denominator, with a
+    gradient)."""
+    _glue.check_inputs(op, ((query, "query"), (key, "key"), (value, "value")))
+    dropout_p = _checks.real(dropout_p, op, "dropout_p")
+    is_causal = _checks.flag(is_causal, op, "is_causal")
+    enable_gqa = _checks.flag(enable_gqa, op, "enable_gqa")
     if scale is not None:
-        scale = _checks.real(scale, OP, "scale")
-    dropout_p = _glue.dropout_probability(OP, dropout_p)
+        scale = _checks.real(scale, op, "scale")
+    dropout_p = _glue.dropout_probability(op, dropout_p)
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
-        raise ValueError(f"[{OP}] query, key, value: shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+        raise ValueError(f"[{op}] query, key, value: shapes {tuple(query.shape)}, {tuple(key.shape)}, "
                          f"{tuple(value.shape)}; wanted (..., L, E), (..., S, E), (..., S, Ev) of one rank >= 2")
     L, E = query.shape[-2:]
     S = key.shape[-2]
     Ev = value.shape[-1]
     if key.shape[-1] != E or value.shape[-2] != S:
-        raise ValueError(f"[{OP}] key, value: shapes {tuple(key.shape)}, {tuple(value.shape)} do not fit query "
+        raise ValueError(f"[{op}] key, value: shapes {tuple(key.shape)}, {tuple(value.shape)} do not fit query "
                          f"{tuple(query.shape)}; wanted key (..., S, {E}) and value (..., S, Ev)")
     lead = tuple(query.shape[:-2])
     kv_lead = tuple(key.shape[:-2])
     if tuple(value.shape[:-2]) != kv_lead:
-        raise ValueError(f"[{OP}] value: shape {tuple(value.shape)}; its leading dimensions differ from key's "
+        raise ValueError(f"[{op}] value: shape {tuple(value.shape)}; its leading dimensions differ from key's "
                          f"{tuple(key.shape)}")
     H = lead[-1] if len(lead) >= 1 else 1
     Hkv = kv_lead[-1] if len(kv_lead) >= 1 else 1
@@ -107,28 +110,32 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if kv_lead != lead and not groups_ok:
         want = ("key/value heads (dimension -3) dividing the query's and the other leading dimensions equal"
                 if enable_gqa else "the query's (or enable_gqa=True for fewer key/value heads)")
-        raise ValueError(f"[{OP}] key: leading dimensions {kv_lead} against query's {lead}; wanted {want}")
+        raise ValueError(f"[{op}] key: leading dimensions {kv_lead} against query's {lead}; wanted {want}")
     if is_causal and attn_mask is not None:
-        raise ValueError(f"[{OP}] attn_mask and is_causal: both given; pass one (torch refuses both too)")
+        raise ValueError(f"[{op}] attn_mask and is_causal: both given; pass one (torch refuses both too)")
+    if softcap is None:
+        softcap = 0.0
+    else:
+        softcap = _checks.real(softcap, op, "softcap")
+        if not (softcap >= 0 and math.isfinite(softcap)):
+            raise ValueError(f"[{op}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    if sinks is not None:
+        _check_tensor(sinks, "sinks")
+        if not sinks.is_floating_point() or tuple(sinks.shape) != (H,):
+            raise ValueError(f"[{op}] sinks: {sinks.dtype} of shape {tuple(sinks.shape)}; wanted a floating "
+                             f"tensor of shape ({H},), one logit per query head")
     B = math.prod(lead[:-1]) if len(lead) >= 1 else 1
-    mask, stride_b, stride_h = _mask_args(attn_mask, lead, B, H, L, S)
+    mask = _mask_tensor(attn_mask, lead, B, H, L, S)
     out_dtype = query.dtype
     if scale is None:
         scale = _glue.default_scale(E)
     if B * H * L * S * E == 0 or Ev == 0:
         # Nothing to attend to (S = 0: every query fully masked, so zeros) or nothing to compute.
-        return query.new_zeros((*lead, L, Ev)) + 0.0 * (query.sum() + key.sum() + value.sum())
-    q, k, v = (x.float().reshape(B, n, x.shape[-2], x.shape[-1])
+        tie = 0.0 * (query.sum() + key.sum() + value.sum() + (sinks.sum() if sinks is not None else 0.0))
+        return query.new_zeros((*lead, L, Ev)) + tie
+    q, k, v = (x.float().reshape(B, n, x.shape[-2], x.shape[-1]).contiguous()
                for x, n in ((query, H), (key, Hkv), (value, Hkv)))
-    key_ = _glue.dropout_key(dropout_p)
-
-    def forward(keep):
-        return _calls.forward(q.detach().contiguous().numpy(), k.detach().contiguous().numpy(),
-                              v.detach().contiguous().numpy(), mask, stride_b, stride_h, is_causal, float(scale),
-                              float(dropout_p), key_, keep)
-
-    def backward(context, grad_out):
-        return tuple(torch.from_numpy(g) for g in _calls.backward(context, grad_out.numpy()))
-
-    out = _glue.run(OP, (q, k, v), forward, backward)
+    out = _torch_ops.sdpa(q, k, v, mask, None if sinks is None else sinks.float().contiguous(),
+                          _torch_ops.dropout_key(dropout_p), is_causal, float(scale), float(softcap),
+                          float(dropout_p))
     return _glue.in_dtype(out.reshape(*lead, L, Ev), out_dtype)

@@ -408,6 +408,22 @@ def split_top(text):
     return parts
 
 
+def pybind2_type(typ):
+    """A type as pybind11 2 spells it (python/convert.h pybind11_2_type: pybind11 3 writes "T | None",
+    "collections.abc.Sequence[T]", "typing.SupportsInt | typing.SupportsIndex", ...)."""
+    parts = [p for p in typ.split(" | ")]
+    optional = "None" in parts
+    kinds = [p for p in parts if p != "None" and not (p == "typing.SupportsIndex" and len(parts) > 1)]
+    t = kinds[0] if len(kinds) == 1 else "object"
+    t = {"typing.SupportsInt": "int", "typing.SupportsFloat": "float"}.get(t, t)
+    for new, olds in (("List[", ("collections.abc.Sequence[", "list[")), ("Tuple[", ("tuple[",)),
+                      ("Dict[", ("collections.abc.Mapping[", "dict["))):
+        for old in olds:
+            if t.startswith(old):
+                t = new + t[len(old):]
+    return f"Optional[{t}]" if optional else t
+
+
 def pybind_params(f):
     """[(name, type, has_default, default_is_none)] of a pybind11 function's first overload."""
     doc = f.__doc__ or ""
@@ -420,7 +436,7 @@ def pybind_params(f):
                     continue
                 name, _, rest = p.partition(":")
                 typ, _, default = rest.partition("=")
-                out.append((name.strip(), typ.strip(), bool(default), default.strip() == "None"))
+                out.append((name.strip(), pybind2_type(typ.strip()), bool(default), default.strip() == "None"))
             return out
     return None
 
@@ -487,6 +503,8 @@ def entry_points():
                     for attr, member in sorted(vars(klass).items()):
                         if attr.startswith("__") and attr != "__call__":
                             continue
+                        if attr.startswith("_pybind11_"):
+                            continue  # pybind11's own (its ABI conduit), not mha's
                         if id(member) in seen:
                             continue  # inherited: walked with the class that defines it
                         seen.add(id(member))

@@ -183,7 +183,10 @@ def test_drop_in_key_padding_mask_is_nn_multihead_attention(batch_first):
                 kpm = torch.from_numpy(pad[b:b + 1, :K]) if step % 4 else None
                 want = ref(torch.from_numpy(x[b:b + 1]).double(), t_S, t_S, key_padding_mask=kpm,
                            attn_mask=causal, need_weights=False)[0].numpy()[0]
-                none_left = np.isnan(want).all(axis=1)  # PyTorch 1.13: NaN where no key is left
+                # No key left: PyTorch gives NaN there (1.13, and 2.x's fast path) or zeros (2.x through
+                # its SDPA): read from the masks, not from PyTorch's output.
+                masked = causal.numpy() | (pad[b:b + 1, :K] if step % 4 else np.zeros((1, K), bool))
+                none_left = masked.all(axis=1)
                 fully_masked += int(none_left.sum())
                 # mha: attention output 0 (FullyMaskedRows.ZEROS), so the output is out_proj's bias.
                 out_bias = ref.out_proj.bias.detach().numpy().astype(np.float32)

@@ -60,9 +60,25 @@ def test_both_conventions_reach_the_same_result_as_pytorch():
     assert not np.allclose(wrong, want.numpy(), atol=1e-3)
 
 
+def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
+    """PyTorch's own SDPA: (output, weights)."""
+    if hasattr(F, "_scaled_dot_product_attention"):  # torch 1.13
+        return F._scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                               need_attn_weights=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    L, S = q.shape[-2], k.shape[-2]
+    keep = attn_mask if attn_mask is not None else torch.ones(L, S, dtype=torch.bool)
+    if is_causal:
+        keep = keep & torch.ones(L, S, dtype=torch.bool).tril()
+    scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~keep, float("-inf"))
+    return out, scores.softmax(-1)
+
+
 def test_sdpa_convention_and_causal_against_pytorchs_sdpa():
-    # 1.13's private F._scaled_dot_product_attention reads True = takes part,
-    # and its is_causal is top-left aligned.
+    # PyTorch's SDPA (1.13's private F._scaled_dot_product_attention, 2.x's
+    # public function) reads True = takes part, and its is_causal is top-left
+    # aligned. The weights come from 1.13's function, or from the masked
+    # softmax on 2.x (whose function returns none).
     rng = np.random.default_rng(1)
     E = 6
     attn = identity_attention(E)
@@ -71,11 +87,11 @@ def test_sdpa_convention_and_causal_against_pytorchs_sdpa():
         k, v = torch.randn(2, S, E), torch.randn(2, S, E)
         takes_part = torch.from_numpy(rng.random((L, S)) < 0.6)
         takes_part[:, 0] = True
-        want, want_w = F._scaled_dot_product_attention(q, k, v, attn_mask=takes_part, need_attn_weights=True)
+        want, want_w = torch_sdpa(q, k, v, attn_mask=takes_part)
         got, got_w = attn(q, k, v, attn_mask=mha.mask_from_sdpa(takes_part), average_attn_weights=False)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got_w[:, 0], want_w.numpy(), rtol=1e-5, atol=1e-6)
-        want, want_w = F._scaled_dot_product_attention(q, k, v, is_causal=True, need_attn_weights=True)
+        want, want_w = torch_sdpa(q, k, v, is_causal=True)
         for need_weights in (True, False):  # never ignored, with or without weights
             got, got_w = attn(q, k, v, is_causal=True, need_weights=need_weights)
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,268 @@
+"""The operators under mha.torch's attention functions: one forward and one
+backward per function, on the stateless calls of python/sdpa_calls.cpp and
+python/attention_calls.cpp.
+
+    sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p) -> out
+        q [B,H,L,E], k [B,Hkv,S,E], v [B,Hkv,S,Ev] float32 contiguous; mask None or
+        [b,h,L,S] (b in {1,B}, h in {1,H}) bool (True = takes part) or float32;
+        sinks None or [H]; dropout_key an int64 tensor of one element -> [B,H,L,Ev]
+    flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scale_softcap_p,
+          max_seqlen) -> out
+        q (B,L,H,d), k (B,S,Hkv,d), v (B,S,Hkv,dv); window [left, right]; cu_seqlens
+        None or (documents + 1,) int64 -> (B,L,H,dv)
+
+On torch >= 2.4 these are torch.library custom operators in the `mha`
+namespace (torch.ops.mha.sdpa, .sdpa_backward, .flash, .flash_backward), each
+with a fake implementation (shapes only) and an autograd formula, so that
+torch.compile(fullgraph=True) and torch.export keep them whole and
+torch.library.opcheck passes. On older torch (1.13, no torch.library.custom_op)
+the same calls run under a torch.autograd.Function with the same signature.
+
+Checks that read values (the offsets of cu_seqlens, finite sinks and slopes)
+run inside the operators, where the tensors hold data; the functions check
+shapes, dtypes and options before (python/mha/torch_sdpa.py,
+python/mha/torch_attention.py).
+"""
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import _core
+
+_sdpa = _core._sdpa_calls
+_flash = _core._attention_calls
+_FLASH_OP = "mha.torch.attention"
+_MAX_FUSED_KEYS = 1 << 24  # kFusedMaxKeys (src/cpu/fused/limits.h): beyond it no statistics are kept
+
+HAS_LIBRARY = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+def _np(x):
+    return None if x is None else x.detach().numpy()
+
+
+def _stats_tensor(stats):
+    return torch.empty(0) if stats is None else torch.from_numpy(stats)
+
+
+def _stats_array(stats):
+    return None if stats.numel() == 0 else stats.detach().numpy()
+
+
+def _grad(g, like):
+    return torch.zeros_like(like) if g is None else torch.from_numpy(g)
+
+
+# ---- scaled_dot_product_attention -------------------------------------------
+
+def _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+    key = int(dropout_key.reshape(-1)[0]) if dropout_p > 0 else 0
+    return (_np(mask), bool(causal), float(scale), float(softcap), _np(sinks), float(dropout_p), key)
+
+
+def _sdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                  sinks: Optional[torch.Tensor], dropout_key: torch.Tensor, causal: bool, scale: float,
+                  softcap: float, dropout_p: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    out, stats = _sdpa.forward(_np(q), _np(k), _np(v),
+                               _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p))
+    return torch.from_numpy(out), _stats_tensor(stats)
+
+
+def _sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   stats: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                   dropout_key: torch.Tensor, causal: bool, scale: float, softcap: float,
+                   dropout_p: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gq, gk, gv, gs = _sdpa.backward(_np(grad_out.float().contiguous()), _np(q), _np(k), _np(v), _np(out),
+                                    _stats_array(stats),
+                                    _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p))
+    return (torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
+            torch.empty(0) if gs is None else torch.from_numpy(gs))
+
+
+def _sdpa_fake(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+    B, H, L, _ = q.shape
+    rows = B * H * L if k.shape[2] <= _MAX_FUSED_KEYS else 0
+    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((2, rows) if rows else (0,))
+
+
+def _sdpa_backward_fake(grad_out, q, k, v, out, stats, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((0,)) if sinks is None else torch.empty_like(sinks))
+
+
+# ---- attention (FlashAttention's layout and options) ------------------------
+
+def flash_checks(alibi, sinks, cu_seqlens, max_seqlen, T):
+    """The checks that read values, with the messages of mha.torch.attention's other checks."""
+    for x, name in ((alibi, "alibi_slopes"), (sinks, "sinks")):
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"[{_FLASH_OP}] {name}: {x.tolist()} holds a value that is not finite; wanted finite "
+                             "numbers")
+    if cu_seqlens is None:
+        return
+    o = cu_seqlens
+    lengths = o[1:] - o[:-1]
+    if int(o[0]) != 0 or int(o[-1]) != T or bool((lengths < 0).any()):
+        shown = o.tolist() if o.numel() <= 12 else o[:12].tolist() + ["..."]
+        raise ValueError(f"[{_FLASH_OP}] cu_seqlens: {shown}; wanted nondecreasing offsets from 0 to the {T} packed "
+                         "rows")
+    if max_seqlen >= 0:
+        longest = int(lengths.max())
+        if max_seqlen < longest:
+            raise ValueError(f"[{_FLASH_OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "
+                             f"({longest} rows); wanted at least {longest}")
+
+
+def _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars):
+    scale, softcap, dropout_p = scalars
+    key = int(dropout_key.reshape(-1)[0]) if dropout_p > 0 else 0
+    return (bool(causal), int(window[0]), int(window[1]), float(softcap), _np(alibi), _np(sinks), _np(cu_seqlens),
+            float(scale), float(dropout_p), key)
+
+
+def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
+                   sinks: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dropout_key: torch.Tensor,
+                   window: List[int], causal: bool, scalars: List[float],
+                   max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    flash_checks(alibi, sinks, cu_seqlens, max_seqlen, q.shape[1])
+    out, stats = _flash.forward(_np(q), _np(k), _np(v),
+                                _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars))
+    return torch.from_numpy(out), _stats_tensor(stats)
+
+
+def _flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    stats: torch.Tensor, alibi: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                    cu_seqlens: Optional[torch.Tensor], dropout_key: torch.Tensor, window: List[int], causal: bool,
+                    scalars: List[float]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gq, gk, gv, gs = _flash.backward(_np(grad_out.float().contiguous()), _np(q), _np(k), _np(v), _np(out),
+                                     _stats_array(stats),
+                                     _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars))
+    return (torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
+            torch.empty(0) if gs is None else torch.from_numpy(gs))
+
+
+def _flash_fake(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
+    B, L, H, _ = q.shape
+    rows = B * H * L if k.shape[1] <= _MAX_FUSED_KEYS else 0
+    return q.new_empty((B, L, H, v.shape[3])), q.new_empty((2, rows) if rows else (0,))
+
+
+def _flash_backward_fake(grad_out, q, k, v, out, stats, alibi, sinks, cu_seqlens, dropout_key, window, causal,
+                         scalars):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((0,)) if sinks is None else torch.empty_like(sinks))
+
+
+def _no_double_backward(op):
+    """backward(create_graph=True) refused: the gradients would be constants of the graph."""
+    if torch.is_grad_enabled() and not _compiling():
+        raise RuntimeError(f"[{op}] backward with create_graph=True: mha's attention has no double backward; "
+                           "its first-order gradients are exact")
+
+
+def _compiling():
+    """Whether torch.compile or torch.export traces this call (AOTAutograd traces the backward with grad on)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+# ---- the operators -----------------------------------------------------------
+
+if HAS_LIBRARY:
+    _sdpa_op = torch.library.custom_op("mha::sdpa", mutates_args=())(_sdpa_forward)
+    _sdpa_op.register_fake(_sdpa_fake)
+    _sdpa_backward_op = torch.library.custom_op("mha::sdpa_backward", mutates_args=())(_sdpa_backward)
+    _sdpa_backward_op.register_fake(_sdpa_backward_fake)
+    _flash_op = torch.library.custom_op("mha::flash", mutates_args=())(_flash_forward)
+    _flash_op.register_fake(_flash_fake)
+    _flash_backward_op = torch.library.custom_op("mha::flash_backward", mutates_args=())(_flash_backward)
+    _flash_backward_op.register_fake(_flash_backward_fake)
+
+    def _sdpa_setup(ctx, inputs, output):
+        q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1], mask, sinks, dropout_key)
+        ctx.options = (causal, scale, softcap, dropout_p)
+        ctx.has_sinks = sinks is not None
+
+    def _sdpa_grad(ctx, grad_out, _grad_stats):
+        _no_double_backward("mha.torch.scaled_dot_product_attention")
+        q, k, v, out, stats, mask, sinks, dropout_key = ctx.saved_tensors
+        gq, gk, gv, gs = _sdpa_backward_op(grad_out.contiguous(), q, k, v, out, stats, mask, sinks, dropout_key,
+                                           *ctx.options)
+        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None, None, None
+
+    _sdpa_op.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
+
+    def _flash_setup(ctx, inputs, output):
+        q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, _max_seqlen = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1], alibi, sinks, cu_seqlens, dropout_key)
+        ctx.options = (window, causal, scalars)
+        ctx.has_sinks = sinks is not None
+
+    def _flash_grad(ctx, grad_out, _grad_stats):
+        _no_double_backward(_FLASH_OP)
+        q, k, v, out, stats, alibi, sinks, cu_seqlens, dropout_key = ctx.saved_tensors
+        gq, gk, gv, gs = _flash_backward_op(grad_out.contiguous(), q, k, v, out, stats, alibi, sinks, cu_seqlens,
+                                            dropout_key, *ctx.options)
+        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None, None, None, None
+
+    _flash_op.register_autograd(_flash_grad, setup_context=_flash_setup)
+
+    def sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+        return _sdpa_op(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p)[0]
+
+    def flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
+        return _flash_op(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen)[0]
+
+    OPERATORS = ("sdpa", "sdpa_backward", "flash", "flash_backward")
+
+else:
+    class _Function(torch.autograd.Function):
+        """forward(kind, options, q, k, v, sinks) -> out; the backward of the same stateless calls. The
+        inputs and the output are saved, so one changed in place before the backward fails there, as with
+        PyTorch's own functions."""
+
+        @staticmethod
+        def forward(ctx, kind, options, q, k, v, sinks):
+            forward = _sdpa_forward if kind == "sdpa" else _flash_forward
+            out, stats = forward(q, k, v, *options[0](sinks))
+            ctx.kind, ctx.options, ctx.stats = kind, options, stats
+            ctx.save_for_backward(q, k, v, sinks, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, sinks, out = ctx.saved_tensors
+            op = "mha.torch.scaled_dot_product_attention" if ctx.kind == "sdpa" else _FLASH_OP
+            _no_double_backward(op)
+            backward = _sdpa_backward if ctx.kind == "sdpa" else _flash_backward
+            gq, gk, gv, gs = backward(grad_out.detach(), q, k, v, out, ctx.stats, *ctx.options[1](sinks))
+            ctx.stats = None
+            return None, None, gq, gk, gv, (gs if sinks is not None else None)
+
+    def _run(kind, q, k, v, sinks, forward_args, backward_args):
+        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, sinks)):
+            return _Function.apply(kind, (forward_args, backward_args), q, k, v, sinks)
+        forward = _sdpa_forward if kind == "sdpa" else _flash_forward
+        return forward(q, k, v, *forward_args(sinks))[0]
+
+    def sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+        rest = (causal, scale, softcap, dropout_p)
+        return _run("sdpa", q, k, v, sinks, lambda s: (mask, s, dropout_key, *rest),
+                    lambda s: (mask, s, dropout_key, *rest))
+
+    def flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
+        return _run("flash", q, k, v, sinks,
+                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen),
+                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars))
+
+    OPERATORS = ()
+
+
+def dropout_key(p):
+    """The key of a call's dropout masks as an int64 tensor of one element: drawn from torch's generator
+    when p > 0 (torch.manual_seed repeats it; traceable, so compiled models draw it too), else 0."""
+    if p > 0:
+        return torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    return torch.zeros(1, dtype=torch.int64)
+

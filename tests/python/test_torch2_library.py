@@ -1,0 +1,192 @@
+"""torch 2.x line only: mha.torch's attention functions as torch.library operators (python/mha/_torch_ops.py).
+
+- torch.library.opcheck passes for every operator (schema, fake tensors, autograd registration, AOT
+  dispatch) on inputs with masks, grouped heads, sinks, windows, ALiBi, packed batches and dropout;
+- a model mixing scaled_dot_product_attention and attention (causal, window, grouped heads, a packed
+  batch) compiles with fullgraph=True, static and dynamic shapes, with the eager output and gradients;
+- torch.export keeps the mha operators, and the exported program gives the eager output.
+Eager against compiled is the same code on the same inputs: within 1e-5.
+"""
+import pytest
+import torch
+
+import mha.torch as mt
+from mha import _torch_ops
+
+pytestmark = pytest.mark.skipif(not _torch_ops.HAS_LIBRARY,
+                                reason="torch.library.custom_op needs torch >= 2.4 (this is torch "
+                                       f"{torch.__version__})")
+
+TOL = 1e-5
+
+
+def _sdpa_samples():
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    key0 = torch.zeros(1, dtype=torch.int64)
+    key1 = torch.tensor([12345], dtype=torch.int64)
+    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 6), None, None, key0, False, 0.35, 0.0, 0.0)
+    yield (r(2, 4, 5, 8), r(2, 2, 7, 8), r(2, 2, 7, 8), None, None, key0, True, 0.35, 0.0, 0.0)
+    keep = torch.rand(1, 4, 5, 7, generator=g) > 0.3
+    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 8), keep, None, key0, False, 0.5, 0.0, 0.0)
+    yield (r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 1, 7, 8), r(2, 1, 5, 7), r(4), key0, False, 0.5, 3.0, 0.0)
+    yield (r(1, 2, 9, 4), r(1, 2, 9, 4), r(1, 2, 9, 4), None, None, key1, True, 0.5, 0.0, 0.25)
+
+
+def _flash_samples():
+    g = torch.Generator().manual_seed(1)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    key0 = torch.zeros(1, dtype=torch.int64)
+    yield (r(2, 5, 4, 8), r(2, 7, 2, 8), r(2, 7, 2, 6), None, None, None, key0, [-1, -1], True, [0.35, 0.0, 0.0], -1)
+    yield (r(2, 6, 4, 8), r(2, 6, 4, 8), r(2, 6, 4, 8), r(4).abs(), r(4), None, key0, [2, 1], False,
+           [0.35, 5.0, 0.0], -1)
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int64)
+    yield (r(1, 10, 2, 4), r(1, 10, 1, 4), r(1, 10, 1, 4), None, None, cu, key0, [-1, -1], True, [0.5, 0.0, 0.0], 7)
+    yield (r(1, 8, 2, 4), r(1, 8, 2, 4), r(1, 8, 2, 4), None, None, None, torch.tensor([77]), [-1, -1], False,
+           [0.5, 0.0, 0.3], -1)
+
+
+def _with_grad(args, grads):
+    return tuple(a.clone().requires_grad_(True) if i in grads and a is not None else a for i, a in enumerate(args))
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_opcheck_sdpa(index):
+    args = list(_sdpa_samples())[index]
+    args = _with_grad(args, (0, 1, 2, 4))
+    torch.library.opcheck(torch.ops.mha.sdpa.default, args)
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_opcheck_flash(index):
+    args = list(_flash_samples())[index]
+    args = _with_grad(args, (0, 1, 2, 4))
+    torch.library.opcheck(torch.ops.mha.flash.default, args)
+
+
+@pytest.mark.parametrize("which", ["sdpa", "flash"])
+def test_opcheck_backward_operators(which):
+    if which == "sdpa":
+        args = list(_sdpa_samples())[3]
+        out, stats = torch.ops.mha.sdpa(*args)
+        bargs = (torch.randn_like(out), *args[:3], out, stats, *args[3:])
+        torch.library.opcheck(torch.ops.mha.sdpa_backward.default, bargs)
+    else:
+        args = list(_flash_samples())[1]
+        out, stats = torch.ops.mha.flash(*args)
+        bargs = (torch.randn_like(out), *args[:3], out, stats, *args[3:-1])
+        torch.library.opcheck(torch.ops.mha.flash_backward.default, bargs)
+
+
+class Mixed(torch.nn.Module):
+    """scaled_dot_product_attention (causal, grouped heads, a boolean mask) and attention (a window, a
+    packed batch, sinks) in one model, with projections around them."""
+
+    def __init__(self, E=16, H=4, Hkv=2):
+        super().__init__()
+        self.H, self.Hkv, self.d = H, Hkv, E // H
+        self.q = torch.nn.Linear(E, E)
+        self.kv = torch.nn.Linear(E, 2 * Hkv * self.d)
+        self.o = torch.nn.Linear(E, E)
+        self.sinks = torch.nn.Parameter(torch.linspace(-1.0, 1.0, H))
+
+    def forward(self, x, keep, cu_seqlens):
+        B, L, E = x.shape
+        q = self.q(x).view(B, L, self.H, self.d)
+        k, v = self.kv(x).view(B, L, 2, self.Hkv, self.d).unbind(2)
+        a = mt.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                            is_causal=True, enable_gqa=True)
+        b = mt.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                            attn_mask=keep, enable_gqa=True)
+        c = mt.attention(q, k, v, window=(3, 0), sinks=self.sinks)
+        packed = mt.attention(q.reshape(B * L, self.H, self.d), k.reshape(B * L, self.Hkv, self.d),
+                              v.reshape(B * L, self.Hkv, self.d), causal=True, cu_seqlens=cu_seqlens)
+        y = a.transpose(1, 2) + b.transpose(1, 2) + c + packed.view(B, L, self.H, self.d)
+        return self.o(y.reshape(B, L, E))
+
+
+def _inputs(B=2, L=6, E=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, L, E, generator=g)
+    keep = torch.rand(B, 1, L, L, generator=g) > 0.4
+    keep[..., 0] = True
+    cu = torch.tensor([0, 1, L + 2, B * L], dtype=torch.int32)
+    return x, keep, cu
+
+
+def _run(model, inputs):
+    model.zero_grad()
+    x = inputs[0].clone().requires_grad_(True)
+    out = model(x, *inputs[1:])
+    (out * torch.arange(out.numel()).reshape(out.shape).sin()).sum().backward()
+    return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def _close(a, b, what):
+    err = float((a - b).abs().max()) if a.numel() else 0.0
+    assert err <= TOL * max(1.0, float(b.abs().max())), f"{what}: {err:.3g}"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_matches_eager(dynamic):
+    torch.manual_seed(0)
+    model = Mixed()
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for B, L in ((2, 6), (3, 9)) if dynamic else ((2, 6),):
+        inputs = _inputs(B, L)
+        want = _run(model, inputs)
+        got = _run(compiled, inputs)
+        _close(got[0], want[0], "output")
+        _close(got[1], want[1], "input gradient")
+        for i, (g, w) in enumerate(zip(got[2], want[2])):
+            _close(g, w, f"parameter {i} gradient")
+
+
+def test_compile_with_inductor_matches_eager():
+    torch.manual_seed(1)
+    model = Mixed()
+    compiled = torch.compile(model, fullgraph=True)
+    inputs = _inputs(2, 5, seed=3)
+    want, got = _run(model, inputs), _run(compiled, inputs)
+    _close(got[0], want[0], "output")
+    _close(got[1], want[1], "input gradient")
+
+
+def test_export_keeps_the_mha_operators():
+    torch.manual_seed(2)
+    model = Mixed().eval()
+    inputs = _inputs(2, 6, seed=4)
+    program = torch.export.export(model, inputs)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "mha.sdpa.default" in targets and "mha.flash.default" in targets, targets
+    with torch.no_grad():
+        want = model(*inputs)
+        got = program.module()(*inputs)
+    _close(got, want, "exported output")
+    other = _inputs(2, 6, seed=5)
+    with torch.no_grad():
+        _close(program.module()(*other), model(*other), "exported output, other inputs")
+
+
+def test_dropout_under_compile_follows_the_generator():
+    """The dropout key is drawn from torch's generator inside the graph: the compiled call repeats the
+    eager one under the same seed, and another seed drops other weights."""
+    q = torch.randn(1, 2, 16, 8)
+
+    def f(q):
+        return mt.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(7)
+    eager = f(q)
+    torch.manual_seed(7)
+    got = compiled(q)
+    _close(got, eager, "dropout output")
+    torch.manual_seed(8)
+    assert float((compiled(q) - eager).abs().max()) > 1e-3
