@@ -9,7 +9,7 @@ python/attention_calls.cpp.
     flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scale_softcap_p,
           max_seqlen) -> out
         q (B,L,H,d), k (B,S,Hkv,d), v (B,S,Hkv,dv); window [left, right]; cu_seqlens
-        None or (documents + 1,) int64 -> (B,L,H,dv)
+        None or (documents + 1,) int64; max_seqlen 2**31 when not given -> (B,L,H,dv)
 
 On torch >= 2.4 these are torch.library custom operators in the `mha`
 namespace (torch.ops.mha.sdpa, .sdpa_backward, .flash, .flash_backward), each
@@ -106,11 +106,10 @@ def flash_checks(alibi, sinks, cu_seqlens, max_seqlen, T):
         shown = o.tolist() if o.numel() <= 12 else o[:12].tolist() + ["..."]
         raise ValueError(f"[{_FLASH_OP}] cu_seqlens: {shown}; wanted nondecreasing offsets from 0 to the {T} packed "
                          "rows")
-    if max_seqlen >= 0:
-        longest = int(lengths.max())
-        if max_seqlen < longest:
-            raise ValueError(f"[{_FLASH_OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "
-                             f"({longest} rows); wanted at least {longest}")
+    longest = int(lengths.max())
+    if max_seqlen < longest:
+        raise ValueError(f"[{_FLASH_OP}] max_seqlen: {max_seqlen} is below the longest sequence of cu_seqlens "
+                         f"({longest} rows); wanted at least {longest}")
 
 
 def _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars):

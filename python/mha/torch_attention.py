@@ -88,7 +88,7 @@ def _window(window, causal):
 
 def _documents(cu_seqlens, max_seqlen):
     """cu_seqlens (B + 1 offsets from 0 to T: checked by the operator) -> an int64 tensor; max_seqlen as an
-    int, -1 when not given."""
+    int (2**31 when not given, above any sequence: the operator checks it against the longest)."""
     _check_tensor(cu_seqlens, "cu_seqlens")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"[{OP}] cu_seqlens: dtype {cu_seqlens.dtype}; wanted torch.int32 (as FlashAttention's) "
@@ -96,13 +96,11 @@ def _documents(cu_seqlens, max_seqlen):
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"[{OP}] cu_seqlens: shape {tuple(cu_seqlens.shape)}; wanted (B + 1,) offsets with B >= 1")
     if max_seqlen is None:
-        max_seqlen = -1
+        max_seqlen = 2**31
     else:
         max_seqlen = _checks.integer(max_seqlen, OP, "max_seqlen")
         if max_seqlen > 2**31 - 1:
             raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at most 2147483647 (FlashAttention's int32)")
-        if max_seqlen < 0:
-            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at least the longest sequence of cu_seqlens")
     return cu_seqlens.detach().to(torch.int64).contiguous(), max_seqlen
 
 
@@ -153,7 +151,7 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
                                   "FlashAttention's): pass alibi_slopes.detach()")
     slopes = _per_head(alibi_slopes, "alibi_slopes", H)
     sink_values = _per_head(sinks, "sinks", H)
-    offsets, max_seqlen = _documents(cu_seqlens, max_seqlen) if packed else (None, -1)
+    offsets, max_seqlen = _documents(cu_seqlens, max_seqlen) if packed else (None, 2**31)
     out_dtype = q.dtype
     out_shape = (*q.shape[:-1], dv)
     if B * H * Lq * Lk * d == 0 or dv == 0:

@@ -403,6 +403,7 @@ PY = {
     "sdpa.lead": lambda t: _sdpa_call("lead"),
     "sdpa.mask_causal": lambda t: _sdpa_call("mask_causal"),
     "sdpa.mask_shape": lambda t: _sdpa_call("mask_shape"),
+    "sdpa.sinks": lambda t: _sdpa_call("sinks"),
     "attention.dropout": lambda t: _attention_call("dropout"),
     "attention.rank": lambda t: _attention_call("rank"),
     "attention.max_seqlen_alone": lambda t: _attention_call("max_seqlen_alone"),
@@ -511,6 +512,9 @@ def _sdpa_call(what):
         sdpa(q, k, k, attn_mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)
     elif what == "mask_shape":
         sdpa(q, k, k, attn_mask=torch.ones(2, 2, dtype=torch.bool))
+    elif what == "sinks":  # the Hugging Face backend's sinks (s_aux), through the same checks
+        from mha.torch_sdpa import attend
+        attend(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 5, 4), torch.ones(1, 2, 5, 4), sinks=torch.zeros(3))
 
 
 def _attention_call(what):

@@ -18,6 +18,7 @@ def test_readme_python_blocks_run(monkeypatch, tmp_path, page):
     assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "readme"}
+    import torch
     import torch.distributed as dist
 
     had_group = dist.is_available() and dist.is_initialized()
@@ -25,6 +26,8 @@ def test_readme_python_blocks_run(monkeypatch, tmp_path, page):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for i, block in enumerate(blocks):
+                if block.startswith("# torch 2.x") and torch.__version__.startswith("1."):
+                    continue  # a block for the torch 2.x line (compile, export, transformers)
                 try:
                     exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)
                 except Exception as e:  # name the block in the failure

@@ -43,13 +43,13 @@ def _flash_samples():
         return torch.randn(*shape, generator=g)
 
     key0 = torch.zeros(1, dtype=torch.int64)
-    yield (r(2, 5, 4, 8), r(2, 7, 2, 8), r(2, 7, 2, 6), None, None, None, key0, [-1, -1], True, [0.35, 0.0, 0.0], -1)
+    yield (r(2, 5, 4, 8), r(2, 7, 2, 8), r(2, 7, 2, 6), None, None, None, key0, [-1, -1], True, [0.35, 0.0, 0.0], 2**31)
     yield (r(2, 6, 4, 8), r(2, 6, 4, 8), r(2, 6, 4, 8), r(4).abs(), r(4), None, key0, [2, 1], False,
-           [0.35, 5.0, 0.0], -1)
+           [0.35, 5.0, 0.0], 2**31)
     cu = torch.tensor([0, 3, 3, 10], dtype=torch.int64)
     yield (r(1, 10, 2, 4), r(1, 10, 1, 4), r(1, 10, 1, 4), None, None, cu, key0, [-1, -1], True, [0.5, 0.0, 0.0], 7)
     yield (r(1, 8, 2, 4), r(1, 8, 2, 4), r(1, 8, 2, 4), None, None, None, torch.tensor([77]), [-1, -1], False,
-           [0.5, 0.0, 0.3], -1)
+           [0.5, 0.0, 0.3], 2**31)
 
 
 def _with_grad(args, grads):
