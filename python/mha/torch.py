@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 from . import _checks, _core
+from . import _torch_traced as _traced
 
 from .torch_sdpa import scaled_dot_product_attention  # noqa: E402 (PyTorch 2.x's function)
 from .torch_attention import attention  # noqa: E402 (FlashAttention's function)
@@ -203,8 +204,12 @@ def _call_dtype(op, tensors):
             raise TypeError(f"[{op}] inputs of dtypes {sorted(str(d) for d in dtypes)}: pass one of float32, "
                             "bfloat16 or float16")
         return next(iter(low)), "bfloat16"
-    if torch.is_autocast_cpu_enabled() and torch.get_autocast_cpu_dtype() in (torch.bfloat16, torch.float16):
-        return torch.get_autocast_cpu_dtype(), "bfloat16"
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4 (the _cpu_ forms are deprecated there)
+        on, dtype = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    else:
+        on, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    if on and dtype in (torch.bfloat16, torch.float16):
+        return dtype, "bfloat16"
     return torch.float32, None
 
 
@@ -616,7 +621,7 @@ class MultiHeadAttention(nn.Module):
         for x, n in ((queries, "queries"), (keys, "keys"), (values, "values")):
             _check_input(x, op, n, (3,))
         lens = None
-        if valid_lens is not None:
+        if valid_lens is not None and not _traced.tracing(queries, keys, values):
             if isinstance(valid_lens, torch.Tensor):
                 if valid_lens.device.type != "cpu":
                     raise _not_on_cpu(op, "valid_lens", valid_lens.device)
@@ -624,6 +629,14 @@ class MultiHeadAttention(nn.Module):
             else:
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._materialise(queries, keys, values)
+        if _traced.tracing(queries, keys, values):  # torch.compile / torch.export: torch's ops around mha's
+            if cache is not None:
+                _traced._refuse(op, "cache")
+            if window is not None or sinks is not None:
+                _traced._refuse(op, "window / sinks")
+            _, mode = _call_dtype(op, (queries, keys, values))
+            return _traced.chapter(self, queries, keys, values, valid_lens, window, softcap, sinks, head_mask,
+                                   mode or self._precision, alibi_slopes)
         named = self._params()
         params = [t for _, t in named]
         out_dtype, mode = _call_dtype(op, (queries, keys, values))
@@ -1014,6 +1027,14 @@ class MultiheadAttention(nn.Module):
         _refuse_tracing(op)
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
+        if _traced.tracing(query, key, value):  # torch.compile / torch.export: torch's ops around mha's
+            if cache is not None:
+                _traced._refuse(op, "cache")
+            _, mode = _call_dtype(op, (query, key, value))
+            return _traced.drop_in(self, query, key, value, key_padding_mask,
+                                   _checks.flag(need_weights, op, "need_weights"), attn_mask,
+                                   _checks.flag(average_attn_weights, op, "average_attn_weights"), is_causal,
+                                   window, softcap, sinks, head_mask, mode or self._precision, alibi_slopes)
         named = self._named_params()
         params = [p for _, p in named]
         out_dtype, mode = _call_dtype(op, (query, key, value))

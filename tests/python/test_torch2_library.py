@@ -3,7 +3,10 @@
 - torch.library.opcheck passes for every operator (schema, fake tensors, autograd registration, AOT
   dispatch) on inputs with masks, grouped heads, sinks, windows, ALiBi, packed batches and dropout;
 - a model mixing scaled_dot_product_attention and attention (causal, window, grouped heads, a packed
-  batch) compiles with fullgraph=True, static and dynamic shapes, with the eager output and gradients;
+  batch) and mha.torch's modules (the drop-in with masks and weights, the d2l chapter's module with
+  valid lengths) compiles with fullgraph=True, static and dynamic shapes, with the eager output and
+  gradients (the modules are traced as torch's linear layers around mha's operator:
+  python/mha/_torch_traced.py);
 - torch.export keeps the mha operators, and the exported program gives the eager output.
 Eager against compiled is the same code on the same inputs: within 1e-5.
 """
@@ -111,6 +114,32 @@ class Mixed(torch.nn.Module):
         return self.o(y.reshape(B, L, E))
 
 
+class WithModules(Mixed):
+    """Mixed's functions and mha.torch's modules: the drop-in (batch first, a key padding mask,
+    is_causal, its weights averaged) and the d2l chapter's module (valid lengths, one of them 0)."""
+
+    def __init__(self, E=16, H=4):
+        super().__init__(E, H)
+        self.drop_in = mt.MultiheadAttention(E, H, batch_first=True, add_bias_kv=True)
+        self.seq_first = mt.MultiheadAttention(E, 2, kdim=6, vdim=10)
+        self.chapter = mt.MultiHeadAttention(E, H, 0.0, bias=True)
+        self.key_proj, self.value_proj = torch.nn.Linear(E, 6), torch.nn.Linear(E, 10)
+        with torch.no_grad():  # the chapter's lazy layers built eagerly, as a first call would
+            self.chapter(torch.zeros(1, 1, E), torch.zeros(1, 1, E), torch.zeros(1, 1, E))
+
+    def forward(self, x, keep, cu_seqlens):
+        B, L, E = x.shape
+        y = super().forward(x, keep, cu_seqlens)
+        pad = ~keep[:, 0, 0, :]  # (B, L) True = padding, nn.MultiheadAttention's convention
+        a, w = self.drop_in(y, x, x, key_padding_mask=pad, is_causal=True, need_weights=True)
+        xs = x.transpose(0, 1)
+        b, _ = self.seq_first(xs, self.key_proj(xs), self.value_proj(xs), need_weights=False,
+                              attn_mask=torch.ones(L, L, dtype=torch.bool).triu(1))
+        lens = torch.arange(B) % (L + 1)  # row 0 has length 0: the chapter's uniform weights
+        c = self.chapter(a, x, y, lens)
+        return c + b.transpose(0, 1) + w.sum(-1, keepdim=True)
+
+
 def _inputs(B=2, L=6, E=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, L, E, generator=g)
@@ -133,10 +162,11 @@ def _close(a, b, what):
     assert err <= TOL * max(1.0, float(b.abs().max())), f"{what}: {err:.3g}"
 
 
+@pytest.mark.parametrize("kind", [Mixed, WithModules])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph_matches_eager(dynamic):
+def test_compile_fullgraph_matches_eager(dynamic, kind):
     torch.manual_seed(0)
-    model = Mixed()
+    model = kind()
     compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend="aot_eager")
     for B, L in ((2, 6), (3, 9)) if dynamic else ((2, 6),):
         inputs = _inputs(B, L)
@@ -150,7 +180,7 @@ def test_compile_fullgraph_matches_eager(dynamic):
 
 def test_compile_with_inductor_matches_eager():
     torch.manual_seed(1)
-    model = Mixed()
+    model = WithModules()
     compiled = torch.compile(model, fullgraph=True)
     inputs = _inputs(2, 5, seed=3)
     want, got = _run(model, inputs), _run(compiled, inputs)
@@ -158,9 +188,10 @@ def test_compile_with_inductor_matches_eager():
     _close(got[1], want[1], "input gradient")
 
 
-def test_export_keeps_the_mha_operators():
+@pytest.mark.parametrize("kind", [Mixed, WithModules])
+def test_export_keeps_the_mha_operators(kind):
     torch.manual_seed(2)
-    model = Mixed().eval()
+    model = kind().eval()
     inputs = _inputs(2, 6, seed=4)
     program = torch.export.export(model, inputs)
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
@@ -190,3 +221,16 @@ def test_dropout_under_compile_follows_the_generator():
     _close(got, eager, "dropout output")
     torch.manual_seed(8)
     assert float((compiled(q) - eager).abs().max()) > 1e-3
+
+
+def test_options_the_traced_modules_lack_are_refused_by_name():
+    m = mt.MultiheadAttention(8, 2, batch_first=True, rotary=True)
+    x = torch.randn(2, 3, 8)
+    with pytest.raises(Exception, match=r"\[mha\.torch\.MultiheadAttention\] rotary under torch\.compile"):
+        torch.compile(m, fullgraph=True, backend="aot_eager")(x, x, x)
+    chapter = mt.MultiHeadAttention(8, 2, 0.0).eval()
+    chapter(x, x, x)
+    cache = chapter.kv_cache(2, 8)
+    with torch.no_grad(), pytest.raises(Exception, match=r"\[mha\.torch\.MultiHeadAttention\] cache under "
+                                                         r"torch\.compile"):
+        torch.compile(lambda x: chapter(x, x, x, cache=cache), fullgraph=True, backend="aot_eager")(x)
