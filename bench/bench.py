@@ -10,6 +10,7 @@ and a 4096x4096 sgemm as the machine's roofline, at 1 and 2 threads.
     /usr/bin/python3 bench/bench.py --quick    # fewer repeats, no L16384 peers
     /usr/bin/python3 bench/bench.py --decode   # only the decode cases (bench/bench_decode.py)
     /usr/bin/python3 bench/bench.py --torch-modules   # mha.torch's drop-in against torch's module
+    /usr/bin/python3 bench/bench.py --torch2   # against torch 2.13's SDPA, module, FlexAttention, ORT
 
 What is measured
 - ms: median wall time of one forward call (after a warm-up call), inputs
@@ -292,8 +293,15 @@ def main():
     ap.add_argument("--torch-modules", action="store_true",
                     help="only mha.torch.MultiheadAttention against torch.nn.MultiheadAttention, forward and "
                          "forward+backward, each in its own process (bench/bench_torch_modules.py)")
+    ap.add_argument("--torch2", action="store_true",
+                    help="mha against torch 2.x (SDPA, nn.MultiheadAttention, FlexAttention) and ONNX Runtime's "
+                         "Python package: bench/bench_torch2.py in the torch 2.x environment (build-venv)")
     ap.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch2:
+        python = os.environ.get("MHA_TORCH2_PYTHON", str(ROOT / "build-venv" / "bin" / "python"))
+        cmd = [python, str(HERE / "bench_torch2.py"), "--threads", *map(str, args.threads)]
+        sys.exit(subprocess.call(cmd + (["--quick"] if args.quick else [])))
     if args.torch_modules:
         # The user's module against torch's, each side in a process of its own at its better
         # OpenMP wait policy (one process would let one side's thread pool slow the other).
