@@ -70,7 +70,7 @@ docs: deps
 
 test-install: build
 	JOBS=$(JOBS) scripts/check-install.sh $(BUILD)
-	JOBS=$(JOBS) PYTHON=$(PYTHON) scripts/check-python-install.sh
+	JOBS=$(JOBS) scripts/check-python-install.sh
 
 test-asan: deps
 	JOBS=$(JOBS) scripts/test-sanitizers.sh asan

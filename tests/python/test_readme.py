@@ -106,7 +106,7 @@ def test_user_facing_text_uses_no_internal_words(mha_tool):
     import subprocess
 
     import mha
-    texts = {"README.md": (ROOT / "README.md").read_text(), "setup.py": (ROOT / "setup.py").read_text(),
+    texts = {"README.md": (ROOT / "README.md").read_text(), "pyproject.toml": (ROOT / "pyproject.toml").read_text(),
              "mha.__doc__": mha.__doc__}
     for module in (mha, mha.optim):
         for name, doc in _docstrings(module):
