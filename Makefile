@@ -53,8 +53,10 @@ test: build
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
-# Every Python test on both torch lines.
-test-python: test-python-torch1 test-python-torch2
+# Every Python test on both torch lines, the two at once (most Python tests
+# run on one core; each line's output is printed whole when it ends).
+test-python:
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-python-torch1 test-python-torch2
 
 test-python-torch1:
 	MHA_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(CURDIR)/$(BUILD)/python \
