@@ -3,7 +3,7 @@
 (eval, zeroed biases, its fast path where it applies), the d2l chapter's PyTorch
 code (tests/python/seed_reference.py), ONNX Runtime's com.microsoft.MultiHeadAttention
 graph with mha's weights (bench/ort_peer.py; optional: skipped with a message
-when node or onnxruntime-node is missing, see that file for how to get it),
+when the torch 2.x environment (build-venv) lacks onnx or onnxruntime: see that file),
 and a 4096x4096 sgemm as the machine's roofline, at 1 and 2 threads.
 
     /usr/bin/python3 bench/bench.py            # everything (~5 min on 2 cores)
@@ -94,8 +94,8 @@ CASES = {
     "train B8 L512 D768 h12": (8, 512, 512, 768, 768, 768, 768, 12, "train"),
 }
 BF16 = "mha precision=bf16"
-IMPLS = ["mha", BF16, "torch.nn.MultiheadAttention", "the d2l chapter (PyTorch)", "onnxruntime (node)"]
-ORT = "onnxruntime (node)"
+IMPLS = ["mha", BF16, "torch.nn.MultiheadAttention", "the d2l chapter (PyTorch)", "onnxruntime"]
+ORT = "onnxruntime"
 # The forward cases ONNX Runtime runs (its graph: bench/ort_peer.py).
 ORT_CASES = ("B8 L512 D768 h12", "B8 L512 D768 h12 pad40%", "B1 L4096 D512 h8", "B1 L16384 D256 h4")
 
@@ -328,7 +328,7 @@ def main():
     budget = 0.5 if args.quick else 2.0
     import ort_peer
     ort_missing = "not asked for (--no-ort)" if args.no_ort else ort_peer.why_missing()
-    print(f"ONNX Runtime peer: {'skipped: ' + ort_missing if ort_missing else 'onnxruntime-node'}")
+    print(f"ONNX Runtime peer: {'skipped: ' + ort_missing if ort_missing else 'onnxruntime (Python package, build-venv)'}")
     ort_notes = {}
     if args.decode:
         import bench_decode
@@ -415,7 +415,7 @@ def main():
 
     memory = {}
     if not args.no_memory:
-        # ONNX Runtime runs in node: its memory is not comparable (n/a).
+        # ONNX Runtime runs in a process of its own: its memory is not comparable (n/a).
         cases_impls = sorted({(c, i) for (_, c, i) in jobs if i != ORT})
         for n, (case, impl) in enumerate(cases_impls):
             sys.stderr.write(f"\r\033[K[memory {n + 1}/{len(cases_impls)}] {case}: {impl}")

@@ -98,7 +98,7 @@ def main(threads, quick, budget, time_call, ort_missing, np):
     import mha
     import ort_peer
     print(f"decode step, {HQ} query heads of {D}; ONNX Runtime: "
-          f"{'skipped: ' + ort_missing if ort_missing else 'onnxruntime-node'}")
+          f"{'skipped: ' + ort_missing if ort_missing else 'onnxruntime (Python package, build-venv)'}")
     print(f"\n{'case':36} {'thr':>3} {'mha ms':>9} {'GB/s':>6} {'stream':>7} {'read ms':>8} {'x read':>7}"
           f" {'ORT ms':>9} {'mha/ORT':>8}")
     notes = []

@@ -1,13 +1,9 @@
 """ONNX Runtime as a peer of mha in bench/bench.py (optional, never in the tests).
 
-Getting the peer (once; the package ships its CPU library, no install script
-needs to run; bench/node_modules is ignored by git):
-
-    apt-get install nodejs npm python3-onnx
-    npm install --ignore-scripts --no-save --no-package-lock --prefix bench onnxruntime-node
-
-The graph is built here with Debian's python3-onnx and run from node by
-bench/ort_runner.js:
+The graph is built here with onnx's helpers and run by ONNX Runtime's Python
+package (bench/ort_runner.py) in the torch 2.x line's environment, which
+has both (build-venv, made by `make demo` / `make test` from
+requirements/torch2.txt; MHA_ORT_PYTHON names another interpreter):
 
     X:[B,L,Dq] -> MatMul W_q^T, W_k^T, W_v^T (mha's own weights, stored (out, in)
     as PyTorch does, so transposed here) -> com.microsoft.MultiHeadAttention
@@ -34,27 +30,32 @@ head split or mask gives errors of the order of the output itself).
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-RUNNER = HERE / "ort_runner.js"
+RUNNER = HERE / "ort_runner.py"
+PYTHON = os.environ.get("MHA_ORT_PYTHON", str(HERE.parent / "build-venv" / "bin" / "python"))
 RTOL = 1e-4
 
 
+def build_in_peer(kind, model, *args):
+    """Writes the graph of `kind` ("forward": forward_graph's arguments with the weights as an .npz
+    file; "decode": decode_graph's) with onnx in ONNX Runtime's environment (PYTHON)."""
+    r = subprocess.run([PYTHON, str(pathlib.Path(__file__).resolve()), kind, str(model), *map(str, args)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = r.stderr.strip().splitlines()
+        raise RuntimeError("onnx: " + (lines[-1] if lines else f"exit {r.returncode}"))
+
+
 def why_missing():
-    """None when node and onnxruntime-node and python3-onnx are there, else why not."""
-    if shutil.which("node") is None:
-        return "node not found (apt-get install nodejs)"
-    try:
-        import onnx  # noqa: F401
-    except ImportError:
-        return "python3-onnx not found (apt-get install python3-onnx)"
-    dirs = [os.environ.get("MHA_ORT_NODE_MODULES"), str(HERE / "node_modules")]
-    if not any(d and (pathlib.Path(d) / "onnxruntime-node").is_dir() for d in dirs):
-        return ("onnxruntime-node not found (npm install --ignore-scripts --no-save "
-                "--no-package-lock --prefix bench onnxruntime-node)")
+    """None when ONNX Runtime's Python package and onnx can be run, else why not."""
+    if not pathlib.Path(PYTHON).exists():
+        return f"{PYTHON} not found (make demo or make test makes it; MHA_ORT_PYTHON names another)"
+    r = subprocess.run([PYTHON, "-c", "import onnx, onnxruntime"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"onnx or onnxruntime missing in {PYTHON}"
     return None
 
 
@@ -95,7 +96,8 @@ def forward_graph(path, sd, Dq, Dk, Dv, D, h, self_attention, masked):
 
 
 def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50, keep=None):
-    """Runs `model` in node with `feeds` ({name: numpy array}); returns
+    """Runs `model` with ONNX Runtime's Python package (bench/ort_runner.py) with `feeds` ({name: numpy
+    array}); returns
     (sorted run times in s, {output name: numpy array} of the first run, only
     those named in `keep` when it is given)."""
     import numpy as np
@@ -111,10 +113,10 @@ def run(model, feeds, threads, budget_s, min_runs=3, max_runs=50, keep=None):
         job = {"model": str(model), "threads": threads, "budget_s": budget_s, "min_runs": min_runs,
                "max_runs": max_runs, "inputs": specs, "outputs_dir": str(tmp), "keep": keep}
         (tmp / "job.json").write_text(json.dumps(job))
-        r = subprocess.run(["node", str(RUNNER), str(tmp / "job.json")], capture_output=True, text=True)
+        r = subprocess.run([PYTHON, str(RUNNER), str(tmp / "job.json")], capture_output=True, text=True)
         if r.returncode != 0:
             lines = r.stderr.strip().splitlines()
-            raise RuntimeError("onnxruntime-node: " + (lines[0] if lines else f"exit {r.returncode}"))
+            raise RuntimeError("onnxruntime: " + (lines[-1] if lines else f"exit {r.returncode}"))
         res = json.loads(r.stdout.strip().splitlines()[-1])
         outs = {n: np.fromfile(tmp / f"{n}.bin", np.float32).reshape(dims)
                 for n, dims in res["outputs"].items() if keep is None or n in keep}
@@ -151,7 +153,9 @@ def time_forward(case, dims, inputs, threads, budget_s):
         feeds["valid_lens"] = lens.astype(np.int32)
     with tempfile.TemporaryDirectory(prefix="mha-ort-model-") as tmp:
         model = pathlib.Path(tmp) / "forward.onnx"
-        forward_graph(model, sd, Dq, Dk, Dv, D, h, self_attention, lens is not None)
+        np.savez(pathlib.Path(tmp) / "weights.npz", **{k: np.asarray(v) for k, v in sd.items()})
+        build_in_peer("forward", model, pathlib.Path(tmp) / "weights.npz", Dq, Dk, Dv, D, h, int(self_attention),
+                      int(lens is not None))
         times, outs = run(model, feeds, threads, budget_s)
     err = check_close(case, outs["Y"], want)
     return times[len(times) // 2], err
@@ -198,7 +202,18 @@ def time_decode(name, q, k_cache, v_cache, want, threads, budget_s):
              "past_key": k_cache[:, :, :K - Qn], "past_value": v_cache[:, :, :K - Qn]}
     with tempfile.TemporaryDirectory(prefix="mha-ort-model-") as tmp:
         model = pathlib.Path(tmp) / "decode.onnx"
-        decode_graph(model, H, d)
+        build_in_peer("decode", model, H, d)
         times, outs = run(model, feeds, threads, budget_s, max_runs=20, keep=["out"])
     err = check_close(name, outs["out"], flat(want))
     return times[len(times) // 2], err
+
+
+if __name__ == "__main__":  # build_in_peer's child: writes one graph
+    import sys
+    import numpy as np
+    kind, path = sys.argv[1], sys.argv[2]
+    if kind == "forward":
+        weights, dims = np.load(sys.argv[3]), [int(a) for a in sys.argv[4:]]
+        forward_graph(path, dict(weights), *dims[:5], bool(dims[5]), bool(dims[6]))
+    else:
+        decode_graph(path, int(sys.argv[3]), int(sys.argv[4]))
