@@ -105,23 +105,17 @@ void bind_attention(py::module_& core) {
       [](const py::array& grad_out, const py::array& q, const py::array& k, const py::array& v, const py::array& out,
          const py::object& stats, const py::tuple& options) {
         AttentionCall c(q, k, v, options);
-        const Shape shape = c.out_shape();
-        const FloatArray g = attention_glue::grad_array(kOp, grad_out, shape);
-        const FloatArray o = attention_glue::float_input(out, 4, kOp, "out");
-        if (shape_of(o) != shape) fail(kOp, "out: shape ", shape_str(shape_of(o)), "; wanted ", shape_str(shape));
-        Tensor gq(shape_of(c.in[0])), gk(shape_of(c.in[1])), gv(shape_of(c.in[2]));
-        std::vector<float> gs(static_cast<size_t>(c.sinks.size()));
+        attention_glue::BackwardBuffers b(kOp, grad_out, out, c.out_shape(), c.in, c.sinks);
         kernels::AttentionBackward p;
         p.fwd = c.p;
-        p.fwd.out = attention_glue::rows_view(o).split_heads(c.H);
-        p.grad_out = attention_glue::rows_view(g).split_heads(c.H);
-        p.grad_q = attention_glue::rows_view(gq).split_heads(c.H);
-        p.grad_k = attention_glue::rows_view(gk).split_heads(c.Hkv);
-        p.grad_v = attention_glue::rows_view(gv).split_heads(c.Hkv);
-        p.grad_sinks = gs.empty() ? nullptr : gs.data();
+        p.fwd.out = attention_glue::rows_view(b.out).split_heads(c.H);
+        p.grad_out = attention_glue::rows_view(b.grad_out).split_heads(c.H);
+        p.grad_q = attention_glue::rows_view(b.grad_q).split_heads(c.H);
+        p.grad_k = attention_glue::rows_view(b.grad_k).split_heads(c.Hkv);
+        p.grad_v = attention_glue::rows_view(b.grad_v).split_heads(c.Hkv);
+        p.grad_sinks = b.sinks_grad();
         attention_glue::backward_with_stats(p, stats, c.rows(), kOp);
-        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)), hand_to_numpy(std::move(gv)),
-                              attention_glue::optional_grad(gs));
+        return b.result();
       },
       py::arg("grad_output"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("stats"),
       py::arg("options"), "-> (grad_q, grad_k, grad_v, grad_sinks or None)");

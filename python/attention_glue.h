@@ -134,11 +134,35 @@ inline FloatArray grad_array(const char* op, const py::array& grad_out, const Sh
   return g;
 }
 
-// A (heads,) gradient as a numpy array, or None when the call had no such
-// input (g empty).
-inline py::object optional_grad(const std::vector<float>& g) {
-  if (g.empty()) return py::none();
-  return py::array_t<float>(static_cast<py::ssize_t>(g.size()), g.data());
-}
+// What a backward reads and writes besides the call's inputs: grad_output and
+// the forward's output (float32 arrays of the output's shape, read in place),
+// gradients shaped like q, k, v, and the sinks' gradient (as many as the call
+// has sinks: none without).
+struct BackwardBuffers {
+  FloatArray grad_out, out;
+  Tensor grad_q, grad_k, grad_v;
+  std::vector<float> grad_sinks;
+
+  BackwardBuffers(const char* op, const py::array& grad_output, const py::array& output, const Shape& out_shape,
+                  const FloatArray (&in)[3], const FloatArray& sinks)
+      : grad_out(grad_array(op, grad_output, out_shape)),
+        out(float_input(output, 4, op, "out")),
+        grad_q(shape_of(in[0])),
+        grad_k(shape_of(in[1])),
+        grad_v(shape_of(in[2])),
+        grad_sinks(static_cast<size_t>(sinks.size())) {
+    if (shape_of(out) != out_shape) fail(op, "out: shape ", shape_str(shape_of(out)), "; wanted ", shape_str(out_shape));
+  }
+
+  float* sinks_grad() { return grad_sinks.empty() ? nullptr : grad_sinks.data(); }
+
+  // (grad_q, grad_k, grad_v, grad_sinks or None), the tensors handed to numpy.
+  py::tuple result() {
+    py::object gs = py::none();
+    if (!grad_sinks.empty()) gs = py::array_t<float>(static_cast<py::ssize_t>(grad_sinks.size()), grad_sinks.data());
+    return py::make_tuple(hand_to_numpy(std::move(grad_q)), hand_to_numpy(std::move(grad_k)),
+                          hand_to_numpy(std::move(grad_v)), gs);
+  }
+};
 
 }  // namespace mha::python::attention_glue

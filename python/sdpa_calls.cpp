@@ -109,22 +109,17 @@ void bind_sdpa(py::module_& core) {
          const py::object& stats, const py::tuple& options) {
         SdpaCall c(q, k, v, options);
         const Shape out_shape{c.p.q.size(0), c.p.q.size(1), c.p.q.size(2), c.p.v.size(3)};
-        const FloatArray g = attention_glue::grad_array(kOp, grad_out, out_shape);
-        const FloatArray o = attention_glue::float_input(out, 4, kOp, "out");
-        if (shape_of(o) != out_shape) fail(kOp, "out: shape ", shape_str(shape_of(o)), "; wanted ", shape_str(out_shape));
-        Tensor gq(shape_of(c.in[0])), gk(shape_of(c.in[1])), gv(shape_of(c.in[2]));
-        std::vector<float> gs(static_cast<size_t>(c.sinks.size()));
+        attention_glue::BackwardBuffers b(kOp, grad_out, out, out_shape, c.in, c.sinks);
         kernels::AttentionBackward p;
         p.fwd = c.p;
-        p.fwd.out = attention_glue::array_view_any(o);
-        p.grad_out = attention_glue::array_view_any(g);
-        p.grad_q = gq.view();
-        p.grad_k = gk.view();
-        p.grad_v = gv.view();
-        p.grad_sinks = gs.empty() ? nullptr : gs.data();
+        p.fwd.out = attention_glue::array_view_any(b.out);
+        p.grad_out = attention_glue::array_view_any(b.grad_out);
+        p.grad_q = b.grad_q.view();
+        p.grad_k = b.grad_k.view();
+        p.grad_v = b.grad_v.view();
+        p.grad_sinks = b.sinks_grad();
         attention_glue::backward_with_stats(p, stats, c.rows(), kOp);
-        return py::make_tuple(hand_to_numpy(std::move(gq)), hand_to_numpy(std::move(gk)), hand_to_numpy(std::move(gv)),
-                              attention_glue::optional_grad(gs));
+        return b.result();
       },
       py::arg("grad_output"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("stats"),
       py::arg("options"), "-> (grad_q, grad_k, grad_v, grad_sinks or None)");

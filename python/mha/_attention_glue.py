@@ -40,6 +40,16 @@ def dropout_probability(op, dropout_p):
     return p
 
 
+def softcap_value(op, softcap):
+    """softcap (None or a finite real >= 0) as a float, 0 for None (off)."""
+    if softcap is None:
+        return 0.0
+    softcap = _checks.real(softcap, op, "softcap")
+    if not (softcap >= 0 and math.isfinite(softcap)):
+        raise ValueError(f"[{op}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    return softcap
+
+
 def default_scale(width):
     """1/sqrt(width), the scale of both functions when none is given (1 for width 0)."""
     return 1.0 / math.sqrt(width) if width > 0 else 1.0

@@ -39,7 +39,8 @@ def _refuse(op, what):
                               "(or keep it out of the compiled region with torch.compiler.disable)")
 
 
-def _causal_kind(is_causal):
+def causal_kind(is_causal):
+    """is_causal as the modules take it (a bool, or an mha.Causal) -> an mha.Causal."""
     if isinstance(is_causal, _core.Causal):
         return is_causal
     return _core.Causal.TOP_LEFT if is_causal else _core.Causal.NONE
@@ -165,7 +166,7 @@ def drop_in(module, query, key, value, key_padding_mask, need_weights, attn_mask
     am = None if attn_mask is None else torch.as_tensor(attn_mask)
     if kpm is not None and not batched:
         kpm = kpm.unsqueeze(0)
-    masked, additive = score_masks(B, H, L, S, Kt, kpm, am, _causal_kind(is_causal), window)
+    masked, additive = score_masks(B, H, L, S, Kt, kpm, am, causal_kind(is_causal), window)
     mask = _sdpa_mask(masked, additive)
     scale = 1.0 / math.sqrt(d)
     softcap = 0.0 if softcap is None else float(softcap)

@@ -1523,48 +1523,16 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
     if alibi_slopes is not None:  # only without appended keys (refused otherwise): Kt == S
         dist = (torch.arange(L)[:, None] + S - L - torch.arange(Kt)[None, :]).abs().float()
         s = s - torch.from_numpy(np.asarray(alibi_slopes, np.float32))[None, :, None, None] * dist
-    masked = torch.zeros(B, 1, L, Kt, dtype=torch.bool)
-
-    def padded(t, fill):  # a mask over the S given keys, extended over the appended ones
-        if t.shape[-1] == Kt:
-            return t
-        return torch.cat([t, torch.full((*t.shape[:-1], Kt - t.shape[-1]), fill, dtype=t.dtype)], -1)
-
-    if kpm is not None:
-        t = kpm if batched else kpm.unsqueeze(0)
-        t = t.detach()
-        if t.dtype == torch.bool:
-            masked = masked | padded(t, False)[:, None, None, :]
-        else:
-            s = s + padded(t.float(), 0.0)[:, None, None, :]
-    if am is not None:
-        a = am.detach()
-        if a.dim() == 2:
-            a = a[None, None]
-        else:
-            a = a.reshape(-1, H, L, S)
-            if kept is not None:
-                a = a[:, torch.tensor(kept, dtype=torch.long)]
-        if a.dtype in (torch.bool, torch.uint8):
-            masked = masked | padded(a.bool(), False)
-        else:
-            s = s + padded(a.float(), 0.0)
-    causal = is_causal if isinstance(is_causal, _core.Causal) else (
-        _core.Causal.TOP_LEFT if is_causal else _core.Causal.NONE)
+    if kpm is not None and not batched:
+        kpm = kpm.unsqueeze(0)
+    if am is not None and am.dim() == 3 and kept is not None:  # the kept heads' slices of a per-head mask
+        am = am.reshape(-1, H, L, S)[:, torch.tensor(kept, dtype=torch.long)].reshape(-1, L, S)
     # Causality and the window count the S given keys; the appended ones
     # (bias_k, add_zero_attn) stay visible, as mha's kernels mask them
     # (src/nn/call_masks.cpp) and as torch pads attn_mask.
-    i = torch.arange(L)[:, None]
-    j = torch.arange(Kt)[None, :]
-    given = j < S
-    if causal != _core.Causal.NONE:
-        last_key = i if causal == _core.Causal.TOP_LEFT else i + S - L
-        masked = masked | ((j > last_key) & given)
-    if window is not None:  # bottom-right aligned, FlashAttention's window_size
-        left, right = window
-        diag = i + S - L
-        outside = ((left >= 0) & (j < diag - left)) | ((right >= 0) & (j > diag + right))
-        masked = masked | (outside & given)
+    masked, additive = _traced.score_masks(B, h, L, S, Kt, kpm, am, _traced.causal_kind(is_causal), window)
+    if additive is not None:
+        s = s + additive
     s = s.masked_fill(masked, float("-inf"))
     if sinks is not None:  # one more logit per head in the denominator, with no value: never a dead row
         sink = sinks.float().reshape(1, h, 1, 1).expand(B, h, L, 1)

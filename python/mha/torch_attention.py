@@ -139,12 +139,7 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
         scale = _checks.real(scale, OP, "scale")
         if not (scale > 0 and math.isfinite(scale)):
             raise ValueError(f"[{OP}] scale: {scale:g}; wanted a finite number > 0 (1/sqrt(d) when None)")
-    if softcap is None:
-        softcap = 0.0
-    else:
-        softcap = _checks.real(softcap, OP, "softcap")
-        if not (softcap >= 0 and math.isfinite(softcap)):
-            raise ValueError(f"[{OP}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    softcap = _glue.softcap_value(OP, softcap)
     if alibi_slopes is not None and isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.requires_grad \
             and torch.is_grad_enabled():
         raise NotImplementedError(f"[{OP}] alibi_slopes: requires grad; the slopes get no gradient (as "

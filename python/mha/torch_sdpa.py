@@ -113,12 +113,7 @@ def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         raise ValueError(f"[{op}] key: leading dimensions {kv_lead} against query's {lead}; wanted {want}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"[{op}] attn_mask and is_causal: both given; pass one (torch refuses both too)")
-    if softcap is None:
-        softcap = 0.0
-    else:
-        softcap = _checks.real(softcap, op, "softcap")
-        if not (softcap >= 0 and math.isfinite(softcap)):
-            raise ValueError(f"[{op}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    softcap = _glue.softcap_value(op, softcap)
     if sinks is not None:
         _check_tensor(sinks, "sinks")
         if not sinks.is_floating_point() or tuple(sinks.shape) != (H,):
