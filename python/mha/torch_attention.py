@@ -101,6 +101,9 @@ def _documents(cu_seqlens, max_seqlen):
         max_seqlen = _checks.integer(max_seqlen, OP, "max_seqlen")
         if max_seqlen > 2**31 - 1:
             raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted at most 2147483647 (FlashAttention's int32)")
+        if max_seqlen < 0:
+            raise ValueError(f"[{OP}] max_seqlen: {max_seqlen}; wanted a length >= 0 (at least the longest "
+                             "sequence of cu_seqlens)")
     return cu_seqlens.detach().to(torch.int64).contiguous(), max_seqlen
 
 

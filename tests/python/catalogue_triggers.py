@@ -418,6 +418,7 @@ PY = {
     "attention.cu_seqlens": lambda t: _attention_call("cu_seqlens"),
     "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
     "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
+    "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -539,6 +540,7 @@ def _attention_call(what):
         "cu_seqlens": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 2, 4)),
         "max_seqlen": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2),
         "max_seqlen_huge": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2**31),
+        "max_seqlen_negative": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=-1),
     }
     calls[what]()
 
