@@ -236,7 +236,6 @@ else:
             _no_double_backward(op)
             backward = _sdpa_backward if ctx.kind == "sdpa" else _flash_backward
             gq, gk, gv, gs = backward(grad_out.detach(), q, k, v, out, ctx.stats, *ctx.options[1](sinks))
-            ctx.stats = None
             return None, None, gq, gk, gv, (gs if sinks is not None else None)
 
     def _run(kind, q, k, v, sinks, forward_args, backward_args):

@@ -386,3 +386,19 @@ def test_changing_a_saved_tensor_in_place_fails_the_backward(which):
     for name, a, b in zip("qkv", torch.autograd.grad(out, leaves, torch.ones_like(out)),
                           torch.autograd.grad(want, leaves, torch.ones_like(want))):
         close(a, b.float(), f"grad {name}")
+
+
+def test_a_second_backward_after_retain_graph_gives_the_same_gradients():
+    """retain_graph=True keeps each call's saved tensors and statistics for another backward (both
+    functions, both torch lines), as PyTorch's own functions do."""
+    from mha.torch import scaled_dot_product_attention as sdpa
+    torch.manual_seed(5)
+    q = torch.randn(1, 2, 5, 4, requires_grad=True)
+    k = torch.randn(1, 2, 6, 4)
+    for call in (lambda: sdpa(q, k, k, is_causal=True),
+                 lambda: mha.torch.attention(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2),
+                                             causal=True).transpose(1, 2)):
+        out = (call() * torch.arange(40.0).reshape(1, 2, 5, 4)).sum()
+        first, = torch.autograd.grad(out, q, retain_graph=True)
+        second, = torch.autograd.grad(out, q)
+        assert torch.equal(first, second) and first.abs().sum() > 0
