@@ -29,6 +29,8 @@ FUZZ_SECONDS ?= 30
 WERROR ?=
 CMAKE_WERROR = $(if $(WERROR),-DMHA_WERROR=$(WERROR))
 
+
+.PHONY: test-lane-tests test-lane-installs
 .PHONY: deps build demo test test-cpp test-python test-python-torch1 test-python-torch2 clean docs test-install test-asan test-tsan test-fuzz lint
 
 deps:
@@ -46,9 +48,28 @@ demo: deps
 	cmake --build $(BUILD) -j$(JOBS) --target mha_tool mha_python
 	./$(BUILD)/mha demo
 
+# After the build, `make test` runs its parts in two lanes at once: the
+# cores idle during much of each test run (single-threaded Python tests,
+# sanitizer runtimes), and the other lane's builds fill them. Each part's
+# output is printed whole when it ends.
 test: WERROR = ON
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python lint test-install docs test-asan test-fuzz test-tsan
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-tests test-lane-installs
+
+# The lanes call the parts' commands without their `build`/`deps` steps (done
+# above), so that neither reconfigures the build folder the other reads.
+test-lane-tests:
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory lint
+	cmake --build $(BUILD) --target docs
+	JOBS=$(JOBS) scripts/test-sanitizers.sh asan
+	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
+
+test-lane-installs:
+	JOBS=$(JOBS) scripts/check-install.sh $(BUILD)
+	JOBS=$(JOBS) scripts/check-python-install.sh
+	JOBS=$(JOBS) scripts/test-sanitizers.sh tsan
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
