@@ -72,7 +72,7 @@ def assert_grads_close(ours, peer, exact, f32, what):
     """ours, peer: dicts name -> gradient array. exact: the float64
     reference's gradients for the same loss, f32: those of the same formula
     in float32 (or the float32 peer itself). Per tensor,
-        max|ours - peer| <= 1e-5 scale + 4 max|f32 - exact| + 1e-7 largest,
+        max|ours - peer| <= 1e-5 scale + 4 max|f32 - exact| + 1e-8 largest,
     largest being the case's largest gradient entry (a tensor whose own
     gradient is tiny still sums products of the others' size)."""
     assert sorted(ours) == sorted(peer), what
@@ -88,7 +88,7 @@ def assert_grads_close(ours, peer, exact, f32, what):
                 scale = max(scale, np.max(np.abs(peer[w]), initial=0.0))
         floor = np.max(np.abs(np.asarray(f32[name], np.float64) - exact[name]), initial=0.0)
         err = np.max(np.abs(got - want), initial=0.0)
-        bound = SCALE_TOL * scale + FLOOR_FACTOR * floor + 1e-7 * largest
+        bound = SCALE_TOL * scale + FLOOR_FACTOR * floor + 1e-8 * largest
         assert err <= bound, (f"{what}: grad {name}: max error {err:.3g} > {bound:.3g} "
                               f"(scale {scale:.3g}, float32 error {floor:.3g})")
         key = what.split(":")[0]
