@@ -10,6 +10,12 @@
 //   forward(q, k, v, options) -> (out (B,L,H,dv), stats [2, B*H*L] or None)
 //   backward(grad_out, q, k, v, out, stats, options)
 //     -> (grad_q, grad_k, grad_v, grad_sinks or None)
+//   with_kv_cache(q, k_cache, v_cache, lengths, options) -> out (B,L,H,dv)
+//     k_cache (B,capacity,Hkv,d), v_cache (B,capacity,Hkv,dv): float32, or
+//     uint16 holding bfloat16 bits, read in place; lengths (B,) int64, the
+//     keys of each row (the new ones already written); options =
+//     (causal, window_left, window_right, softcap, alibi_slopes, sinks, scale)
+//     (flash_attn_with_kvcache, python/mha/torch_kv_cache.py)
 //
 // The layout is FlashAttention's (rows, then heads): the kernels read it as
 // strided [B,H,L,d] views, so nothing is transposed. A packed batch is B = 1
@@ -36,6 +42,7 @@ namespace {
 constexpr const char* kOp = "mha.torch.attention";
 
 using OffsetArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+constexpr const char* kCacheOp = "mha.torch.attention_with_kv_cache";
 
 // One call's inputs, read in place, and its kernel parameters (without out).
 struct AttentionCall {
@@ -84,6 +91,71 @@ struct AttentionCall {
   int64_t rows() const { return in[0].shape(0) * in[0].shape(1) * H; }
 };
 
+// One cached call: q over each row's first lengths[b] cache slots, the
+// caches read in place (the Python side wrote the new keys into them), by
+// the decode kernels through the dispatch (kernels::decode_forward).
+py::array_t<float> with_kv_cache(const py::handle& q_obj, const py::array& k_cache, const py::array& v_cache,
+                                 const py::handle& lengths_obj, const py::tuple& options) {
+  const FloatArray q = attention_glue::float_input(q_obj, 4, kCacheOp, "q");
+  const bool bf16 = k_cache.dtype().is(py::dtype::of<uint16_t>());
+  const py::array* caches[] = {&k_cache, &v_cache};
+  const char* names[] = {"k_cache", "v_cache"};
+  for (int x = 0; x < 2; ++x) {
+    const py::array& c = *caches[x];
+    const bool ok_dtype = bf16 ? c.dtype().is(py::dtype::of<uint16_t>()) : c.dtype().is(py::dtype::of<float>());
+    // Read in place or not at all: the caches are the caller's storage.
+    if (!ok_dtype || c.ndim() != 4 || !(c.flags() & py::array::c_style))
+      fail(kCacheOp, names[x], ": not a C-contiguous 4-D array of float32 or bfloat16 bits (uint16)");
+  }
+  const OffsetArray lengths = OffsetArray::ensure(lengths_obj);
+  const int64_t B = q.shape(0), L = q.shape(1), H = q.shape(2), d = q.shape(3);
+  const int64_t cap = k_cache.shape(1), Hkv = k_cache.shape(2), dv = v_cache.shape(3);
+  if (!lengths || lengths.ndim() != 1 || lengths.shape(0) != B) {
+    PyErr_Clear();
+    fail(kCacheOp, "cache_seqlens: not a 1-D array of ", B, " lengths");
+  }
+  if (k_cache.shape(0) != B || k_cache.shape(3) != d || v_cache.shape(0) != B || v_cache.shape(1) != cap ||
+      v_cache.shape(2) != Hkv)
+    fail(kCacheOp, "k_cache, v_cache: shapes ", shape_str(shape_of(k_cache)), ", ", shape_str(shape_of(v_cache)),
+         " for q ", shape_str(shape_of(q)), "; wanted (B, capacity, Hkv, d) and (B, capacity, Hkv, dv)");
+  if (options.size() != 7) fail(kCacheOp, "options: ", options.size(), " entries; wanted 7");
+  kernels::AttentionForward p;
+  p.q = attention_glue::rows_view(q).split_heads(H);
+  // [B, Hkv, capacity, width] views of the (B, capacity, Hkv, width) caches;
+  // bfloat16 storage is pointed to by the cache's own fields.
+  void* k_data = const_cast<void*>(k_cache.data());
+  void* v_data = const_cast<void*>(v_cache.data());
+  p.k = attention_glue::rows_view(bf16 ? nullptr : static_cast<float*>(k_data), B, cap, Hkv * d).split_heads(Hkv);
+  p.v = attention_glue::rows_view(bf16 ? nullptr : static_cast<float*>(v_data), B, cap, Hkv * dv).split_heads(Hkv);
+  if (bf16) {
+    p.cache.dtype = kernels::CacheDtype::BF16;
+    p.cache.k_bf16 = static_cast<const uint16_t*>(k_data);
+    p.cache.v_bf16 = static_cast<const uint16_t*>(v_data);
+  }
+  p.cache.lengths = lengths.data();
+  kernels::MaskOptions& m = p.masks;
+  m.causal = options[0].cast<bool>() ? Causal::BottomRight : Causal::None;
+  m.window_left = options[1].cast<int64_t>();
+  m.window_right = options[2].cast<int64_t>();
+  m.softcap = options[3].cast<float>();
+  const FloatArray alibi =
+      attention_glue::optional_floats(py::reinterpret_borrow<py::object>(options[4]), H, kCacheOp, "alibi_slopes");
+  const FloatArray sinks =
+      attention_glue::optional_floats(py::reinterpret_borrow<py::object>(options[5]), H, kCacheOp, "sinks");
+  m.alibi_slopes = attention_glue::data_or_null(alibi);
+  m.sinks = attention_glue::data_or_null(sinks);
+  m.fill = kernels::MaskFill::NegInf;
+  m.fully_masked = FullyMaskedRows::Zeros;
+  p.scale_divisor = 1.0f / options[6].cast<float>();
+  Tensor out({B, L, H, dv});
+  p.out = attention_glue::rows_view(out).split_heads(H);
+  {
+    py::gil_scoped_release release;
+    kernels::decode_forward(p, kCacheOp);
+  }
+  return hand_to_numpy(std::move(out));
+}
+
 }  // namespace
 
 void bind_attention(py::module_& core) {
@@ -119,6 +191,9 @@ void bind_attention(py::module_& core) {
       },
       py::arg("grad_output"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("stats"),
       py::arg("options"), "-> (grad_q, grad_k, grad_v, grad_sinks or None)");
+
+  m.def("with_kv_cache", &with_kv_cache, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("lengths"),
+        py::arg("options"), "-> out (B,L,H,dv): q over each row's first lengths[b] cache slots");
 }
 
 }  // namespace mha::python

@@ -10,10 +10,17 @@ python/attention_calls.cpp.
           max_seqlen) -> out
         q (B,L,H,d), k (B,S,Hkv,d), v (B,S,Hkv,dv); window [left, right]; cu_seqlens
         None or (documents + 1,) int64; max_seqlen 2**31 when not given -> (B,L,H,dv)
+    flash_kvcache(q, k_cache!, v_cache!, k, v, cache_seqlens, alibi, sinks, window, causal,
+                  scale_softcap) -> out
+        q (B,L,H,d) float32 contiguous; k_cache (B,capacity,Hkv,d), v_cache
+        (B,capacity,Hkv,dv) float32 or bfloat16 contiguous, written in place: k, v
+        None or (B,n,Hkv,d/dv) go to slots cache_seqlens[b] .. + n - 1 of row b;
+        cache_seqlens (B,) int32/int64 (not changed) -> (B,L,H,dv), no autograd
 
 On torch >= 2.4 these are torch.library custom operators in the `mha`
-namespace (torch.ops.mha.sdpa, .sdpa_backward, .flash, .flash_backward), each
-with a fake implementation (shapes only) and an autograd formula, so that
+namespace (torch.ops.mha.sdpa, .sdpa_backward, .flash, .flash_backward,
+.flash_kvcache), each with a fake implementation (shapes only) and, but for
+the cached call (no backward, as FlashAttention's), an autograd formula, so that
 torch.compile(fullgraph=True) and torch.export keep them whole and
 torch.library.opcheck passes. On older torch (1.13, no torch.library.custom_op)
 the same calls run under a torch.autograd.Function with the same signature.
@@ -92,11 +99,11 @@ def _sdpa_backward_fake(grad_out, q, k, v, out, stats, mask, sinks, dropout_key,
 
 # ---- attention (FlashAttention's layout and options) ------------------------
 
-def flash_checks(alibi, sinks, cu_seqlens, max_seqlen, T):
-    """The checks that read values, with the messages of mha.torch.attention's other checks."""
+def flash_checks(alibi, sinks, cu_seqlens, max_seqlen, T, op=_FLASH_OP):
+    """The checks that read values, with the messages of the calling function's other checks."""
     for x, name in ((alibi, "alibi_slopes"), (sinks, "sinks")):
         if x is not None and not bool(torch.isfinite(x).all()):
-            raise ValueError(f"[{_FLASH_OP}] {name}: {x.tolist()} holds a value that is not finite; wanted finite "
+            raise ValueError(f"[{op}] {name}: {x.tolist()} holds a value that is not finite; wanted finite "
                              "numbers")
     if cu_seqlens is None:
         return
@@ -152,14 +159,72 @@ def _flash_backward_fake(grad_out, q, k, v, out, stats, alibi, sinks, cu_seqlens
             q.new_empty((0,)) if sinks is None else torch.empty_like(sinks))
 
 
+# ---- attention over a key/value cache (flash_attn_with_kvcache) -------------
+
+_KVCACHE_OP = "mha.torch.attention_with_kv_cache"
+
+
+def _cache_array(c):
+    """A cache tensor as the array the call reads in place: float32, or bfloat16's bits as uint16."""
+    c = c.detach()
+    if c.dtype == torch.bfloat16:
+        return c.view(torch.int16).numpy().view("uint16")
+    return c.numpy()
+
+
+def _kvcache_lengths(cache_seqlens, n, capacity, L, causal):
+    """The keys each row holds after the call's n new ones (int64), checked against the capacity."""
+    lengths = cache_seqlens.to(torch.int64)
+    total = lengths + n
+    bad = (lengths < 0) | (total > capacity)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(f"[{_KVCACHE_OP}] cache_seqlens: row {b} holds {int(lengths[b])} keys; with the call's {n} "
+                         f"new ones wanted 0 <= cache_seqlens[b] and cache_seqlens[b] + {n} <= the cache's "
+                         f"{capacity} slots")
+    if causal:
+        short = (total > 0) & (total < L)
+        if bool(short.any()):
+            b = int(short.nonzero()[0, 0])
+            raise ValueError(f"[{_KVCACHE_OP}] cache_seqlens: row {b} has {int(total[b])} keys for {L} causal "
+                             f"queries; wanted 0 or at least {L} keys (cache_seqlens[b] + new keys): causal "
+                             "queries are the row's last L positions")
+    return total
+
+
+def _flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                   v: Optional[torch.Tensor], cache_seqlens: torch.Tensor, alibi: Optional[torch.Tensor],
+                   sinks: Optional[torch.Tensor], window: List[int], causal: bool,
+                   scale_softcap: List[float]) -> torch.Tensor:
+    flash_checks(alibi, sinks, None, 0, 0, _KVCACHE_OP)
+    B, capacity = k_cache.shape[0], k_cache.shape[1]
+    n = 0 if k is None else k.shape[1]
+    lengths = _kvcache_lengths(cache_seqlens, n, capacity, q.shape[1], causal)
+    if n:
+        rows = torch.arange(B).unsqueeze(1)
+        slots = cache_seqlens.to(torch.int64).unsqueeze(1) + torch.arange(n)
+        k_cache[rows, slots] = k.to(k_cache.dtype)
+        v_cache[rows, slots] = v.to(v_cache.dtype)
+    if q.numel() == 0 or v_cache.shape[3] == 0:  # no query, or nothing to weigh (d = 0: no score either)
+        return q.new_zeros((*q.shape[:3], v_cache.shape[3]))
+    scale, softcap = scale_softcap
+    options = (bool(causal), int(window[0]), int(window[1]), float(softcap), _np(alibi), _np(sinks), float(scale))
+    out = _flash.with_kv_cache(_np(q), _cache_array(k_cache), _cache_array(v_cache), lengths.numpy(), options)
+    return torch.from_numpy(out)
+
+
+def _flash_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal, scale_softcap):
+    return q.new_empty((*q.shape[:3], v_cache.shape[3]))
+
+
 def _no_double_backward(op):
     """backward(create_graph=True) refused: the gradients would be constants of the graph."""
-    if torch.is_grad_enabled() and not _compiling():
+    if torch.is_grad_enabled() and not compiling():
         raise RuntimeError(f"[{op}] backward with create_graph=True: mha's attention has no double backward; "
                            "its first-order gradients are exact")
 
 
-def _compiling():
+def compiling():
     """Whether torch.compile or torch.export traces this call (AOTAutograd traces the backward with grad on)."""
     compiler = getattr(torch, "compiler", None)
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
@@ -207,13 +272,21 @@ if HAS_LIBRARY:
 
     _flash_op.register_autograd(_flash_grad, setup_context=_flash_setup)
 
+    _flash_kvcache_op = torch.library.custom_op("mha::flash_kvcache",
+                                                mutates_args=("k_cache", "v_cache"))(_flash_kvcache)
+    _flash_kvcache_op.register_fake(_flash_kvcache_fake)
+
     def sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
         return _sdpa_op(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p)[0]
 
     def flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
         return _flash_op(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen)[0]
 
-    OPERATORS = ("sdpa", "sdpa_backward", "flash", "flash_backward")
+    def flash_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal, scale_softcap):
+        return _flash_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal,
+                                 scale_softcap)
+
+    OPERATORS = ("sdpa", "sdpa_backward", "flash", "flash_backward", "flash_kvcache")
 
 else:
     class _Function(torch.autograd.Function):
@@ -253,6 +326,8 @@ else:
         return _run("flash", q, k, v, sinks,
                     lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen),
                     lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars))
+
+    flash_kvcache = _flash_kvcache  # no autograd: the caller refuses inputs that require grad
 
     OPERATORS = ()
 

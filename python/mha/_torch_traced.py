@@ -34,9 +34,11 @@ def tracing(*tensors):
 
 
 def _refuse(op, what):
+    hint = ("; a compiled decoder keeps its cache as tensors: mha.torch.attention_with_kv_cache"
+            if what == "cache" else "")
     raise NotImplementedError(f"[{op}] {what} under torch.compile / torch.export: the traced form of mha's "
                               "modules (python/mha/_torch_traced.py) does not take it; call the module eagerly "
-                              "(or keep it out of the compiled region with torch.compiler.disable)")
+                              f"(or keep it out of the compiled region with torch.compiler.disable){hint}")
 
 
 def causal_kind(is_causal):

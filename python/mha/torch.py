@@ -65,11 +65,12 @@ from . import _torch_traced as _traced
 
 from .torch_sdpa import scaled_dot_product_attention  # noqa: E402 (PyTorch 2.x's function)
 from .torch_attention import attention  # noqa: E402 (FlashAttention's function)
+from .torch_kv_cache import attention_with_kv_cache  # noqa: E402 (FlashAttention's flash_attn_with_kvcache)
 
 _calls = _core._torch_calls
 
 __all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention",
-           "head_importance", "scaled_dot_product_attention", "attention"]
+           "head_importance", "scaled_dot_product_attention", "attention", "attention_with_kv_cache"]
 
 
 def _not_on_cpu(op, name, device):

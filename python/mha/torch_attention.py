@@ -54,30 +54,30 @@ def _check_tensor(x, name):
     _glue.check_tensor(OP, x, name)
 
 
-def _per_head(x, name, H):
+def per_head(x, name, H, op=OP):
     """alibi_slopes / sinks: None or a (H,) floating tensor -> None or a float32 tensor (its values are
     checked to be finite by the operator, python/mha/_torch_ops.py)."""
     if x is None:
         return None
-    _check_tensor(x, name)
+    _glue.check_tensor(op, x, name)
     if not x.is_floating_point():
-        raise TypeError(f"[{OP}] {name}: dtype {x.dtype}; wanted a floating tensor (one value per query head)")
+        raise TypeError(f"[{op}] {name}: dtype {x.dtype}; wanted a floating tensor (one value per query head)")
     if tuple(x.shape) != (H,):
-        raise ValueError(f"[{OP}] {name}: shape {tuple(x.shape)}; wanted ({H},), one value per query head")
+        raise ValueError(f"[{op}] {name}: shape {tuple(x.shape)}; wanted ({H},), one value per query head")
     return x.float().contiguous()
 
 
-def _window(window, causal):
+def window_sides(window, causal, op=OP):
     """(left, right) from window and causal (right = 0 when causal), each >= -1."""
     if window is None:
         left, right = -1, -1
     else:
         if (not isinstance(window, (tuple, list)) or len(window) != 2
                 or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-            raise _checks.wrong_kind(OP, "window", window, "None or a pair (left, right) of integers (-1: unbounded)")
+            raise _checks.wrong_kind(op, "window", window, "None or a pair (left, right) of integers (-1: unbounded)")
         left, right = window
         if left < -1 or right < -1:
-            raise ValueError(f"[{OP}] window: ({left}, {right}) has a side below -1; wanted each side >= 0 keys, "
+            raise ValueError(f"[{op}] window: ({left}, {right}) has a side below -1; wanted each side >= 0 keys, "
                              "or -1 for unbounded")
     # A side wider than any axis bounds nothing: the same as -1 (and no int64 overflow in the kernels).
     left, right = (-1 if w > 2**31 else w for w in (left, right))
@@ -135,7 +135,7 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
                          f"{'T' if packed else 'B'}")
     if Hkv < 1 or H % Hkv != 0:
         raise ValueError(f"[{OP}] k: {Hkv} heads do not divide q's {H}; wanted Hkv dividing H (grouped heads)")
-    left, right = _window(window, causal)
+    left, right = window_sides(window, causal)
     if scale is None:
         scale = _glue.default_scale(d)
     else:
@@ -147,8 +147,8 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
             and torch.is_grad_enabled():
         raise NotImplementedError(f"[{OP}] alibi_slopes: requires grad; the slopes get no gradient (as "
                                   "FlashAttention's): pass alibi_slopes.detach()")
-    slopes = _per_head(alibi_slopes, "alibi_slopes", H)
-    sink_values = _per_head(sinks, "sinks", H)
+    slopes = per_head(alibi_slopes, "alibi_slopes", H)
+    sink_values = per_head(sinks, "sinks", H)
     offsets, max_seqlen = _documents(cu_seqlens, max_seqlen) if packed else (None, 2**31)
     out_dtype = q.dtype
     out_shape = (*q.shape[:-1], dv)

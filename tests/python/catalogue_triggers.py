@@ -419,6 +419,14 @@ PY = {
     "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
     "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
+    "kv_cache_call.seqlens": lambda t: _kv_cache_call("seqlens"),
+    "kv_cache_call.causal_short": lambda t: _kv_cache_call("causal_short"),
+    "kv_cache_call.cache": lambda t: _kv_cache_call("cache"),
+    "kv_cache_call.new_keys": lambda t: _kv_cache_call("new_keys"),
+    "kv_cache_call.shapes": lambda t: _kv_cache_call("shapes"),
+    "kv_cache_call.rank": lambda t: _kv_cache_call("rank"),
+    "kv_cache_call.seqlens_shape": lambda t: _kv_cache_call("seqlens_shape"),
+    "kv_cache_call.new_shapes": lambda t: _kv_cache_call("new_shapes"),
     # key/value caches
     "kv_cache.dtype": lambda t: mha.MultiHeadAttention(16, 2).kv_cache(2, 4, dtype="float16"),
     "precision.name": lambda t: mha.MultiHeadAttention(16, 2, precision="fp16"),
@@ -543,6 +551,26 @@ def _attention_call(what):
         "max_seqlen_negative": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=-1),
     }
     calls[what]()
+
+
+def _kv_cache_call(what):
+    """The calls of the catalogue's kv_cache_call.* rows (mha.torch.attention_with_kv_cache)."""
+    import torch
+    from mha.torch import attention_with_kv_cache as call
+    q, cache, new = torch.ones(2, 1, 4, 8), torch.zeros(2, 6, 2, 8), torch.ones(2, 1, 2, 8)
+    calls = {
+        "seqlens": lambda: call(q, cache, cache.clone(), new, new, cache_seqlens=torch.tensor([2, 6])),
+        "causal_short": lambda: call(torch.ones(2, 3, 4, 8), cache, cache.clone(), new, new, causal=True,
+                                     cache_seqlens=torch.tensor([0, 1])),
+        "cache": lambda: call(q, torch.zeros(2, 2, 6, 8).transpose(1, 2), cache, cache_seqlens=1),
+        "new_keys": lambda: call(q, cache, cache.clone(), new, None, cache_seqlens=1),
+        "shapes": lambda: call(q, torch.zeros(2, 6, 2, 4), cache, cache_seqlens=1),
+        "rank": lambda: call(q, torch.zeros(2, 6, 16), cache, cache_seqlens=1),
+        "seqlens_shape": lambda: call(q, cache, cache.clone(), cache_seqlens=torch.tensor([1])),
+        "new_shapes": lambda: call(q, cache, cache.clone(), torch.ones(2, 1, 1, 8), new, cache_seqlens=1),
+    }
+    with torch.no_grad():
+        calls[what]()
 
 
 def _torch_call(what):

@@ -234,3 +234,93 @@ def test_options_the_traced_modules_lack_are_refused_by_name():
     with torch.no_grad(), pytest.raises(Exception, match=r"\[mha\.torch\.MultiHeadAttention\] cache under "
                                                          r"torch\.compile"):
         torch.compile(lambda x: chapter(x, x, x, cache=cache), fullgraph=True, backend="aot_eager")(x)
+
+
+# ---- attention over a key/value cache: torch.ops.mha.flash_kvcache -----------
+
+def _kvcache_samples():
+    g = torch.Generator().manual_seed(2)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    lens = torch.tensor([3, 0], dtype=torch.int64)
+    yield (r(2, 2, 4, 8), r(2, 9, 2, 8), r(2, 9, 2, 6), r(2, 2, 2, 8), r(2, 2, 2, 6), lens, None, None, [-1, -1],
+           True, [0.35, 0.0])
+    yield (r(2, 1, 4, 8), r(2, 9, 2, 8, dtype=torch.bfloat16), r(2, 9, 2, 8, dtype=torch.bfloat16),
+           r(2, 1, 2, 8), r(2, 1, 2, 8), lens, r(4).abs(), r(4), [2, 0], True, [0.35, 5.0])
+    yield (r(2, 3, 2, 4), r(2, 5, 1, 4), r(2, 5, 1, 4), None, None, torch.tensor([5, 4]), None, None, [-1, -1],
+           False, [0.5, 0.0])
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_opcheck_flash_kvcache(index):
+    args = list(_kvcache_samples())[index]
+    torch.library.opcheck(torch.ops.mha.flash_kvcache.default, args)
+
+
+class Decoder(torch.nn.Module):
+    """A grouped-query attention layer that decodes with its cache as buffers (a static cache): projections,
+    mha.torch.attention_with_kv_cache (causal, a window, sinks), the output projection."""
+
+    def __init__(self, E=16, H=4, Hkv=2, B=2, capacity=24, dtype=torch.float32):
+        super().__init__()
+        self.H, self.Hkv, self.d = H, Hkv, E // H
+        self.q = torch.nn.Linear(E, E)
+        self.kv = torch.nn.Linear(E, 2 * Hkv * self.d)
+        self.o = torch.nn.Linear(E, E)
+        self.sinks = torch.nn.Parameter(torch.linspace(-1.0, 1.0, H))
+        self.register_buffer("k_cache", torch.zeros(B, capacity, Hkv, self.d, dtype=dtype))
+        self.register_buffer("v_cache", torch.zeros(B, capacity, Hkv, self.d, dtype=dtype))
+
+    def forward(self, x, seqlens):
+        B, L, E = x.shape
+        q = self.q(x).view(B, L, self.H, self.d)
+        k, v = self.kv(x).view(B, L, 2, self.Hkv, self.d).unbind(2)
+        y = mt.attention_with_kv_cache(q, self.k_cache, self.v_cache, k, v, cache_seqlens=seqlens, causal=True,
+                                       window=(5, 0), sinks=self.sinks)
+        return self.o(y.reshape(B, L, E))
+
+
+def _decode(model, x, P):
+    """Prefill P positions, then one at a time; returns the outputs and the caches."""
+    seqlens = torch.zeros(x.shape[0], dtype=torch.int32)
+    outs = []
+    with torch.no_grad():
+        outs.append(model(x[:, :P], seqlens))
+        seqlens += P
+        for t in range(P, x.shape[1]):
+            outs.append(model(x[:, t:t + 1], seqlens))
+            seqlens += 1
+    return torch.cat(outs, 1), model.k_cache.clone(), model.v_cache.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_decoding_matches_eager(backend, dtype):
+    torch.manual_seed(3)
+    model = Decoder(dtype=dtype).eval()
+    x = torch.randn(2, 13, 16)
+    want = _decode(model, x, 6)
+    model.k_cache.zero_()
+    model.v_cache.zero_()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=backend)
+    got = _decode(compiled, x, 6)
+    for a, b, what in zip(got, want, ("outputs", "k_cache", "v_cache")):
+        _close(a.float(), b.float(), what)
+
+
+def test_export_keeps_the_cached_operator_and_writes_the_cache():
+    torch.manual_seed(4)
+    model = Decoder().eval()
+    x, seqlens = torch.randn(2, 1, 16), torch.tensor([4, 7], dtype=torch.int32)
+    program = torch.export.export(model, (x, seqlens))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "mha.flash_kvcache.default" in targets, targets
+    exported = program.module()
+    with torch.no_grad():
+        want = model(x, seqlens)
+        got = exported(x, seqlens)
+    _close(got, want, "exported output")
+    _close(exported.k_cache, model.k_cache, "exported k_cache")
+    assert float(exported.k_cache[1, 7].abs().sum()) > 0, "the new key was written into the exported cache"
