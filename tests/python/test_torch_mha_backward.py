@@ -26,8 +26,10 @@ Tolerance, per gradient tensor (each input's and each parameter's):
 where scale is max|peer| (for a bias, the larger of its own and its
 weight's: in_proj_bias's k rows have exact gradient 0, a constant added to
 every key shifting a score row by a constant), exact is the float64
-reference's gradient and f32 the float32 one of the same formula (for the
-nn.MultiheadAttention comparison, PyTorch's float32 module itself). The
+reference's gradient and f32 the float32 one of the same formula, the larger
+error of two summation orders (inputs as given, and batch rows, queries and
+keys reversed: the same function, checked in float64) and, for the
+nn.MultiheadAttention comparison, of PyTorch's float32 module itself. The
 second term is FlashAttention's rule: a gradient much smaller than the terms
 it sums (dP - rowsum(dP * P) cancels) keeps their float32 rounding, which
 PyTorch's float32 has as much as ours. pytest -s prints the worst errors
@@ -68,15 +70,13 @@ def weights_of(name):
             "out_proj.bias": ("out_proj.weight",)}.get(name, ())
 
 
-def assert_grads_close(ours, peer, exact, f32, what):
+def assert_grads_close(ours, peer, exact, f32s, what):
     """ours, peer: dicts name -> gradient array. exact: the float64
-    reference's gradients for the same loss, f32: those of the same formula
-    in float32 (or the float32 peer itself). Per tensor,
-        max|ours - peer| <= 1e-5 scale + 4 max|f32 - exact| + 1e-8 largest,
-    largest being the case's largest gradient entry (a tensor whose own
-    gradient is tiny still sums products of the others' size)."""
+    reference's gradients for the same loss, f32s: the gradients of float32
+    computations of it (the reference formula in float32, and the float32
+    peer itself). Per tensor,
+        max|ours - peer| <= 1e-5 scale + 4 max over f32s of max|f32 - exact|."""
     assert sorted(ours) == sorted(peer), what
-    largest = max(np.max(np.abs(np.asarray(w, np.float64)), initial=0.0) for w in peer.values())
     for name, want in peer.items():
         want = np.asarray(want, dtype=np.float64)
         got = ours[name]
@@ -86,9 +86,9 @@ def assert_grads_close(ours, peer, exact, f32, what):
         for w in weights_of(name):
             if w in peer:
                 scale = max(scale, np.max(np.abs(peer[w]), initial=0.0))
-        floor = np.max(np.abs(np.asarray(f32[name], np.float64) - exact[name]), initial=0.0)
+        floor = max(np.max(np.abs(np.asarray(f32[name], np.float64) - exact[name]), initial=0.0) for f32 in f32s)
         err = np.max(np.abs(got - want), initial=0.0)
-        bound = SCALE_TOL * scale + FLOOR_FACTOR * floor + 1e-8 * largest
+        bound = SCALE_TOL * scale + FLOOR_FACTOR * floor
         assert err <= bound, (f"{what}: grad {name}: max error {err:.3g} > {bound:.3g} "
                               f"(scale {scale:.3g}, float32 error {floor:.3g})")
         key = what.split(":")[0]
@@ -163,23 +163,47 @@ def ours_grads(ours, c, grad_output):
     return out, grads
 
 
-def reference_grads(c, state, grad_output, dropout_mask=None, dtype=torch.float64):
-    """Autograd of torch_mha_reference in `dtype`: gradients in the case's layout."""
+def reference_grads(c, state, grad_output, dropout_mask=None, dtype=torch.float64, reverse=False):
+    """Autograd of torch_mha_reference in `dtype`: gradients in the case's layout. reverse: the batch
+    rows, the queries and the keys fed in the reverse order, the masks alike (the same function; its
+    float32 sums then run in other orders)."""
     keep, bias = reference_masks(c)
+
+    def order(t, dims):  # t reversed along dims (axes of size 1 broadcast: left as they are)
+        if not reverse:
+            return t
+        dims = [d for d in dims if t.shape[d] > 1]
+        return t.flip(dims) if dims else t
+
+    def order_pairs(t):  # masks (B or 1, H or 1, L, S + extra): the S keys reversed, the extra ones stay last
+        if not reverse:
+            return t
+        t = order(t, (0, -2))
+        return torch.cat([t[..., :c.S].flip(-1), t[..., c.S:]], -1)
+
+    rows = (0, 1)  # (B, L or S, E): batch rows and positions
     st = {k: v.detach().to(dtype).clone().requires_grad_(True) for k, v in state.items()}
-    xs = {n: torch.from_numpy(to_batch_first(c, c.arrays[n])).to(dtype).requires_grad_(True)
+    xs = {n: order(torch.from_numpy(to_batch_first(c, c.arrays[n])).to(dtype), rows).requires_grad_(True)
           for n in ("query", "key", "value")}
-    mask = None if dropout_mask is None else torch.from_numpy(dropout_mask).to(dtype)
+    mask = None if dropout_mask is None else order_pairs(torch.from_numpy(dropout_mask).to(dtype))
     out, _ = reference_mha(st, c.H, xs["query"], xs["key"], xs["value"], num_kv_heads=c.Hkv,
-                           keep=keep, bias=bias.to(dtype), add_zero_attn=c.add_zero_attn,
-                           fully_masked=c.policy, dropout_mask=mask)
-    g = torch.from_numpy(to_batch_first(c, grad_output)).to(dtype)
+                           keep=order_pairs(keep), bias=order_pairs(bias.to(dtype)),
+                           add_zero_attn=c.add_zero_attn, fully_masked=c.policy, dropout_mask=mask)
+    g = order(torch.from_numpy(to_batch_first(c, grad_output)).to(dtype), rows)
     (out * g).sum().backward()
     grads = {k: v.grad.numpy() for k, v in st.items()}
     for n, x in xs.items():
-        gx = x.grad.numpy()
+        gx = order(x.grad, rows).numpy()
         grads[n] = gx[0] if c.unbatched else (gx if c.batch_first else np.swapaxes(gx, 0, 1))
-    return out.detach().numpy(), grads
+    return order(out.detach(), rows).numpy(), grads
+
+
+def float32_grads(c, state, grad_output, dropout_mask=None):
+    """The reference's float32 gradients in two summation orders (batch rows, queries and keys as given
+    and reversed): what float32 rounding alone makes of the formula, whatever order an implementation
+    sums in."""
+    return [reference_grads(c, state, grad_output, dropout_mask, torch.float32, reverse)[1]
+            for reverse in (False, True)]
 
 
 def empty_rows(c):
@@ -269,8 +293,7 @@ def run_case(rng, path, grouped=False, kernel=None, dropout=0.0):
     for n, g in grads.items():
         assert np.isfinite(g).all(), f"{n} not finite: {desc}"
     _, ref = reference_grads(c, state, G, mask)
-    _, ref32 = reference_grads(c, state, G, mask, torch.float32)
-    assert_grads_close(grads, ref, ref, ref32, "vs float64 reference: " + desc)
+    assert_grads_close(grads, ref, ref, float32_grads(c, state, G, mask), "vs float64 reference: " + desc)
 
     # Rows with every head fully masked: under zeros they pass no gradient
     # to anything but out_proj's bias; under uniform, to the values only.
@@ -297,8 +320,27 @@ def run_case(rng, path, grouped=False, kernel=None, dropout=0.0):
     G_used = G * rows_mask(c, used)
     _, ours_used = ours_grads(ours, c, G_used)
     _, ref_used = reference_grads(c, state, G_used)
-    assert_grads_close(ours_used, t_grads, ref_used, t_grads, "vs nn.MultiheadAttention: " + desc)
+    assert_grads_close(ours_used, t_grads, ref_used, [t_grads] + float32_grads(c, state, G_used),
+                       "vs nn.MultiheadAttention: " + desc)
     return c, empty
+
+
+def test_the_reversed_reference_is_the_same_function(tmp_path):
+    """float32_grads' second order is a permutation of the inputs, not another function: in float64 its
+    output and gradients equal the reference's as given (within float64 rounding), dropout masks included."""
+    rng = np.random.default_rng(99)
+    for i in range(40):
+        c = draw_case(rng, grouped=bool(i % 2))
+        _, state = torch_module(rng, c, str(tmp_path / "w.safetensors"))
+        G = rng.standard_normal(np.shape(c.arrays["query"])).astype(np.float32)  # the output's shape
+        mask = None
+        if i % 3 == 0:
+            mask = (rng.random((c.B, c.H, c.L, c.S + c.extra)) > 0.3).astype(np.float32) / 0.7
+        out, grads = reference_grads(c, state, G, mask)
+        out_r, grads_r = reference_grads(c, state, G, mask, reverse=True)
+        np.testing.assert_allclose(out_r, out, rtol=1e-10, atol=1e-12, err_msg=c.describe())
+        for name, g in grads.items():
+            np.testing.assert_allclose(grads_r[name], g, rtol=1e-10, atol=1e-12, err_msg=f"{name}: {c.describe()}")
 
 
 def test_gradients_match_pytorch_autograd_on_random_cases(tmp_path):
