@@ -50,7 +50,9 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _core
-from . import torch as _mt
+from ._torch_call import _dropout_key
+from .torch_chapter import MultiHeadAttention
+from .torch_drop_in import MultiheadAttention
 from . import torch_ring as _ring
 
 __all__ = ["SequenceParallel", "HeadParallel", "shard", "unshard"]
@@ -169,7 +171,7 @@ def _what(t):
 
 
 def _refuse_dropout(op, attention):
-    p = attention.attention.dropout.p if isinstance(attention, _mt.MultiHeadAttention) else attention.dropout
+    p = attention.attention.dropout.p if isinstance(attention, MultiHeadAttention) else attention.dropout
     if attention.training and p > 0:
         raise ValueError(f"[{op}] dropout: {p} in training mode; wanted 0 (the inner call's dropout mask is not "
                          "keyed by global positions, so ranks would not equal one process): call eval() or "
@@ -177,7 +179,7 @@ def _refuse_dropout(op, attention):
 
 
 def _check_attention(op, attention):
-    if not isinstance(attention, (_mt.MultiHeadAttention, _mt.MultiheadAttention)):
+    if not isinstance(attention, (MultiHeadAttention, MultiheadAttention)):
         raise TypeError(f"[{op}] attention: got {type(attention).__name__}, wanted mha.torch.MultiHeadAttention "
                         "or mha.torch.MultiheadAttention")
 
@@ -231,7 +233,7 @@ class SequenceParallel(nn.Module):
         return _Gather.apply(x, dim, sizes, order, self.group, rank)
 
     def forward(self, *args, **kwargs):
-        if isinstance(self.attention, _mt.MultiHeadAttention):
+        if isinstance(self.attention, MultiHeadAttention):
             return self._chapter(*args, **kwargs)
         return self._drop_in(*args, **kwargs)
 
@@ -368,7 +370,7 @@ class SequenceParallel(nn.Module):
 
 def _ring_checks(op, a):
     """What the ring takes of the module: refusals of what it does not run; (dropout p, this rank's key)."""
-    if isinstance(a, _mt.MultiHeadAttention):
+    if isinstance(a, MultiHeadAttention):
         if a.head_gates is not None:
             raise ValueError(f"[{op}] head_gates: set on the module; wanted None with method='ring' "
                              "(prune the heads, or use method='all_gather')")
@@ -384,7 +386,7 @@ def _ring_checks(op, a):
         raise ValueError(f"[{op}] rotary: set on the module; wanted None with method='ring' "
                          "(use method='all_gather')")
     p = float(p) if a.training else 0.0
-    return p, _mt._dropout_key(p)
+    return p, _dropout_key(p)
 
 
 def _drop_in_call(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -397,7 +399,7 @@ def _sliced_heads(a, rank, P, args, kwargs):
     """HeadParallel's call on this rank's heads alone (their rows of W_q, W_k, W_v and columns of
     W_o; mha's fused kernel through kernels::RingRows on one block), or None for a call that takes
     what this path does not run (then the whole module runs with the other heads gated off)."""
-    chapter = isinstance(a, _mt.MultiHeadAttention)
+    chapter = isinstance(a, MultiHeadAttention)
     if a._rotary is not None:
         return None
     tensors = lambda ts: all(isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_floating_point() for t in ts)
@@ -436,7 +438,7 @@ def _sliced_heads(a, rank, P, args, kwargs):
     H = layers[0][0].shape[0] // d
     B, Lq, Lk = x[0].shape[0], x[0].shape[1], x[1].shape[1]
     p = float(p) if a.training else 0.0
-    masks.update(dropout_p=p, dropout_key=_mt._dropout_key(p))  # every rank's generator alike (checked)
+    masks.update(dropout_p=p, dropout_key=_dropout_key(p))  # every rank's generator alike (checked)
     share = H // P
     rows = slice(rank * share * d, (rank + 1) * share * d)
     dtype = x[0].dtype
@@ -454,7 +456,7 @@ def _sliced_heads(a, rank, P, args, kwargs):
 
 
 def _out_bias(attention):
-    if isinstance(attention, _mt.MultiHeadAttention):
+    if isinstance(attention, MultiHeadAttention):
         return attention.W_o.bias
     return attention.out_proj.bias
 
@@ -481,7 +483,7 @@ class HeadParallel(nn.Module):
             return None
         y, first, dtype = got
         y = first(_SumOutputs.apply(y, self.group)).to(dtype)
-        return y if isinstance(a, _mt.MultiHeadAttention) else (y, None)
+        return y if isinstance(a, MultiHeadAttention) else (y, None)
 
     def forward(self, *args, **kwargs):
         op = "mha.torch.distributed.HeadParallel"
@@ -490,7 +492,7 @@ class HeadParallel(nn.Module):
         err = None
         rng = 0
         try:
-            p = a.attention.dropout.p if isinstance(a, _mt.MultiHeadAttention) else a.dropout
+            p = a.attention.dropout.p if isinstance(a, MultiHeadAttention) else a.dropout
             if a.training and p > 0:  # every rank's module must draw the same dropout key
                 rng = zlib.crc32(torch.get_rng_state().numpy().tobytes())
             h = a.num_heads
@@ -499,7 +501,7 @@ class HeadParallel(nn.Module):
                                  "equal share of heads per rank")
             if "head_mask" in kwargs:
                 raise ValueError(f"[{op}] head_mask: wanted none (the wrapper gates the heads per rank)")
-            if isinstance(a, _mt.MultiheadAttention) and kwargs.get("need_weights", True):
+            if isinstance(a, MultiheadAttention) and kwargs.get("need_weights", True):
                 raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has its heads' weights only)")
         except ValueError as e:
             err = e

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _core
-from . import torch as _mt
+from .torch_drop_in import _drop_in_split
 
 _calls = _core._ring_calls
 _TAG_KV, _TAG_GRAD = 1000, 2000000
@@ -152,7 +152,7 @@ def chapter_layers(m):
 
 
 def drop_in_layers(m):
-    proj, _, _ = _mt._drop_in_split(m._named_params(), m.embed_dim)
+    proj, _, _ = _drop_in_split(m._named_params(), m.embed_dim)
     return proj
 
 

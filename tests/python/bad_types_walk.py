@@ -272,6 +272,10 @@ if torch is not None:
             q=torch.ones(5, 2, 4), k=torch.ones(5, 2, 4), v=torch.ones(5, 2, 4), causal=False, window=(1, 0),
             alibi_slopes=torch.ones(2), softcap=1.0, sinks=torch.zeros(2),
             cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32), max_seqlen=3, scale=0.5, dropout_p=0.0),
+        "torch.attention_with_kv_cache": dict(
+            q=torch.ones(2, 1, 2, 4), k_cache=torch.zeros(2, 6, 1, 4), v_cache=torch.zeros(2, 6, 1, 4),
+            k=torch.ones(2, 1, 1, 4), v=torch.ones(2, 1, 1, 4), cache_seqlens=torch.tensor([1, 3]), causal=True,
+            window=(2, 0), alibi_slopes=torch.ones(2), softcap=1.0, sinks=torch.zeros(2), scale=0.5),
         "torch.MultiHeadAttention.head_gates =": dict(head_gates=torch.ones(2)),
         "torch.MultiHeadAttention.prune_heads": dict(heads=[0]),
         "torch.MultiheadAttention.prune_heads": dict(heads=[0]),
@@ -321,6 +325,10 @@ NONE_OK = {
     ("torch.attention", "window"), ("torch.attention", "alibi_slopes"), ("torch.attention", "softcap"),
     ("torch.attention", "sinks"), ("torch.attention", "cu_seqlens"), ("torch.attention", "max_seqlen"),
     ("torch.attention", "scale"),
+    # mha.torch.attention_with_kv_cache: no new keys (k and v None together), the options off
+    ("torch.attention_with_kv_cache", "window"), ("torch.attention_with_kv_cache", "alibi_slopes"),
+    ("torch.attention_with_kv_cache", "softcap"), ("torch.attention_with_kv_cache", "sinks"),
+    ("torch.attention_with_kv_cache", "scale"),
     ("torch.MultiheadAttention.head_gates =", "head_gates"),
     # rotary=None: off
     ("MultiHeadAttention.rotary =", "rotary"), ("TorchMultiheadAttention.rotary =", "rotary"),
@@ -375,6 +383,7 @@ OPS = {
     "torch.MultiHeadAttention.head_gates =": "mha.torch.MultiHeadAttention.head_gates",
     "torch.scaled_dot_product_attention": "mha.torch.scaled_dot_product_attention",
     "torch.attention": "mha.torch.attention",
+    "torch.attention_with_kv_cache": "mha.torch.attention_with_kv_cache",
     "torch.MultiHeadAttention.prune_heads": ("mha.torch.MultiHeadAttention.prune_heads", "MultiHeadAttention.prune_heads"),
     "torch.MultiheadAttention.prune_heads": ("mha.torch.MultiheadAttention.prune_heads",
                                              "TorchMultiheadAttention.prune_heads"),
