@@ -40,14 +40,58 @@ def dropout_probability(op, dropout_p):
     return p
 
 
+# The float32 range the kernels compute in: a positive option below the smallest normal float32 or above
+# the largest would change meaning there (1e-46 is 0, softcapping off; 1e39 is inf).
+F32_TINY, F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
+
+def _in_float32(op, name, x, wanted, hi=F32_MAX):
+    """x > 0 as a float, refused when float32 cannot hold it (0 or inf there) or it passes hi."""
+    if not F32_TINY <= x <= hi:
+        where = "is 0" if x < F32_TINY else "overflows"
+        raise ValueError(f"[{op}] {name}: {x:g} {where} in float32, in which mha computes; wanted {wanted}")
+    return x
+
+
 def softcap_value(op, softcap):
-    """softcap (None or a finite real >= 0) as a float, 0 for None (off)."""
+    """softcap (None or a finite real >= 0, float32-sized when positive) as a float, 0 for None (off)."""
     if softcap is None:
         return 0.0
     softcap = _checks.real(softcap, op, "softcap")
     if not (softcap >= 0 and math.isfinite(softcap)):
         raise ValueError(f"[{op}] softcap: {softcap:g}; wanted a finite number >= 0 (0 or None: off)")
+    if softcap > 0:
+        # (The kernels hold the cap times log2(e): above 1e38 that passes float32.)
+        _in_float32(op, "softcap", softcap, "0 (off) or a number from 1.2e-38 to 1e+38", hi=1e38)
     return softcap
+
+
+def positive_scale(op, scale, width):
+    """scale (None: 1/sqrt(width)) as a float32-sized number > 0 (FlashAttention's softmax_scale)."""
+    if scale is None:
+        return default_scale(width)
+    scale = _checks.real(scale, op, "scale")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"[{op}] scale: {scale:g}; wanted a finite number > 0 (1/sqrt(d) when None)")
+    return _in_float32(op, "scale", scale, "a number from 1.2e-38 to 3.4e+38 (1/sqrt(d) when None)")
+
+
+def check_overflow(op, out, named, scale):
+    """Finite inputs must not give a NaN or infinite output (as the modules: docs/errors.md, overflow
+    rows): scores or sink logits beyond float32 are an error, not a silent NaN. named: (tensor or
+    None, name) of every input the call read; non-finite inputs are computed through. The inputs are
+    scanned only when the output is not finite."""
+    if bool(torch.isfinite(out).all()):
+        return
+    present = [(x, name) for x, name in named if x is not None]
+    if not all(bool(torch.isfinite(x).all()) for x, _ in present):
+        return
+    sizes = ", ".join(f"{name} {float(x.abs().max()) if x.numel() else 0.0:.3g}" for x, name in present)
+    sizes += f"; scale {scale:.3g}"
+    names = ", ".join(name for _, name in present[:-1]) + " and " + present[-1][1]
+    what = "scores or sink logits" if any(name == "sinks" for _, name in present) else "scores"
+    raise ValueError(f"[{op}] finite {names} give {what} that overflow float32 (largest magnitudes: {sizes}); "
+                     "scale them down")
 
 
 def default_scale(width):

@@ -34,11 +34,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from . import _attention_glue as _glue
 from . import _core
 
 _sdpa = _core._sdpa_calls
 _flash = _core._attention_calls
 _FLASH_OP = "mha.torch.attention"
+_SDPA_OP = "mha.torch.scaled_dot_product_attention"
 _MAX_FUSED_KEYS = 1 << 24  # kFusedMaxKeys (src/cpu/fused/limits.h): beyond it no statistics are kept
 
 HAS_LIBRARY = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
@@ -70,9 +72,17 @@ def _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
 def _sdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   sinks: Optional[torch.Tensor], dropout_key: torch.Tensor, causal: bool, scale: float,
                   softcap: float, dropout_p: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    if mask is not None and mask.is_floating_point() and not bool(torch.isfinite(mask).all()) \
+            and bool((torch.isnan(mask) | (mask == float("inf"))).any()):
+        raise ValueError(f"[{_SDPA_OP}] attn_mask: holds NaN or +inf; wanted finite values, or -inf for a key "
+                         "that takes no part (NaN and +inf can only give NaN)")
     out, stats = _sdpa.forward(_np(q), _np(k), _np(v),
                                _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p))
-    return torch.from_numpy(out), _stats_tensor(stats)
+    out = torch.from_numpy(out)
+    float_mask = mask if mask is not None and mask.is_floating_point() else None
+    _glue.check_overflow(_SDPA_OP, out, ((q, "query"), (k, "key"), (v, "value"), (float_mask, "attn_mask"),
+                                         (sinks, "sinks")), scale)
+    return out, _stats_tensor(stats)
 
 
 def _sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -133,7 +143,10 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Opt
     flash_checks(alibi, sinks, cu_seqlens, max_seqlen, q.shape[1])
     out, stats = _flash.forward(_np(q), _np(k), _np(v),
                                 _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars))
-    return torch.from_numpy(out), _stats_tensor(stats)
+    out = torch.from_numpy(out)
+    _glue.check_overflow(_FLASH_OP, out, ((q, "q"), (k, "k"), (v, "v"), (alibi, "alibi_slopes"), (sinks, "sinks")),
+                         scalars[0])
+    return out, _stats_tensor(stats)
 
 
 def _flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -209,8 +222,14 @@ def _flash_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         return q.new_zeros((*q.shape[:3], v_cache.shape[3]))
     scale, softcap = scale_softcap
     options = (bool(causal), int(window[0]), int(window[1]), float(softcap), _np(alibi), _np(sinks), float(scale))
-    out = _flash.with_kv_cache(_np(q), _cache_array(k_cache), _cache_array(v_cache), lengths.numpy(), options)
-    return torch.from_numpy(out)
+    out = torch.from_numpy(_flash.with_kv_cache(_np(q), _cache_array(k_cache), _cache_array(v_cache),
+                                                lengths.numpy(), options))
+    if not bool(torch.isfinite(out).all()):  # the keys and values read: each row's first lengths[b] slots
+        read = [(torch.cat([c[b, :int(lengths[b])].reshape(-1) for b in range(B)]), name)
+                for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache"))]
+        _glue.check_overflow(_KVCACHE_OP, out, ((q, "q"), *read, (alibi, "alibi_slopes"), (sinks, "sinks")),
+                             scale)
+    return out
 
 
 def _flash_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal, scale_softcap):

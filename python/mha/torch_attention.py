@@ -38,7 +38,6 @@ window_size / softmax_scale to window / scale):
 - dtypes: float32; bfloat16 and float16 are computed in float32 and returned
   in their dtype; float64 raises TypeError. CPU tensors only.
 """
-import math
 
 import torch
 
@@ -136,12 +135,7 @@ def attention(q, k, v, *, causal=False, window=None, alibi_slopes=None, softcap=
     if Hkv < 1 or H % Hkv != 0:
         raise ValueError(f"[{OP}] k: {Hkv} heads do not divide q's {H}; wanted Hkv dividing H (grouped heads)")
     left, right = window_sides(window, causal)
-    if scale is None:
-        scale = _glue.default_scale(d)
-    else:
-        scale = _checks.real(scale, OP, "scale")
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"[{OP}] scale: {scale:g}; wanted a finite number > 0 (1/sqrt(d) when None)")
+    scale = _glue.positive_scale(OP, scale, d)
     softcap = _glue.softcap_value(OP, softcap)
     if alibi_slopes is not None and isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.requires_grad \
             and torch.is_grad_enabled():

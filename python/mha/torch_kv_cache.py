@@ -33,7 +33,6 @@ flash_attn_with_kvcache's conventions:
 - Returns (B, Lq, H, dv) in q's dtype (float32, bfloat16 or float16; float32
   arithmetic). CPU tensors only. Not for paged caches (block_table) yet.
 """
-import math
 
 import torch
 
@@ -108,12 +107,7 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
             raise ValueError(f"[{OP}] k, v: shapes {tuple(k.shape)}, {tuple(v.shape)}; wanted ({B}, n, {Hkv}, {d}) "
                              f"and ({B}, n, {Hkv}, {dv}), the caches' rows and heads")
     left, right = window_sides(window, causal, OP)
-    if scale is None:
-        scale = _glue.default_scale(d)
-    else:
-        scale = _checks.real(scale, OP, "scale")
-        if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"[{OP}] scale: {scale:g}; wanted a finite number > 0 (1/sqrt(d) when None)")
+    scale = _glue.positive_scale(OP, scale, d)
     softcap = _glue.softcap_value(OP, softcap)
     slopes = per_head(alibi_slopes, "alibi_slopes", H, OP)
     sink_values = per_head(sinks, "sinks", H, OP)

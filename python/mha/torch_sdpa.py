@@ -77,6 +77,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return attend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
+def _scale(op, scale, E):
+    """torch's scale: None (1/sqrt(E)) or any finite real, 0 and negative ones included. -> (the
+    kernels' scale, a factor for the queries or None): a scale that is not a float32-sized positive
+    number (0, negative, below 1.2e-38) multiplies the queries instead, the kernels' scale then 1."""
+    if scale is None:
+        return _glue.default_scale(E), None
+    scale = _checks.real(scale, op, "scale")
+    if not math.isfinite(scale) or abs(scale) > _glue.F32_MAX:
+        raise ValueError(f"[{op}] scale: {scale:g}; wanted a finite number that float32 holds (at most 3.4e+38 "
+                         "in magnitude; torch takes 0 and negative scales too)")
+    if scale >= _glue.F32_TINY:
+        return scale, None
+    return 1.0, scale
+
+
 def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
            softcap=None, sinks=None, op=OP):
     """scaled_dot_product_attention with two score options more (the Hugging Face backend's, mha/hf.py):
@@ -122,14 +137,15 @@ def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     B = math.prod(lead[:-1]) if len(lead) >= 1 else 1
     mask = _mask_tensor(attn_mask, lead, B, H, L, S)
     out_dtype = query.dtype
-    if scale is None:
-        scale = _glue.default_scale(E)
+    scale, q_factor = _scale(op, scale, E)
     if B * H * L * S * E == 0 or Ev == 0:
         # Nothing to attend to (S = 0: every query fully masked, so zeros) or nothing to compute.
         tie = 0.0 * (query.sum() + key.sum() + value.sum() + (sinks.sum() if sinks is not None else 0.0))
         return query.new_zeros((*lead, L, Ev)) + tie
     q, k, v = (x.float().reshape(B, n, x.shape[-2], x.shape[-1]).contiguous()
                for x, n in ((query, H), (key, Hkv), (value, Hkv)))
+    if q_factor is not None:  # a scale the kernels' divisor cannot carry, applied to the queries
+        q = q * q_factor
     out = _torch_ops.sdpa(q, k, v, mask, None if sinks is None else sinks.float().contiguous(),
                           _torch_ops.dropout_key(dropout_p), is_causal, float(scale), float(softcap),
                           float(dropout_p))

@@ -419,6 +419,10 @@ PY = {
     "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
     "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
+    "numerics.overflow": lambda t: _numerics_call("overflow"),
+    "numerics.mask": lambda t: _numerics_call("mask"),
+    "numerics.float32": lambda t: _numerics_call("float32"),
+    "numerics.sdpa_scale": lambda t: _numerics_call("sdpa_scale"),
     "kv_cache_call.seqlens": lambda t: _kv_cache_call("seqlens"),
     "kv_cache_call.causal_short": lambda t: _kv_cache_call("causal_short"),
     "kv_cache_call.cache": lambda t: _kv_cache_call("cache"),
@@ -549,6 +553,22 @@ def _attention_call(what):
         "max_seqlen": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2),
         "max_seqlen_huge": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=2**31),
         "max_seqlen_negative": lambda: attention(packed, packed, packed, cu_seqlens=cu(0, 3, 5), max_seqlen=-1),
+    }
+    calls[what]()
+
+
+def _numerics_call(what):
+    """The calls of the catalogue's numerics.* rows (the mha.torch functions at float32's edges)."""
+    import torch
+    from mha.torch import attention, scaled_dot_product_attention as sdpa
+    q = torch.ones(1, 3, 2, 4)
+    mask = torch.zeros(3, 3)
+    mask[0, 1] = float("nan")
+    calls = {
+        "overflow": lambda: attention(q * 1e20, q * 1e20, q),
+        "mask": lambda: sdpa(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), attn_mask=mask),
+        "float32": lambda: attention(q, q, q, softcap=1e-46),
+        "sdpa_scale": lambda: sdpa(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), scale=float("nan")),
     }
     calls[what]()
 

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "cpu/decode/decode.h"
@@ -307,10 +308,15 @@ struct DecodeKernel {
         for (int64_t jj = n; jj < T; ++jj) sr[jj] = -INFINITY;  // past the chunk: weight 0
         Reg mx = V::load(sr);
         for (int64_t jj = L; jj < T; jj += L) mx = V::max(mx, V::load(sr + jj));
-        const float m_new = std::max(m[r], V::reduce_max(mx));
+        float m_new = std::max(m[r], V::reduce_max(mx));
         if (m_new == -INFINITY) {  // every key so far dropped out (-inf fill or bias): nothing to add yet
-          std::fill(sr, sr + T, 0.0f);
-          continue;
+          // ... unless a kept key scored NaN, which the maxima skipped: then
+          // the row is NaN (a NaN key stays NaN under every mask), not masked.
+          if (std::none_of(sr, sr + n, [](float x) { return std::isnan(x); })) {
+            std::fill(sr, sr + T, 0.0f);
+            continue;
+          }
+          m_new = std::numeric_limits<float>::quiet_NaN();
         }
         const Reg mn = V::set1(m_new);
         Reg sum = V::zero();

@@ -446,7 +446,7 @@ void forward_tile(const ForwardJob& job, int64_t chunk, float* scratch) {
     V::store(s.l + v * 16, l[v]);
   }
   bool policy[MQ];
-  for (int64_t i = 0; i < mq; ++i) policy[i] = Base::fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
+  for (int64_t i = 0; i < mq; ++i) policy[i] = Base::takes_policy(mj, s, i, n_valid[i], K);
   const uint64_t row0 = static_cast<uint64_t>(((b * H + h) * Q + i0) * K);  // dropout index (none here)
   if (!mj.neg_inf) Base::masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);
   Base::policy_rows(p, mj, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);

@@ -327,6 +327,20 @@ struct Kernel {
     return mj.zeros && kept == 0.0f;
   }
 
+  // fully_masked for row i of a tile once its keys are done (s.m, s.l, s.kept
+  // final), but for a NaN row: a kept key that scored NaN (a NaN query or
+  // key) is skipped by the maxima, so m can read -inf, while its exponential
+  // (taken against 0 there) made l NaN. Such a row is NaN, not masked
+  // (PyTorch's issue 141128 calls zeros there a silent correctness bug);
+  // m = NaN marks it so in the statistics, for the weights and the backward.
+  static bool takes_policy(const MaskJob& mj, const Scratch& s, int64_t i, int64_t n, int64_t K) {
+    if (s.l[i] != s.l[i] && s.m[i] == -__builtin_inff()) {
+      s.m[i] = __builtin_nanf("");
+      return false;
+    }
+    return fully_masked(mj, s.m[i], s.kept[i], n, K);
+  }
+
   // R keys of S^T: st[r, :] = (k_r . q_:) * c2, the base-2 scores (dot
   // first, then the scale, as the d2l chapter divides the product by sqrt(d): a
   // score that ties with the -1e6 fill in the d2l chapter ties here too), with kMask
@@ -571,7 +585,7 @@ struct Kernel {
       V::store(s.l + v * L, l[v]);
     }
     bool policy[MQ];  // never with sinks: the denominator holds the sink (kernels/params.h)
-    for (int64_t i = 0; i < mq; ++i) policy[i] = !mj.sinks && fully_masked(mj, s.m[i], s.kept[i], n_valid[i], K);
+    for (int64_t i = 0; i < mq; ++i) policy[i] = !mj.sinks && takes_policy(mj, s, i, n_valid[i], K);
     // Keys outside [f, n) score the d2l chapter's fill (their weight is 0 under -inf).
     if (!mj.neg_inf)
       masked_tail(p, mj, n_valid, first, mq, p.v.ptr(b, hk), p.v.stride[2], row0, policy, s);  // may read past `rows`

@@ -59,7 +59,7 @@ void decode_attention_reference(const DecodeParams& p) {
           if (p.masks.alibi_slopes)
             s -= static_cast<double>(p.masks.alibi_slopes[h]) * static_cast<double>(std::llabs(K - p.Qn + i - j));
           w[j] = kept ? s + (p.masks.key_bias ? p.masks.bias_row(b, K)[j] : 0.0) : fill;
-          row_max = std::max(row_max, w[j]);
+          row_max = std::isnan(w[j]) ? w[j] : std::max(row_max, w[j]);  // a NaN score makes the row NaN
         }
         if (row_max == -INFINITY && !p.masks.sinks) {  // every score -inf: the fully-masked policy
           for (int64_t c = 0; c < p.dv; ++c) {
