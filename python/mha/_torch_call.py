@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from . import _checks, _core
+from ._torch_cache import _cache_dtype
 
 
 
@@ -323,3 +324,73 @@ _GATES_DOC = """(num_heads,) float32 tensor or None (all 1): each head's output 
 before the output projection. Not a parameter (not in state_dict() or parameters()); give it
 requires_grad=True and its .grad after backward() is each head's gradient importance."""
 
+
+def _rotary_state(r):
+    """An mha.Rotary as plain values for pickle / deepcopy (None stays None)."""
+    return None if r is None else {"dims": r.dims, "base": r.base, "interleaved": r.interleaved}
+
+
+def _rotary_of_state(r):
+    return r if r is None or isinstance(r, _core.Rotary) else _core.Rotary(r["dims"], r["base"], r["interleaved"])
+
+
+class _SharedModule:
+    """What both modules (torch_chapter.MultiHeadAttention, torch_drop_in.MultiheadAttention) hold
+    alike: mha's per-module state (packed weights, the cached calls' module, the last context) and
+    how pickle and deepcopy remake it, the kernel and precision settings, parameters_written and
+    kv_cache. `_public` names the class in errors."""
+    _public = "mha.torch"
+
+    def _make_state(self):
+        self._weights = _Weights()
+        self._cache_impl = None
+        self._last_context = None
+
+    def __getstate__(self):  # copy.deepcopy / pickle: mha's per-module state is made anew
+        state = dict(self.__dict__)
+        for k in ("_weights", "_cache_impl", "_last_context"):
+            state.pop(k, None)
+        state["_rotary"] = _rotary_state(state.get("_rotary"))
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state["_rotary"] = _rotary_of_state(state.get("_rotary"))
+        super().__setstate__(state)
+        self._make_state()
+
+    @property
+    def kernel(self):
+        """mha's attention implementation (mha.Kernel; FUSED by default)."""
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, k):
+        if not isinstance(k, _core.Kernel):
+            raise _checks.wrong_kind(f"{self._public}.kernel", "kernel", k, "an mha.Kernel")
+        self._kernel = k
+
+    @property
+    def precision(self):
+        """The matrix products' format: 'float32' or 'bfloat16'."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, p):
+        self._precision = _checks.precision(p, f"{self._public}.precision")
+
+    def parameters_written(self):
+        """Tell mha that parameters were written where torch's version counter does not see it
+        (in place on ``.data``, or through a numpy view of their storage): the next call repacks
+        them. Writes through torch (optimisers, in-place ops, nn.init) and replaced or tied
+        Parameters need nothing: every call reads the Parameters the module has then."""
+        self._weights.forget()
+        if self._cache_impl is not None:
+            self._cache_impl.forget()
+
+    def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
+        """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
+        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
+        torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
+        window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
+        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)

@@ -10,10 +10,10 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _gates_property, _Call, _Weights, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _not_on_cpu, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
-from ._torch_cache import _CacheImpl, _cache_dtype, _cache_gates, _check_cached
+from ._torch_cache import _CacheImpl, _cache_gates, _check_cached
 
 
 class DotProductAttention(nn.Module):
@@ -33,15 +33,6 @@ class DotProductAttention(nn.Module):
         return None if w is None else w.reshape(-1, w.shape[2], w.shape[3])
 
 
-def _rotary_state(r):
-    """An mha.Rotary as plain values for pickle / deepcopy (None stays None)."""
-    return None if r is None else {"dims": r.dims, "base": r.base, "interleaved": r.interleaved}
-
-
-def _rotary_of_state(r):
-    return r if r is None or isinstance(r, _core.Rotary) else _core.Rotary(r["dims"], r["base"], r["interleaved"])
-
-
 def _rope(x, dims, base, interleaved):
     """x (B, h, L, d) rotated at positions 0..L-1 by torch's ops, as mha/rotary.h defines it
     (Hugging Face's float32 angles): for the differentiable weights."""
@@ -58,7 +49,7 @@ def _rope(x, dims, base, interleaved):
     return torch.cat([out, rest], -1)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(_SharedModule, nn.Module):
     """The d2l chapter's multi-head attention, computed and differentiated by mha.
 
     MultiHeadAttention(num_hiddens, num_heads, dropout, bias=False, **kwargs)
@@ -120,12 +111,8 @@ class MultiHeadAttention(nn.Module):
         self.kept_heads = list(range(num_heads))  # numbered as built
         self._make_state()
 
-    def _make_state(self):
-        self._weights = _Weights()
-        self._cache_impl = None
-        self._last_context = None
-
     __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
+    _public = "mha.torch.MultiHeadAttention"
 
     @property
     def rotary(self):
@@ -136,48 +123,6 @@ class MultiHeadAttention(nn.Module):
     def rotary(self, r):
         self._rotary = _core._to_rotary(r, "mha.torch.MultiHeadAttention.rotary",
                                         self.num_hiddens // self.original_num_heads)
-
-    def __getstate__(self):  # copy.deepcopy / pickle: mha's per-module state is made anew
-        state = dict(self.__dict__)
-        for k in ("_weights", "_cache_impl", "_last_context"):
-            state.pop(k, None)
-        state["_rotary"] = _rotary_state(state.get("_rotary"))
-        return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        state["_rotary"] = _rotary_of_state(state.get("_rotary"))
-        super().__setstate__(state)
-        self._make_state()
-
-    @property
-    def kernel(self):
-        """mha's attention implementation (mha.Kernel; FUSED by default)."""
-        return self._kernel
-
-    @kernel.setter
-    def kernel(self, k):
-        if not isinstance(k, _core.Kernel):
-            raise _checks.wrong_kind("mha.torch.MultiHeadAttention.kernel", "kernel", k, "an mha.Kernel")
-        self._kernel = k
-
-    @property
-    def precision(self):
-        """The matrix products' format: 'float32' or 'bfloat16'."""
-        return self._precision
-
-    @precision.setter
-    def precision(self, p):
-        self._precision = _checks.precision(p, "mha.torch.MultiHeadAttention.precision")
-
-    def parameters_written(self):
-        """Tell mha that parameters were written where torch's version counter does not see it
-        (in place on ``.data``, or through a numpy view of their storage): the next call repacks
-        them. Writes through torch (optimisers, in-place ops, nn.init) and replaced or tied
-        Parameters need nothing: every call reads the Parameters the module has then."""
-        self._weights.forget()
-        if self._cache_impl is not None:
-            self._cache_impl.forget()
 
     def _layers(self):
         return (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v), ("W_o", self.W_o))
@@ -265,13 +210,6 @@ class MultiHeadAttention(nn.Module):
             version = weights.version(i, w) if weights is not None else 0
             layers.append((_float_array(w), None if b is None else _float_array(b), version))
         return (*layers, None, None, False, None)
-
-    def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
-        """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
-        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
-        torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
-        window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
-        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)
 
     def _cache_module(self):
         if self._cache_impl is None:

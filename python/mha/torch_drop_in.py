@@ -12,14 +12,14 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _gates_property, _Call, _Weights, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _mask_numpy, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
-from ._torch_cache import _CacheImpl, _cache_dtype, _cache_gates, _check_cached
-from .torch_chapter import _rope, _rotary_of_state, _rotary_state
+from ._torch_cache import _CacheImpl, _cache_gates, _check_cached
+from .torch_chapter import _rope
 
 
-class MultiheadAttention(nn.Module):
+class MultiheadAttention(_SharedModule, nn.Module):
     """torch.nn.MultiheadAttention, computed and differentiated by mha.
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
@@ -134,12 +134,8 @@ class MultiheadAttention(nn.Module):
     def rotary(self, r):
         self._rotary = _core._to_rotary(r, "mha.torch.MultiheadAttention.rotary", self.head_dim)
 
-    def _make_state(self):
-        self._weights = _Weights()
-        self._cache_impl = None
-        self._last_context = None
-
     __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
+    _public = "mha.torch.MultiheadAttention"
 
     @property
     def _qkv_same_embed_dim(self):
@@ -147,19 +143,6 @@ class MultiheadAttention(nn.Module):
         fused path in eval mode (it reads these parameters without calling forward): every call of
         theirs comes to mha. (Which projection parameters exist says whether q, k, v share in_proj.)"""
         return False
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        for k in ("_weights", "_cache_impl", "_last_context"):
-            state.pop(k, None)
-        state["_rotary"] = _rotary_state(state.get("_rotary"))
-        return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        state["_rotary"] = _rotary_of_state(state.get("_rotary"))
-        super().__setstate__(state)
-        self._make_state()
 
     def _named_params(self):
         """(torch state-dict name, Parameter) in nn.MultiheadAttention's order, read now."""
@@ -177,17 +160,6 @@ class MultiheadAttention(nn.Module):
             out.append(("out_proj.bias", bias))
         out += [(name, ps[name]) for name in ("bias_k", "bias_v") if ps.get(name) is not None]
         return out
-
-    @property
-    def kernel(self):
-        """mha's attention implementation (mha.Kernel; FUSED by default)."""
-        return self._kernel
-
-    @kernel.setter
-    def kernel(self, k):
-        if not isinstance(k, _core.Kernel):
-            raise _checks.wrong_kind("mha.torch.MultiheadAttention.kernel", "kernel", k, "an mha.Kernel")
-        self._kernel = k
 
     def _kept(self):
         kept = self.__dict__.get("kept_heads")
@@ -234,24 +206,6 @@ class MultiheadAttention(nn.Module):
         self.kept_heads = [h for h in kept if h not in heads]
         self._make_state()  # packings, the cache's module and the last context are of the old heads
 
-    def parameters_written(self):
-        """Tell mha that parameters were written where torch's version counter does not see it
-        (in place on ``.data``, or through a numpy view of their storage): the next call repacks
-        them. Writes through torch (optimisers, in-place ops, nn.init) and replaced or tied
-        Parameters need nothing: every call reads the Parameters the module has then."""
-        self._weights.forget()
-        if self._cache_impl is not None:
-            self._cache_impl.forget()
-
-    @property
-    def precision(self):
-        """The matrix products' format: 'float32' or 'bfloat16'."""
-        return self._precision
-
-    @precision.setter
-    def precision(self, p):
-        self._precision = _checks.precision(p, "mha.torch.MultiheadAttention.precision")
-
     def _cache_module(self):
         """The mha module behind cached calls (batch-first; its buffers copied from the Parameters)."""
         if self._cache_impl is None:
@@ -287,13 +241,6 @@ class MultiheadAttention(nn.Module):
             if t is not None:
                 out.append((n, t))
         return out
-
-    def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
-        """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
-        forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
-        torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
-        window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
-        return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None,

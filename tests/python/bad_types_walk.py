@@ -507,14 +507,17 @@ def entry_points():
                 for klass in obj.__mro__:
                     if not getattr(klass, "__module__", "").startswith("mha"):
                         continue
-                    owner = cls_label if klass is obj else cls_label.rsplit(".", 1)[0] + "." + klass.__name__ \
-                        if "." in cls_label else klass.__name__
+                    # A private base (mha.torch's _SharedModule) is walked as part of each public class
+                    # that has it: their messages name the public class.
+                    private_base = klass.__name__.startswith("_")
+                    owner = cls_label if klass is obj or private_base else \
+                        cls_label.rsplit(".", 1)[0] + "." + klass.__name__ if "." in cls_label else klass.__name__
                     for attr, member in sorted(vars(klass).items()):
                         if attr.startswith("__") and attr != "__call__":
                             continue
                         if attr.startswith("_pybind11_"):
                             continue  # pybind11's own (its ABI conduit), not mha's
-                        if id(member) in seen:
+                        if id(member) in seen and not private_base:
                             continue  # inherited: walked with the class that defines it
                         seen.add(id(member))
                         if inspect.isclass(member):
