@@ -259,17 +259,12 @@ def test_opcheck_flash_kvcache(index):
     torch.library.opcheck(torch.ops.mha.flash_kvcache.default, args)
 
 
-class Decoder(torch.nn.Module):
-    """A grouped-query attention layer that decodes with its cache as buffers (a static cache): projections,
+class Decoder(Mixed):
+    """Mixed's layers decoding with the cache as buffers (a static cache): projections,
     mha.torch.attention_with_kv_cache (causal, a window, sinks), the output projection."""
 
     def __init__(self, E=16, H=4, Hkv=2, B=2, capacity=24, dtype=torch.float32):
-        super().__init__()
-        self.H, self.Hkv, self.d = H, Hkv, E // H
-        self.q = torch.nn.Linear(E, E)
-        self.kv = torch.nn.Linear(E, 2 * Hkv * self.d)
-        self.o = torch.nn.Linear(E, E)
-        self.sinks = torch.nn.Parameter(torch.linspace(-1.0, 1.0, H))
+        super().__init__(E, H, Hkv)
         self.register_buffer("k_cache", torch.zeros(B, capacity, Hkv, self.d, dtype=dtype))
         self.register_buffer("v_cache", torch.zeros(B, capacity, Hkv, self.d, dtype=dtype))
 
