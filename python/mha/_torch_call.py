@@ -73,6 +73,9 @@ def _mask_numpy(m, name):
     if isinstance(m, torch.Tensor):
         if m.device.type != "cpu":
             raise _not_on_cpu("mha.torch.MultiheadAttention", name, m.device)
+        if m.dtype != torch.bool and not m.is_floating_point():
+            raise ValueError(f"[mha.torch.MultiheadAttention] {name}: dtype {m.dtype} is neither bool nor floating; "
+                             "wanted a boolean mask (mask.bool(): True = masked) or an additive one")
         return m.detach().numpy()
     return m
 

@@ -38,6 +38,7 @@ window_size / softmax_scale to window / scale):
 - dtypes: float32; bfloat16 and float16 are computed in float32 and returned
   in their dtype; float64 raises TypeError. CPU tensors only.
 """
+import numbers
 
 import torch
 
@@ -71,10 +72,11 @@ def window_sides(window, causal, op=OP):
     if window is None:
         left, right = -1, -1
     else:
+        # Integers of any kind (numpy's too, as torch takes them), never bools.
         if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+                or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
             raise _checks.wrong_kind(op, "window", window, "None or a pair (left, right) of integers (-1: unbounded)")
-        left, right = window
+        left, right = (int(w) for w in window)
         if left < -1 or right < -1:
             raise ValueError(f"[{op}] window: ({left}, {right}) has a side below -1; wanted each side >= 0 keys, "
                              "or -1 for unbounded")

@@ -591,11 +591,16 @@ def replace_attention(model, **kwargs):
         raise ValueError(f"[{op}] model: an nn.MultiheadAttention itself; wanted a model that contains "
                          "some (build mha.torch.MultiheadAttention and load its state_dict instead)")
     replaced = {}
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
+    made = {}  # id of an nn.MultiheadAttention -> its drop-in: a module held twice stays one module
+    for parent_name, parent in list(model.named_modules(remove_duplicate=False)):
+        for child_name, child in list(parent._modules.items()):  # every name, a module held twice too
             if type(child) is not nn.MultiheadAttention:
                 continue
-            ours = MultiheadAttention(child.embed_dim, child.num_heads, dropout=child.dropout,
+            if id(child) in made:
+                setattr(parent, child_name, made[id(child)])
+                replaced[f"{parent_name}.{child_name}" if parent_name else child_name] = child
+                continue
+            ours = made[id(child)] = MultiheadAttention(child.embed_dim, child.num_heads, dropout=child.dropout,
                                       bias=child.in_proj_bias is not None,
                                       add_bias_kv=child.bias_k is not None, add_zero_attn=child.add_zero_attn,
                                       kdim=child.kdim, vdim=child.vdim, batch_first=child.batch_first, **kwargs)

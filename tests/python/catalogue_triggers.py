@@ -419,6 +419,7 @@ PY = {
     "attention.max_seqlen": lambda t: _attention_call("max_seqlen"),
     "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
+    "torch.mask_dtype": lambda t: _numerics_call("mask_dtype"),
     "numerics.overflow": lambda t: _numerics_call("overflow"),
     "numerics.mask": lambda t: _numerics_call("mask"),
     "numerics.float32": lambda t: _numerics_call("float32"),
@@ -560,7 +561,7 @@ def _attention_call(what):
 def _numerics_call(what):
     """The calls of the catalogue's numerics.* rows (the mha.torch functions at float32's edges)."""
     import torch
-    from mha.torch import attention, scaled_dot_product_attention as sdpa
+    from mha.torch import MultiheadAttention, attention, scaled_dot_product_attention as sdpa
     q = torch.ones(1, 3, 2, 4)
     mask = torch.zeros(3, 3)
     mask[0, 1] = float("nan")
@@ -569,6 +570,8 @@ def _numerics_call(what):
         "mask": lambda: sdpa(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), attn_mask=mask),
         "float32": lambda: attention(q, q, q, softcap=1e-46),
         "sdpa_scale": lambda: sdpa(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), scale=float("nan")),
+        "mask_dtype": lambda: MultiheadAttention(4, 2, batch_first=True)(
+            q[0], q[0], q[0], key_padding_mask=torch.zeros(3, 3, dtype=torch.int32)),
     }
     calls[what]()
 

@@ -1,0 +1,54 @@
+"""Frictions a PyTorch user hit, each checked against what torch itself does (both torch lines):
+- replace_attention on a model that holds one nn.MultiheadAttention under two names gives one drop-in
+  under both (torch's modules are shared by reference; training one trains the other);
+- FlashAttention-style windows take numpy integers, as torch takes them for sizes, and still refuse
+  bools;
+- a key padding or attention mask of an integer dtype is refused in torch's words (mask.bool()), as
+  torch.nn.MultiheadAttention refuses it, naming the public class."""
+import numpy as np
+import pytest
+import torch
+
+import mha.torch as mt
+
+
+def test_replace_attention_keeps_a_shared_module_shared():
+    model = torch.nn.Module()
+    model.a = torch.nn.MultiheadAttention(8, 2)
+    model.b = model.a
+    model.inner = torch.nn.Sequential(model.a)
+    replaced = mt.replace_attention(model)
+    assert sorted(replaced) == ["a", "b", "inner.0"]
+    assert isinstance(model.a, mt.MultiheadAttention)
+    assert model.a is model.b is model.inner[0]
+    assert len([m for m in model.modules() if isinstance(m, mt.MultiheadAttention)]) == 1
+
+
+def test_windows_take_numpy_integers_and_refuse_bools():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 6, 2, 4, generator=g) for _ in range(3))
+    want = mt.attention(q, k, v, window=(2, 0))
+    for pair in ((np.int64(2), np.int32(0)), [np.int16(2), 0]):
+        assert torch.equal(mt.attention(q, k, v, window=pair), want)
+    with torch.no_grad():
+        got = mt.attention_with_kv_cache(q, k.clone(), v.clone(), cache_seqlens=6, window=(np.int64(2), 0))
+    assert float((got - want).abs().max()) <= 1e-6
+    for bad in ((True, 0), (np.bool_(True), 0), (2.0, 0)):
+        with pytest.raises(TypeError, match=r"\[mha\.torch\.attention\] window"):
+            mt.attention(q, k, v, window=bad)
+
+
+@pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
+def test_an_integer_mask_is_refused_in_torch_words(which):
+    x = torch.randn(2, 3, 8)
+    mask = torch.zeros(2, 3, dtype=torch.int64) if which == "key_padding_mask" else torch.zeros(3, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"\[mha\.torch\.MultiheadAttention\] {which}: dtype torch\.int\d+ is "
+                                         r"neither bool nor floating; wanted a boolean mask \(mask\.bool\(\)"):
+        mt.MultiheadAttention(8, 2, batch_first=True)(x, x, x, **{which: mask})
+    peer = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    try:  # torch refuses it too (1.13 takes uint8 only, with a warning)
+        peer(x, x, x, **{which: mask})
+        refused = False
+    except (AssertionError, RuntimeError, TypeError, ValueError):
+        refused = True
+    assert refused
