@@ -51,4 +51,12 @@ echo "check-install: the README's C++ block builds and runs"
 # 4. The installed tool.
 got=$("$prefix/bin/mha" --version)
 [ "$got" = "mha $version" ] || { echo "check-install: 'mha --version' printed '$got', wanted 'mha $version'" >&2; exit 1; }
+
+# 4. Every installed public header, included by a consumer that builds with
+# strict warnings as errors: mha's headers add no warning to the user's build.
+find "$prefix/include/mha" -name '*.h' ! -path '*/detail/*' | sort | sed 's|.*/include/|#include "|; s|$|"|' > "$tmp/all_headers.cpp"
+echo 'int main() { return 0; }' >> "$tmp/all_headers.cpp"
+# shellcheck disable=SC2046
+c++ -std=c++20 -Wall -Wextra -Wshadow -Wconversion -Werror -fsyntax-only "$tmp/all_headers.cpp" $(pkg-config --cflags mha)
+echo "check-install: every public header builds under -Wall -Wextra -Wshadow -Wconversion -Werror"
 echo "check-install: ok (CMake package, pkg-config and tool, version $version)"

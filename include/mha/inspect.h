@@ -44,8 +44,8 @@ struct HeadOffsets {
   std::vector<int64_t> offset;  // [H]: the offset with the largest mean (the smallest such offset on a tie)
   std::vector<double> weight;   // [H]: that mean weight
 
-  // The index of `offset` in mean's columns and pairs: offset - min_offset.
-  int64_t index_of(int64_t offset) const { return offset - min_offset; }
+  // The index of offset t in mean's columns and pairs: t - min_offset.
+  int64_t index_of(int64_t t) const { return t - min_offset; }
 };
 
 // weights:[B,H,Q,K] (softmax weights, e.g. attention_weights()), valid_lens
