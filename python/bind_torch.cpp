@@ -215,11 +215,11 @@ mha::ScoreOptions to_scores(const py::object& softcap, const py::object& alibi_s
 mha::Window to_window(const py::object& window, const char* op) {
   if (window.is_none()) return {};
   const bool pair = (py::isinstance<py::tuple>(window) || py::isinstance<py::list>(window)) && py::len(window) == 2;
-  auto integer = [](const py::handle& x) { return py::isinstance<py::int_>(x) && !py::isinstance<py::bool_>(x); };
-  if (!pair || !integer(window[py::int_(0)]) || !integer(window[py::int_(1)]))
+  if (!pair || !is_integer(window[py::int_(0)]) || !is_integer(window[py::int_(1)]))
     fail(kType, op, "window: ", std::string(py::repr(window)),
          " is not None or a pair (left, right) of integers (-1: unbounded)");
-  return {window[py::int_(0)].cast<int64_t>(), window[py::int_(1)].cast<int64_t>()};
+  return {integer_arg(window[py::int_(0)], op, "window", "an integer"),
+          integer_arg(window[py::int_(1)], op, "window", "an integer")};
 }
 
 mha::Rotary to_rotary(const py::handle& value, const char* op, int64_t head_dim) {

@@ -24,6 +24,11 @@ namespace py = pybind11;
 
 namespace {
 
+// kv_cache's window: None (no ring) or an integer (not a bool: True is no window of 1).
+int64_t window_arg(const py::object& window, const char* op) {
+  return window.is_none() ? -1 : integer_arg(window, op, "window", "None or an integer >= 0 (a ring buffer's window)");
+}
+
 Mask key_padding_mask_of(const py::object& obj, const char* op) {
   return to_call_masks(obj, py::none(), py::bool_(false), py::none(), op).key_padding_mask;
 }
@@ -128,9 +133,9 @@ want a cache each).
       .def(
           "kv_cache",
           [](const MultiHeadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
-             std::optional<int64_t> window) {
+             const py::object& window) {
             return s.kv_cache(batch_size, max_len, to_dtype(dtype, "MultiHeadAttention.kv_cache"),
-                              window.value_or(-1));
+                              window_arg(window, "MultiHeadAttention.kv_cache"));
           },
           py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
           "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache for cached calls,\n"
@@ -168,9 +173,9 @@ want a cache each).
       .def(
           "kv_cache",
           [](const TorchMultiheadAttention& s, int64_t batch_size, int64_t max_len, const std::string& dtype,
-             std::optional<int64_t> window) {
+             const py::object& window) {
             return s.kv_cache(batch_size, max_len, to_dtype(dtype, "TorchMultiheadAttention.kv_cache"),
-                              window.value_or(-1));
+                              window_arg(window, "TorchMultiheadAttention.kv_cache"));
           },
           py::arg("batch_size"), py::arg("max_len"), py::arg("dtype") = "float32", py::arg("window") = py::none(),
           "kv_cache(batch_size, max_len, dtype='float32', window=None) -> mha.KVCache (num_kv_heads\n"

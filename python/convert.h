@@ -130,6 +130,21 @@ inline std::string type_name(const py::handle& obj) {
   return obj.is_none() ? std::string("None") : py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
 }
 
+// Whether x is an integer as Python code passes one: an int or a numpy
+// integer scalar (__index__, not an array), never a bool, which would silently
+// count as 0 or 1 (a window of True is no window of 1).
+inline bool is_integer(const py::handle& x) {
+  return PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr()) && !py::isinstance<py::array>(x) &&
+         type_name(x) != "bool_" && type_name(x) != "bool";
+}
+
+// x as an int64 when is_integer(x), else an ArgumentTypeError naming op and
+// name with `wanted`.
+inline int64_t integer_arg(const py::handle& x, const char* op, const char* name, const char* wanted) {
+  if (!is_integer(x)) fail(kType, op, name, ": got ", type_name(x), ", wanted ", wanted);
+  return py::int_(py::reinterpret_borrow<py::object>(x)).cast<int64_t>();
+}
+
 inline py::array real_array(const py::handle& obj, const std::string& op, const std::string& what) {
   // What numpy would read as a 0-d array of characters or objects, or not at all.
   if (obj.is_none() || PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr()) ||

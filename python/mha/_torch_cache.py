@@ -68,3 +68,43 @@ def _cache_gates(impl, gates, num_heads):
     if not np.array_equal(impl.head_gates, g):
         impl.head_gates = g
 
+
+
+class TensorKVCache(torch.nn.Module):
+    """A key/value cache held as torch tensors, for the modules' cached calls under torch.compile
+    and torch.export (an mha.KVCache is a C++ object no graph can hold): buffers key and value
+    (batch_size, max_len, num_kv_heads, head_dim) of float32 or bfloat16, and lengths (batch_size,)
+    int64, the positions each row holds. Made by a module's tensor_kv_cache(); a cached call
+    m(x, x, x, cache=c) writes the new keys and values at each row's length, attends through
+    mha.torch.attention_with_kv_cache (causal over the new positions) and advances lengths. Being a
+    Module, it can be an attribute of the model, so torch.export keeps it as mutated buffers."""
+
+    def __init__(self, batch_size, max_len, num_kv_heads, head_dim, dtype=torch.float32):
+        super().__init__()
+        op = "mha.torch.TensorKVCache"
+        sizes = [_checks.integer(v, op, n) for v, n in ((batch_size, "batch_size"), (max_len, "max_len"),
+                                                        (num_kv_heads, "num_kv_heads"), (head_dim, "head_dim"))]
+        if min(sizes) < 1:
+            raise ValueError(f"[{op}] sizes: batch_size {sizes[0]}, max_len {sizes[1]}, num_kv_heads {sizes[2]}, "
+                             f"head_dim {sizes[3]}; wanted each >= 1")
+        if isinstance(dtype, str):
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype, dtype)
+        elif not isinstance(dtype, torch.dtype):
+            raise _checks.wrong_kind(op, "dtype", dtype, "torch.float32 or torch.bfloat16")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"[{op}] dtype: {dtype!r}; wanted torch.float32 or torch.bfloat16")
+        B, L, H, d = sizes
+        # Sized against mha's memory limit before anything is allocated, as mha's own caches are.
+        need, limit = 2 * B * L * H * d * (4 if dtype == torch.float32 else 2), _core.memory_limit()
+        if need > limit:
+            names = ("batch_size", "max_len", "num_kv_heads", "head_dim")
+            big = names[max(range(4), key=lambda i: sizes[i])]
+            raise ValueError(f"[{op}] {big}: {sizes[names.index(big)]} makes keys and values of {need} bytes, above "
+                             f"mha.memory_limit() ({limit}); wanted a smaller cache (or a larger limit)")
+        self.register_buffer("key", torch.zeros(B, L, H, d, dtype=dtype))
+        self.register_buffer("value", torch.zeros(B, L, H, d, dtype=dtype))
+        self.register_buffer("lengths", torch.zeros(B, dtype=torch.int64))
+
+    def reset(self):
+        """Every row back to length 0 (the storage stays)."""
+        self.lengths.zero_()

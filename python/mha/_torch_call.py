@@ -3,13 +3,14 @@ python/mha/torch_drop_in.py): input checks in torch's words, the Parameters
 read in place and packed once per version (_Weights), the call's autograd
 Function that keeps the C++ context (_AttentionFunction), dropout keys from
 torch's generator, and the per-call options (head gates, sinks, ALiBi)."""
+import numbers
 import threading
 
 import numpy as np
 import torch
 
 from . import _checks, _core
-from ._torch_cache import _cache_dtype
+from ._torch_cache import TensorKVCache, _cache_dtype
 
 
 
@@ -391,9 +392,19 @@ class _SharedModule:
         if self._cache_impl is not None:
             self._cache_impl.forget()
 
+    def tensor_kv_cache(self, batch_size, max_len, dtype=torch.float32):
+        """An mha.torch.TensorKVCache of batch_size rows of max_len positions for this module's cached
+        calls, forward(x, x, x, cache=cache): torch tensors, so that the calls compile with
+        fullgraph=True and export (an mha.KVCache from kv_cache() runs eagerly only)."""
+        H = self.num_heads
+        return TensorKVCache(batch_size, max_len, H, self._width() // H, dtype)
+
     def kv_cache(self, batch_size, max_len, dtype="float32", window=None):
         """An mha.KVCache of batch_size rows of max_len positions for this module's cached calls,
         forward(x, x, x, cache=cache); dtype 'float32' or 'bfloat16' (or torch.float32 /
         torch.bfloat16). window=w (>= 0): a ring buffer of w + max_len slots for calls with
         window=(left, right), 0 <= left <= w, of at most max_len new positions each."""
+        if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral)):
+            raise _checks.wrong_kind(f"{self._public}.kv_cache", "window", window,
+                                     "None or an integer >= 0 (a ring buffer's window)")
         return self._cache_module().impl.kv_cache(batch_size, max_len, _cache_dtype(dtype), window)

@@ -217,3 +217,79 @@ def chapter(module, queries, keys, values, valid_lens, window, softcap, sinks, h
                           _torch_ops.dropout_key(p), False, 1.0 / math.sqrt(d),
                           0.0 if softcap is None else float(softcap), p)
     return module.W_o(out.transpose(1, 2).reshape(B, Q, D))
+
+
+# ---- cached calls over a TensorKVCache (python/mha/_torch_cache.py), eager or traced --------------
+
+def _cached_attention(op, module, q, k, v, cache, window, softcap, sinks, alibi_slopes):
+    """q, k, v (B, n, E) projected -> (B, n, E): the new keys and values written at each row's length,
+    the queries over the row's keys (causal over the new positions, a window over each row's keys),
+    the lengths advanced by n."""
+    from .torch_kv_cache import attention_with_kv_cache  # (it imports this module)
+    if module.training:
+        raise ValueError(f"[{op}] cache: cached calls run in evaluation mode only (this module is in training "
+                         "mode); call eval() first")
+    B, n, E = q.shape
+    H, d = cache.key.shape[2], cache.key.shape[3]
+    if H * d != E or module.num_heads != H:
+        raise ValueError(f"[{op}] cache: {H} heads of width {d}; the module has {module.num_heads} heads of "
+                         f"{E} features: make the cache with this module's tensor_kv_cache()")
+    if cache.key.shape[0] != B:
+        raise ValueError(f"[{op}] cache: batch size {cache.key.shape[0]}; the call has {B} batch rows")
+    if window is not None:  # the cached call is causal: a window's right side cannot pass the query
+        left, right = window
+        window = (left, 0 if right < 0 else min(right, 0))
+    q, k, v = (x.reshape(B, n, H, d) for x in (q, k, v))
+    out = attention_with_kv_cache(q, cache.key, cache.value, k, v, cache_seqlens=cache.lengths, causal=True,
+                                  window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
+    cache.lengths.add_(n)
+    return out.reshape(B, n, E)
+
+
+def drop_in_cached(module, query, key, value, cache, key_padding_mask, attn_mask, window, softcap, sinks,
+                   head_mask, precision, alibi_slopes):
+    """mha.torch.MultiheadAttention's cached call over a TensorKVCache: nn.MultiheadAttention's
+    projections, mha's cached operator, out_proj -> attn_output (the weights are None, as every
+    cached call's)."""
+    op = "mha.torch.MultiheadAttention"
+    _check_common(op, module, head_mask, precision)
+    for name, given in (("key_padding_mask", key_padding_mask is not None), ("attn_mask", attn_mask is not None),
+                        ("a module with pruned heads", module._kept() is not None),
+                        ("bias_k / add_zero_attn", module.bias_k is not None or module.add_zero_attn)):
+        if given:
+            raise NotImplementedError(f"[{op}] {name} in a cached call over an mha.torch.TensorKVCache; use "
+                                      "an mha.KVCache (kv_cache()) for it, eagerly")
+    batched = query.dim() == 3
+    q_in, k_in, v_in = query, key, value
+    if not batched:
+        q_in, k_in, v_in = (x.unsqueeze(0) for x in (q_in, k_in, v_in))
+    elif not module.batch_first:
+        q_in, k_in, v_in = (x.transpose(0, 1) for x in (q_in, k_in, v_in))
+    if module.in_proj_weight is not None:
+        wq, wk, wv = module.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+    bq = bk = bv = None
+    if module.in_proj_bias is not None:
+        bq, bk, bv = module.in_proj_bias.chunk(3)
+    y = _cached_attention(op, module, F.linear(q_in.float(), wq, bq), F.linear(k_in.float(), wk, bk),
+                          F.linear(v_in.float(), wv, bv), cache, window, softcap, sinks, alibi_slopes)
+    out = F.linear(y, module.out_proj.weight, module.out_proj.bias).to(query.dtype)
+    if not batched:
+        return out.squeeze(0)
+    return out if module.batch_first else out.transpose(0, 1)
+
+
+def chapter_cached(module, queries, keys, values, valid_lens, cache, window, softcap, sinks, head_mask,
+                   precision, alibi_slopes):
+    """The d2l chapter's module's cached call over a TensorKVCache: W_q, W_k, W_v, mha's cached
+    operator, W_o."""
+    op = "mha.torch.MultiHeadAttention"
+    _check_common(op, module, head_mask, precision)
+    if valid_lens is not None or module.kept_heads != list(range(module.original_num_heads)):
+        name = "valid_lens" if valid_lens is not None else "a module with pruned heads"
+        raise NotImplementedError(f"[{op}] {name} in a cached call over an mha.torch.TensorKVCache; use an "
+                                  "mha.KVCache (kv_cache()) for it, eagerly")
+    y = _cached_attention(op, module, module.W_q(queries.float()), module.W_k(keys.float()),
+                          module.W_v(values.float()), cache, window, softcap, sinks, alibi_slopes)
+    return module.W_o(y).to(queries.dtype)

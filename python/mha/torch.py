@@ -67,6 +67,7 @@ Where each part lives (this file only gathers them):
 
 import sys as _sys
 
+from ._torch_cache import TensorKVCache
 from .torch_attention import attention  # FlashAttention's function
 from .torch_chapter import DotProductAttention, MultiHeadAttention  # noqa: F401 (DotProductAttention: the chapter's)
 from .torch_drop_in import MultiheadAttention, multi_head_attention_forward, replace_attention
@@ -75,11 +76,12 @@ from .torch_kv_cache import attention_with_kv_cache  # FlashAttention's flash_at
 from .torch_sdpa import scaled_dot_product_attention  # PyTorch 2.x's function
 
 __all__ = ["MultiHeadAttention", "MultiheadAttention", "multi_head_attention_forward", "replace_attention",
-           "head_importance", "scaled_dot_product_attention", "attention", "attention_with_kv_cache"]
+           "head_importance", "scaled_dot_product_attention", "attention", "attention_with_kv_cache",
+           "TensorKVCache"]
 
 # Saved models and reprs name the public classes by the module users import.
 for _public in (DotProductAttention, MultiHeadAttention, MultiheadAttention, multi_head_attention_forward,
-                replace_attention, head_importance):
+                replace_attention, head_importance, TensorKVCache):
     _public.__module__ = __name__
 del _public
 

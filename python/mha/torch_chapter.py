@@ -13,7 +13,7 @@ from ._torch_call import (
     _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _not_on_cpu, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
-from ._torch_cache import _CacheImpl, _cache_gates, _check_cached
+from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
 
 
 class DotProductAttention(nn.Module):
@@ -113,6 +113,9 @@ class MultiHeadAttention(_SharedModule, nn.Module):
 
     __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
     _public = "mha.torch.MultiHeadAttention"
+
+    def _width(self):
+        return self.num_hiddens
 
     @property
     def rotary(self):
@@ -243,6 +246,10 @@ class MultiHeadAttention(_SharedModule, nn.Module):
             else:
                 lens = _checks.real_array(valid_lens, op, "valid_lens")
         self._materialise(queries, keys, values)
+        if isinstance(cache, TensorKVCache):  # torch's ops around mha's cached operator, eager or traced
+            _, mode = _call_dtype(op, (queries, keys, values))
+            return _traced.chapter_cached(self, queries, keys, values, valid_lens, cache, window, softcap, sinks,
+                                          head_mask, mode or self._precision, alibi_slopes)
         if _traced.tracing(queries, keys, values):  # torch.compile / torch.export: torch's ops around mha's
             if cache is not None:
                 _traced._refuse(op, "cache")

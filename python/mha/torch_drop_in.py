@@ -15,7 +15,7 @@ from ._torch_call import (
     _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _mask_numpy, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
-from ._torch_cache import _CacheImpl, _cache_gates, _check_cached
+from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
 from .torch_chapter import _rope
 
 
@@ -136,6 +136,9 @@ class MultiheadAttention(_SharedModule, nn.Module):
 
     __prepare_scriptable__ = _refuse_scripting  # torch.jit.script calls it first
     _public = "mha.torch.MultiheadAttention"
+
+    def _width(self):
+        return self.embed_dim
 
     @property
     def _qkv_same_embed_dim(self):
@@ -271,6 +274,10 @@ class MultiheadAttention(_SharedModule, nn.Module):
         _refuse_tracing(op)
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
+        if isinstance(cache, TensorKVCache):  # torch's ops around mha's cached operator, eager or traced
+            _, mode = _call_dtype(op, (query, key, value))
+            return _traced.drop_in_cached(self, query, key, value, cache, key_padding_mask, attn_mask, window,
+                                          softcap, sinks, head_mask, mode or self._precision, alibi_slopes), None
         if _traced.tracing(query, key, value):  # torch.compile / torch.export: torch's ops around mha's
             if cache is not None:
                 _traced._refuse(op, "cache")

@@ -424,6 +424,10 @@ PY = {
     "numerics.mask": lambda t: _numerics_call("mask"),
     "numerics.float32": lambda t: _numerics_call("float32"),
     "numerics.sdpa_scale": lambda t: _numerics_call("sdpa_scale"),
+    "tensor_cache.sizes": lambda t: _tensor_cache("sizes"),
+    "tensor_cache.dtype": lambda t: _tensor_cache("dtype"),
+    "tensor_cache.memory": lambda t: _tensor_cache("memory"),
+    "tensor_cache.module": lambda t: _tensor_cache("module"),
     "kv_cache_call.seqlens": lambda t: _kv_cache_call("seqlens"),
     "kv_cache_call.causal_short": lambda t: _kv_cache_call("causal_short"),
     "kv_cache_call.cache": lambda t: _kv_cache_call("cache"),
@@ -574,6 +578,22 @@ def _numerics_call(what):
             q[0], q[0], q[0], key_padding_mask=torch.zeros(3, 3, dtype=torch.int32)),
     }
     calls[what]()
+
+
+def _tensor_cache(what):
+    """The calls of the catalogue's tensor_cache.* rows (mha.torch.TensorKVCache)."""
+    import torch
+    import mha.torch as mt
+    m = mt.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.ones(2, 1, 16)
+    calls = {
+        "sizes": lambda: mt.TensorKVCache(0, 4, 2, 4),
+        "memory": lambda: mt.TensorKVCache(2**40, 4, 2, 4),
+        "dtype": lambda: mt.TensorKVCache(1, 4, 2, 4, dtype=torch.float16),
+        "module": lambda: m(x, x, x, cache=mt.TensorKVCache(2, 4, 2, 4)),
+    }
+    with torch.no_grad():
+        calls[what]()
 
 
 def _kv_cache_call(what):

@@ -10,6 +10,8 @@
 - torch.export keeps the mha operators, and the exported program gives the eager output.
 Eager against compiled is the same code on the same inputs: within 1e-5.
 """
+import copy
+
 import pytest
 import torch
 
@@ -319,3 +321,54 @@ def test_export_keeps_the_cached_operator_and_writes_the_cache():
     _close(got, want, "exported output")
     _close(exported.k_cache, model.k_cache, "exported k_cache")
     assert float(exported.k_cache[1, 7].abs().sum()) > 0, "the new key was written into the exported cache"
+
+
+class CachedDecoder(torch.nn.Module):
+    """The drop-in and the d2l chapter's module decoding over TensorKVCaches held as attributes."""
+
+    def __init__(self, E=16, B=2, capacity=24):
+        super().__init__()
+        self.drop_in = mt.MultiheadAttention(E, 4, batch_first=True)
+        self.chapter = mt.MultiHeadAttention(E, 2, 0.0, bias=True)
+        with torch.no_grad():
+            self.chapter(torch.zeros(1, 1, E), torch.zeros(1, 1, E), torch.zeros(1, 1, E))
+        self.cache_a = self.drop_in.tensor_kv_cache(B, capacity)
+        self.cache_b = self.chapter.tensor_kv_cache(B, capacity, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        y, _ = self.drop_in(x, x, x, cache=self.cache_a, window=(4, 0), softcap=5.0)
+        return self.chapter(y, y, y, cache=self.cache_b)
+
+
+def _decode_modules(model, x, P):
+    with torch.no_grad():
+        outs = [model(x[:, :P])] + [model(x[:, t:t + 1]) for t in range(P, x.shape[1])]
+    return torch.cat(outs, 1)
+
+
+def test_module_cached_calls_over_tensor_caches_compile_and_export():
+    torch.manual_seed(6)
+    model = CachedDecoder().eval()
+    x = torch.randn(2, 12, 16)
+    want = _decode_modules(model, x, 5)
+    for c in (model.cache_a, model.cache_b):
+        c.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    _close(_decode_modules(compiled, x, 5), want, "compiled decoding")
+    assert model.cache_a.lengths.tolist() == [12, 12]
+    for c in (model.cache_a, model.cache_b):
+        c.reset()
+    with torch.no_grad():
+        model(x[:, :5])
+    program = torch.export.export(model, (x[:, 5:6],))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert targets.count("mha.flash_kvcache.default") == 2, targets
+    reference = copy.deepcopy(model)  # the exported module may share the model's buffers
+    exported = program.module()
+    for name, buf in reference.named_buffers():
+        exported.get_buffer(name).copy_(buf)
+    with torch.no_grad():
+        ref = reference(x[:, 5:6])
+        got = exported(x[:, 5:6])
+    _close(got, ref, "exported step")
+    assert exported.get_buffer("cache_a.lengths").tolist() == [6, 6]

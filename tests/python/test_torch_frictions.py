@@ -52,3 +52,24 @@ def test_an_integer_mask_is_refused_in_torch_words(which):
     except (AssertionError, RuntimeError, TypeError, ValueError):
         refused = True
     assert refused
+
+
+@pytest.mark.parametrize("make", [lambda: mt.MultiHeadAttention(8, 2, 0.0),
+                                  lambda: mt.MultiheadAttention(8, 2, batch_first=True)])
+def test_a_caches_window_is_an_integer_not_a_bool(make):
+    m = make().eval()
+    m(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8))  # the chapter's lazy layers
+    assert m.kv_cache(2, 2, window=np.int64(3)).window == 3
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match=rf"\[mha\.torch\.{type(m).__name__}\.kv_cache\] window"):
+            m.kv_cache(2, 2, window=bad)
+
+
+def test_module_windows_take_numpy_integers():
+    m = mt.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2))
+    want, _ = m(x, x, x, window=(1, 0), need_weights=False)
+    got, _ = m(x, x, x, window=(np.int64(1), np.int32(0)), need_weights=False)
+    assert torch.equal(got, want)
+    with pytest.raises(TypeError, match=r"window"):
+        m(x, x, x, window=(True, 0), need_weights=False)
