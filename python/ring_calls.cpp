@@ -1,7 +1,7 @@
 // python/ring_calls.cpp: the compute of mha.torch.distributed's ring
 // (python/mha/torch_ring.py) on mha's fused kernel: one rank's query rows
 // over key/value blocks that Python passes round the ring with
-// torch.distributed (kernels/ring_rows.h). Internal: the Python side checks
+// torch.distributed (nn/ring_rows.h). Internal: the Python side checks
 // every argument and keeps the arrays alive while a call reads them.
 //
 //   q, out, grad_out: (B, Q_r, H*d) float32 C-contiguous
@@ -13,11 +13,12 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
-#include "kernels/ring_rows.h"
+#include "nn/ring_rows.h"
 #include "mha/error.h"
 
 namespace py = pybind11;
@@ -31,8 +32,8 @@ constexpr const char* kOp = "mha.torch.distributed ring";
 using Floats = py::array_t<float, py::array::c_style>;
 using PieceList = std::vector<std::pair<int64_t, int64_t>>;
 
-std::vector<kernels::Piece> pieces_of(const PieceList& list) {
-  std::vector<kernels::Piece> out;
+std::vector<nn::Piece> pieces_of(const PieceList& list) {
+  std::vector<nn::Piece> out;
   for (const auto& [begin, size] : list) out.push_back({begin, size});
   return out;
 }
@@ -42,14 +43,72 @@ const float* floats(const Floats& a, int64_t want, const char* what) {
   return a.data();
 }
 
+// The ring's options, by keyword (the Python side checked them; every
+// option a call leaves out keeps its default):
+//   lens (B,) float32, causal bool (top left), key_keep (B, K) uint8,
+//   window (left, right), softcap float, alibi_slopes and sinks (one per
+//   head of the module), doc_offsets [documents + 1], seed_fill bool (the
+//   chapter's -1e6; else -inf), zeros bool (fully masked rows get zeros),
+//   dropout_p, dropout_key, bfloat16 bool, first_head, all_heads.
+nn::RingRowsSpec ring_spec(int64_t B, int64_t H, int64_t d, int64_t Q, int64_t K, const PieceList& q_pieces,
+                           const py::kwargs& options) {
+  nn::RingRowsSpec s;
+  s.B = B, s.H = H, s.d = d, s.Q = Q, s.K = K;
+  s.q_pieces = pieces_of(q_pieces);
+  s.scale_divisor = std::sqrt(static_cast<float>(d));
+  float dropout_p = 0.0f;
+  uint64_t dropout_key = 0;
+  for (const auto& [key, value] : options) {
+    const std::string name = py::str(key);
+    if (value.is_none()) continue;
+    if (name == "lens") {
+      Floats l(py::reinterpret_borrow<py::object>(value));
+      s.lens = ValidLens::per_batch(std::vector<float>(floats(l, B, "lens"), l.data() + B));
+    } else if (name == "causal") {
+      s.masks.causal = value.cast<bool>() ? Causal::TopLeft : Causal::None;
+    } else if (name == "key_keep") {
+      py::array_t<uint8_t, py::array::c_style | py::array::forcecast> keep(py::reinterpret_borrow<py::object>(value));
+      if (keep.size() != B * K) fail(kOp, "key_keep: ", keep.size(), " entries; wanted ", B * K);
+      s.masks.key_padding_mask = Mask::keep({B, K}, std::vector<uint8_t>(keep.data(), keep.data() + B * K));
+    } else if (name == "window") {
+      const auto w = value.cast<std::pair<int64_t, int64_t>>();
+      s.masks.window = {w.first, w.second};
+    } else if (name == "softcap") {
+      s.masks.scores.softcap = value.cast<float>();
+    } else if (name == "alibi_slopes") {
+      s.masks.scores.alibi_slopes = value.cast<std::vector<float>>();
+    } else if (name == "sinks") {
+      s.masks.scores.sinks = value.cast<std::vector<float>>();
+    } else if (name == "doc_offsets") {
+      s.doc_offsets = value.cast<std::vector<int64_t>>();
+    } else if (name == "seed_fill") {
+      s.fill = value.cast<bool>() ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
+    } else if (name == "zeros") {
+      s.masks.fully_masked_rows = value.cast<bool>() ? FullyMaskedRows::Zeros : FullyMaskedRows::Uniform;
+    } else if (name == "dropout_p") {
+      dropout_p = value.cast<float>();
+    } else if (name == "dropout_key") {
+      dropout_key = value.cast<uint64_t>();
+    } else if (name == "bfloat16") {
+      s.precision = value.cast<bool>() ? Precision::BFloat16 : Precision::Float32;
+    } else if (name == "first_head") {
+      s.first_head = value.cast<int64_t>();
+    } else if (name == "all_heads") {
+      s.all_heads = value.cast<int64_t>();
+    } else {
+      fail(kOp, name, ": not an option of the ring's compute (an internal call's error)");
+    }
+  }
+  if (dropout_p > 0.0f) s.dropout = {dropout_p, dropout_key};
+  return s;
+}
+
 // One call's rows: made per call, so that threads never share one.
 struct RingCall {
-  kernels::RingRows rows;
   int64_t B, Hd;
-  py::array_t<uint8_t, py::array::c_style> key_keep;  // kept alive for rows
+  nn::RingRows rows;
   Floats q, out, grad_out;
-  explicit RingCall(kernels::RingRowsSpec spec, py::array_t<uint8_t, py::array::c_style> keep)
-      : rows(std::move(spec)), key_keep(std::move(keep)) {}
+  explicit RingCall(nn::RingRowsSpec spec) : B(spec.B), Hd(spec.H * spec.d), rows(std::move(spec)) {}
   int64_t kv_size(const PieceList& pieces) const {
     int64_t n = 0;
     for (const auto& p : pieces) n += p.second;
@@ -63,36 +122,10 @@ void bind_ring(py::module_& core) {
   py::module_ m = core.def_submodule("_ring_calls", "mha.torch.distributed's ring compute (internal)");
   py::class_<RingCall, std::shared_ptr<RingCall>>(m, "RingCall", "One rank's rows of one ring attention call.")
       .def(py::init([](int64_t B, int64_t H, int64_t d, int64_t Q, int64_t K, const PieceList& q_pieces,
-                       const py::object& lens, bool causal, const py::object& key_keep, bool seed_fill,
-                       bool zeros, float dropout_p, uint64_t dropout_key, bool bfloat16, int64_t first_head,
-                       int64_t all_heads) {
-             kernels::RingRowsSpec s;
-             s.B = B, s.H = H, s.d = d, s.Q = Q, s.K = K;
-             s.q_pieces = pieces_of(q_pieces);
-             if (!lens.is_none()) {
-               Floats l(lens);
-               s.lens.assign(floats(l, B, "lens"), l.data() + B);
-             }
-             s.causal = causal;
-             py::array_t<uint8_t, py::array::c_style> keep;
-             if (!key_keep.is_none()) {
-               keep = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>(key_keep);
-               if (keep.size() != B * K) fail(kOp, "key_keep: ", keep.size(), " entries; wanted ", B * K);
-               s.key_keep = keep.data();
-             }
-             s.fill = seed_fill ? kernels::MaskFill::Seed : kernels::MaskFill::NegInf;
-             s.fully_masked = zeros ? FullyMaskedRows::Zeros : FullyMaskedRows::Uniform;
-             if (dropout_p > 0.0f) s.dropout = {dropout_p, dropout_key};
-             s.precision = bfloat16 ? Precision::BFloat16 : Precision::Float32;
-             s.first_head = first_head, s.all_heads = all_heads;  // dropout frames only: no index out of range
-             s.scale_divisor = std::sqrt(static_cast<float>(d));
-             auto c = std::make_shared<RingCall>(std::move(s), std::move(keep));
-             c->B = B, c->Hd = H * d;
-             return c;
+                       const py::kwargs& options) {
+             return std::make_shared<RingCall>(ring_spec(B, H, d, Q, K, q_pieces, options));
            }),
-           py::arg("B"), py::arg("H"), py::arg("d"), py::arg("Q"), py::arg("K"), py::arg("q_pieces"), py::arg("lens"),
-           py::arg("causal"), py::arg("key_keep"), py::arg("seed_fill"), py::arg("zeros"), py::arg("dropout_p"),
-           py::arg("dropout_key"), py::arg("bfloat16"), py::arg("first_head") = 0, py::arg("all_heads") = 0)
+           py::arg("B"), py::arg("H"), py::arg("d"), py::arg("Q"), py::arg("K"), py::arg("q_pieces"))
       .def("begin_forward",
            [](RingCall& c, Floats q) {
              floats(q, c.B * c.rows.rows() * c.Hd, "q");
@@ -104,7 +137,7 @@ void bind_ring(py::module_& core) {
              const int64_t n = c.kv_size(pieces);
              const float* kd = floats(k, n, "k");
              const float* vd = floats(v, n, "v");
-             const std::vector<kernels::Piece> p = pieces_of(pieces);
+             const std::vector<nn::Piece> p = pieces_of(pieces);
              py::gil_scoped_release release;  // the next block moves meanwhile
              c.rows.add_block(kd, vd, p);
            })
@@ -138,11 +171,13 @@ void bind_ring(py::module_& core) {
              floats(dv, n, "dv");
              float* dkd = dk.mutable_data();
              float* dvd = dv.mutable_data();
-             const std::vector<kernels::Piece> p = pieces_of(pieces);
+             const std::vector<nn::Piece> p = pieces_of(pieces);
              py::gil_scoped_release release;
              c.rows.backward_block(kd, vd, p, dkd, dvd);
            },
            py::arg("k"), py::arg("v"), py::arg("pieces"), py::arg("dk").noconvert(), py::arg("dv").noconvert())
+      .def("sinks_grad_share", [](const RingCall& c) { return c.rows.sinks_grad_share(); },
+           "[H] this rank's rows' share of dL/d sinks (after begin_backward); the ranks' shares sum to it")
       .def("grad_q", [](RingCall& c) {
         // Handed to numpy without a copy (the gradient is as large as q).
         auto* g = new std::vector<float>(std::move(c.rows.grad_q()));

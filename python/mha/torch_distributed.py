@@ -16,7 +16,8 @@ SequenceParallel(attention, group=None, zigzag=False, method="ring")
     bfloat16 mode rounds q, k, v as it does. method="all_gather": every call all-gathers the key and
     value blocks (one all_gather each) and runs the inner module on the rank's queries against the
     whole sequence (no dropout; any module options the inner module takes).
-    Valid lengths and the causal mask are over GLOBAL positions (never an L x L mask). zigzag=True:
+    Valid lengths, the causal mask and, with the ring, window=, softcap=, alibi_slopes= and sinks=
+    (as the modules take them) are over GLOBAL positions (never an L x L mask). zigzag=True:
     each rank holds chunks r and 2P-1-r of 2P equal chunks (shard(..., zigzag=True)), which balances
     causal work.
 
@@ -188,9 +189,11 @@ class SequenceParallel(nn.Module):
     """Sequence (context) parallel attention: see the module's docstring.
 
     Chapter's module inside: forward(queries (B, Q_r, Dq), keys (B, K_r, Dk), values (B, K_r, Dv),
-    valid_lens None|(B,) over global key positions, *, causal=False) -> (B, Q_r, num_hiddens).
+    valid_lens None|(B,) over global key positions, *, causal=False, window=None, softcap=None,
+    alibi_slopes=None, sinks=None) -> (B, Q_r, num_hiddens).
     Drop-in inside: forward(query, key, value, key_padding_mask=None (B, K_r), need_weights=False,
-    attn_mask=None (refused), is_causal=False) -> (attn_output, None); blocks along the drop-in's
+    attn_mask=None (refused), is_causal=False, *, window=None, softcap=None, alibi_slopes=None,
+    sinks=None) -> (attn_output, None); blocks along the drop-in's
     sequence dimension (1 with batch_first, else 0). Queries and keys of a rank cover the same
     positions (self-attention layout); every rank must call forward (and backward) together.
     """
@@ -237,15 +240,13 @@ class SequenceParallel(nn.Module):
             return self._chapter(*args, **kwargs)
         return self._drop_in(*args, **kwargs)
 
-    def _chapter(self, queries, keys, values, valid_lens=None, *, causal=False):
+    def _chapter(self, queries, keys, values, valid_lens=None, *, causal=False, window=None, softcap=None,
+                 alibi_slopes=None, sinks=None):
         op = "mha.torch.distributed.SequenceParallel"
         err = None
-        p = dkey = 0
+        ring = {}
         try:
-            if self.method == "ring":
-                p, dkey = _ring_checks(op, self.attention)
-            else:
-                _refuse_dropout(op, self.attention)
+            ring = self._call_options(op, self.attention, window, softcap, alibi_slopes, sinks)
             for name, t in (("queries", queries), ("keys", keys), ("values", values)):
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
                     raise ValueError(f"[{op}] {name}: got {_what(t)}; "
@@ -260,9 +261,11 @@ class SequenceParallel(nn.Module):
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (queries.shape[0], queries.shape[2], keys.shape[2], values.shape[2])
-        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else queries.shape[1], err, shape, dkey)
+        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else queries.shape[1], err, shape,
+                                                        ring.get("dropout_key", 0))
         if self.method == "ring":
-            return self._ring_chapter(queries, keys, values, valid_lens, causal, rank, P, sizes, p, dkey)
+            ring["dropout_key"] = dkey
+            return self._ring_chapter(queries, keys, values, valid_lens, causal, (rank, P, sizes), ring)
         k = self._gather(keys, 1, sizes, order, rank)
         v = k if values is keys else self._gather(values, 1, sizes, order, rank)
         B = queries.shape[0]
@@ -274,20 +277,33 @@ class SequenceParallel(nn.Module):
             lens = vl if lens is None else torch.minimum(lens, vl)
         if lens is not None:
             lens = lens.contiguous()
-        return self.attention(queries, k, v, lens)
+        return self.attention(queries, k, v, lens, softcap=softcap, sinks=sinks)
+
+    def _call_options(self, op, a, window, softcap, alibi_slopes, sinks):
+        """The call's checks of the module and its options: for the ring, its dropout (p, this rank's
+        key) and score options (torch_ring.score_options); all_gather runs the inner module on
+        whole-sequence keys, which takes softcap and sinks but not a window or ALiBi over this
+        rank's rows."""
+        if self.method == "ring":
+            p, dkey = _ring_checks(op, a)
+            options, sinks = _ring.score_options(op, a.num_heads, window, softcap, alibi_slopes, sinks)
+            return dict(options, dropout_p=p, dropout_key=dkey, sinks=sinks)
+        _refuse_dropout(op, a)
+        for name, value in (("window", window), ("alibi_slopes", alibi_slopes)):
+            if value is not None:
+                raise ValueError(f"[{op}] {name}: given with method='all_gather', whose inner call sees this "
+                                 "rank's rows as the first queries; wanted method='ring' (global positions)")
+        return {}
 
     def _drop_in(self, query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
-                 is_causal=False):
+                 is_causal=False, *, window=None, softcap=None, alibi_slopes=None, sinks=None):
         op = "mha.torch.distributed.SequenceParallel"
         a = self.attention
         sd = 1 if a.batch_first else 0
         err = None
-        p = dkey = 0
+        ring = {}
         try:
-            if self.method == "ring":
-                p, dkey = _ring_checks(op, a)
-            else:
-                _refuse_dropout(op, a)
+            ring = self._call_options(op, a, window, softcap, alibi_slopes, sinks)
             if key_padding_mask is not None and (not isinstance(key_padding_mask, torch.Tensor)
                                                  or key_padding_mask.dtype != torch.bool):
                 raise ValueError(f"[{op}] key_padding_mask: got {_what(key_padding_mask)}"
@@ -308,9 +324,11 @@ class SequenceParallel(nn.Module):
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (query.shape[1 - sd], query.shape[2], key.shape[2], value.shape[2])
-        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else query.shape[sd], err, shape, dkey)
+        rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else query.shape[sd], err, shape,
+                                                        ring.get("dropout_key", 0))
         if self.method == "ring":
-            return self._ring_drop_in(query, key, value, key_padding_mask, is_causal, rank, P, sizes, order, p, dkey)
+            ring["dropout_key"] = dkey
+            return self._ring_drop_in(query, key, value, key_padding_mask, is_causal, (rank, P, sizes, order), ring)
         k = self._gather(key, sd, sizes, order, rank)
         v = k if value is key else self._gather(value, sd, sizes, order, rank)
         kpm = None
@@ -319,7 +337,7 @@ class SequenceParallel(nn.Module):
         mask = None
         if is_causal:  # (Q_rank, L) True = masked: keys after the query's global position
             mask = torch.arange(k.shape[sd])[None, :] > pos[:, None]
-        out, _ = a(query, k, v, key_padding_mask=kpm, need_weights=False, attn_mask=mask)
+        out, _ = a(query, k, v, key_padding_mask=kpm, need_weights=False, attn_mask=mask, softcap=softcap, sinks=sinks)
         return out, None
 
 
@@ -331,23 +349,28 @@ class SequenceParallel(nn.Module):
             pieces = [[(sum(sizes[:o]), sizes[o])] for o in range(P)]
         return _ring.Plan(self.group, rank, P, pieces, B, H, d, length)
 
-    def _ring_chapter(self, queries, keys, values, valid_lens, causal, rank, P, sizes, p, dkey):
+    def _ring_chapter(self, queries, keys, values, valid_lens, causal, layout, ring):
+        """layout: (rank, P, sizes); ring: _call_options' dropout and score options."""
+        rank, P, sizes = layout
         a = self.attention
         a._materialise(queries, keys, values)
         layers = _ring.chapter_layers(a)
         d = a.num_hiddens // a.original_num_heads
         plan = self._ring_plan(rank, P, sizes, queries.shape[0], layers[0][0].shape[0] // d, d)
         lens = None if valid_lens is None else valid_lens.detach().to(torch.float32).numpy()
-        masks = dict(lens=lens, causal=bool(causal), key_keep=None, seed_fill=True, zeros=False,
-                     dropout_p=p, dropout_key=dkey)
+        sinks = ring.pop("sinks")
+        # the chapter's -1e6 fill, or -inf under a window (as the module's own call)
+        masks = dict(ring, lens=lens, causal=bool(causal), seed_fill="window" not in ring, zeros=False)
         dtype = queries.dtype
         bf16 = a.precision == "bfloat16" or dtype == torch.bfloat16
         x = [t.to(torch.float32) for t in (queries, keys, values)]
         q, k, v = (_ring.project(t, layer, bf16) for t, layer in zip(x, layers[:3]))
-        heads = _ring.attention(plan, q, k, v, masks, bf16)
+        heads = _ring.attention(plan, q, k, v, masks, bf16, sinks=sinks)
         return _ring.project(heads, layers[3], bf16).to(dtype)
 
-    def _ring_drop_in(self, query, key, value, key_padding_mask, is_causal, rank, P, sizes, order, p, dkey):
+    def _ring_drop_in(self, query, key, value, key_padding_mask, is_causal, layout, ring):
+        """layout: (rank, P, sizes, order); ring: _call_options' dropout and score options."""
+        rank, P, sizes, order = layout
         a = self.attention
         first = (lambda t: t) if a.batch_first else (lambda t: t.transpose(0, 1))
         dtype = query.dtype
@@ -359,12 +382,12 @@ class SequenceParallel(nn.Module):
         if key_padding_mask is not None:  # every rank's columns, in global order
             masked = _Gather.apply(key_padding_mask.to(torch.float32), 1, sizes, order, self.group, rank) > 0.5
             keep = (~masked).to(torch.uint8).numpy()
-        masks = dict(lens=None, causal=bool(is_causal), key_keep=keep, seed_fill=False,
-                     zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS, dropout_p=p,
-                     dropout_key=dkey)
+        sinks = ring.pop("sinks")
+        masks = dict(ring, causal=bool(is_causal), key_keep=keep, seed_fill=False,
+                     zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS)
         bf16 = a.precision == "bfloat16" or dtype == torch.bfloat16
         q, k, v = (_ring.project(t, layer, bf16) for t, layer in zip(x, layers[:3]))
-        heads = _ring.attention(plan, q, k, v, masks, bf16)
+        heads = _ring.attention(plan, q, k, v, masks, bf16, sinks=sinks)
         return first(_ring.project(heads, layers[3], bf16)).to(dtype), None
 
 
@@ -397,7 +420,7 @@ def _drop_in_call(query, key, value, key_padding_mask=None, need_weights=True, a
 
 def _sliced_heads(a, rank, P, args, kwargs):
     """HeadParallel's call on this rank's heads alone (their rows of W_q, W_k, W_v and columns of
-    W_o; mha's fused kernel through kernels::RingRows on one block), or None for a call that takes
+    W_o; mha's fused kernel through nn::RingRows on one block), or None for a call that takes
     what this path does not run (then the whole module runs with the other heads gated off)."""
     chapter = isinstance(a, MultiHeadAttention)
     if a._rotary is not None:

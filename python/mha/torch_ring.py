@@ -3,16 +3,21 @@
 Each rank projects its own rows (q, k, v with the module's current parameters, torch.nn.functional.linear),
 then the key/value blocks travel round the ring of the group's ranks with torch.distributed's point-to-point
 isend/irecv (rank r sends to r + 1, receives from r - 1) while mha's fused kernel runs this rank's queries on
-the block it holds (python/ring_calls.cpp, src/kernels/ring_rows.h); the blocks' softmaxes merge into one over
+the block it holds (python/ring_calls.cpp, src/nn/ring_rows.h); the blocks' softmaxes merge into one over
 every key. Backward: the blocks travel again, each with the sum of its key and value gradients so far, which
 reaches the block's owner after the last step. A rank holds two key/value blocks at a time (the one computed
 on and the one arriving), never the whole sequence's.
 """
+import math
+
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _core
+from . import _checks, _core
+from ._attention_glue import softcap_value
+from ._torch_call import _alibi_numpy, _call_sinks
 from .torch_drop_in import _drop_in_split
 
 _calls = _core._ring_calls
@@ -58,9 +63,10 @@ class _RingCore(torch.autograd.Function):
     attention output over every rank's keys."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, masks):
+    def forward(ctx, q, k, v, sinks, plan, masks):
         P, r = plan.P, plan.rank
-        call = _calls.RingCall(plan.B, plan.H, plan.d, plan.Q, plan.K, plan.q_pieces, **masks)
+        sinks_np = None if sinks is None else np.ascontiguousarray(sinks.detach().numpy(), np.float32)
+        call = _calls.RingCall(plan.B, plan.H, plan.d, plan.Q, plan.K, plan.q_pieces, sinks=sinks_np, **masks)
         call.begin_forward(q.detach().numpy())
         kb, vb = k.detach().reshape(-1), v.detach().reshape(-1)
         for step in range(P):
@@ -75,7 +81,7 @@ class _RingCore(torch.autograd.Function):
                 _wait(reqs)
                 kb, vb = kn, vn
         out = torch.from_numpy(call.finish())
-        ctx.call, ctx.plan = call, plan
+        ctx.call, ctx.plan, ctx.sinks_dtype = call, plan, None if sinks is None else sinks.dtype
         ctx.save_for_backward(q, k, v)
         return out
 
@@ -118,10 +124,15 @@ class _RingCore(torch.autograd.Function):
                 mine = (torch.empty(plan.elems(r)), torch.empty(plan.elems(r)))
                 _wait(plan.exchange((), mine, _TAG_GRAD + 2 * P))
         _wait(sending)
+        # This rank's rows' share of d sinks: as the parameters' gradients, the sum over the ranks is
+        # one process's (all-reduce them, as DDP does).
+        dsinks = None
+        if ctx.sinks_dtype is not None:
+            dsinks = torch.tensor(call.sinks_grad_share(), dtype=torch.float64).to(ctx.sinks_dtype)
         dq = torch.from_numpy(call.grad_q())
         ctx.call = None
         shape = k.shape
-        return dq, mine[0].view(shape), mine[1].view(shape), None, None
+        return dq, mine[0].view(shape), mine[1].view(shape), dsinks, None, None
 
 
 class _RoundBF16(torch.autograd.Function):
@@ -137,13 +148,42 @@ class _RoundBF16(torch.autograd.Function):
         return g
 
 
-def attention(plan, q, k, v, masks, bfloat16, first_head=0, all_heads=0):
+def attention(plan, q, k, v, masks, bfloat16, first_head=0, all_heads=0, sinks=None):
     """The ring's attention on this rank's projections (B, L_r, H*d) -> (B, L_r, H*d). first_head,
-    all_heads: these heads' place among the module's (for dropout), 0, 0: all of them."""
+    all_heads: these heads' place among the module's (for dropout, ALiBi and sinks), 0, 0: all of
+    them. sinks: None or the module's (all_heads,) float32 tensor (its gradient flows)."""
     if bfloat16:  # the module's bfloat16 mode: q, k, v hold bfloat16 values
         q, k, v = _RoundBF16.apply(q), _RoundBF16.apply(k), _RoundBF16.apply(v)
-    return _RingCore.apply(q.contiguous(), k.contiguous(), v.contiguous(), plan,
+    return _RingCore.apply(q.contiguous(), k.contiguous(), v.contiguous(), sinks, plan,
                            dict(masks, bfloat16=bfloat16, first_head=first_head, all_heads=all_heads))
+
+
+def score_options(op, num_heads, window=None, softcap=None, alibi_slopes=None, sinks=None):
+    """The ring's window and score options, checked in the modules' words: (options for the compute,
+    the sinks tensor or None). window: None or (left, right) over GLOBAL positions, bottom right as
+    the modules' (each side an integer >= -1, -1 unbounded); softcap: None or a number >= 0;
+    alibi_slopes, sinks: one finite value per head (distances over global positions)."""
+    out = {}
+    if window is not None:
+        if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+            raise _checks.wrong_kind(op, "window", window, "None or a (left, right) pair of integers >= -1")
+        left, right = (_checks.integer(w, op, "window") for w in window)
+        if left < -1 or right < -1:
+            raise ValueError(f"[{op}] window: ({left}, {right}); wanted each side >= -1 (-1: unbounded)")
+        out["window"] = (left, right)
+    cap = softcap_value(op, softcap)
+    if cap > 0:
+        out["softcap"] = cap
+    if alibi_slopes is not None:
+        a = _checks.real_array(_alibi_numpy(op, alibi_slopes), op, "alibi_slopes").astype(np.float32).reshape(-1)
+        if a.shape != (num_heads,) or not np.isfinite(a).all():
+            raise ValueError(f"[{op}] alibi_slopes: {a.size} values{'' if np.isfinite(a).all() else ' (not all finite)'} "
+                             f"for {num_heads} heads; wanted one finite slope per head")
+        out["alibi_slopes"] = a
+    sinks = _call_sinks(op, sinks, num_heads)
+    if sinks is not None and not all(math.isfinite(x) for x in sinks.detach().tolist()):
+        raise ValueError(f"[{op}] sinks: {sinks.detach().tolist()}; wanted a finite logit per head")
+    return out, sinks
 
 
 def chapter_layers(m):

@@ -1,5 +1,5 @@
 // src/dist/shards.h: where a head shard's parameters sit in the full
-// module's, for HeadParallelAttention and GridAttention.
+// module's, for HeadParallelAttention, GridAttention and RingAttention's head groups.
 //
 // A shard owns a contiguous range of heads, that is columns [first, first +
 // width) of the model: rows of W_q/k/v and of their biases, columns of W_o.
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "mha/multihead.h"
 #include "mha/tensor.h"
 
 namespace mha::dist {
@@ -36,6 +37,32 @@ inline void place_shard(const std::string& name, int64_t first, int64_t width, c
     const int64_t row = part.dim() == 2 ? part.size(1) : 1;
     std::copy(part.data(), part.data() + part.numel(), full.data() + first * row);
   }
+}
+
+// The state dict of heads [first, first + count) of a module whose heads are
+// d wide: their rows of W_q, W_k, W_v (and biases), their columns of W_o;
+// W_o's bias kept when `output_bias`, else zero.
+inline StateDict slice_heads(const StateDict& full, int64_t first, int64_t count, int64_t d, bool output_bias) {
+  StateDict part;
+  const int64_t r0 = first * d, n = count * d;
+  for (const auto& [name, t] : full) {
+    if (name == "W_o.weight") {
+      const int64_t rows = t.size(0), cols = t.size(1);
+      Tensor w({rows, n});
+      for (int64_t o = 0; o < rows; ++o) std::copy(t.data() + o * cols + r0, t.data() + o * cols + r0 + n, w.data() + o * n);
+      part[name] = w;
+    } else if (name == "W_o.bias") {
+      part[name] = output_bias ? t : Tensor(t.shape());
+    } else {  // a weight (rows x in) or a bias (rows)
+      const int64_t width = t.dim() == 2 ? t.size(1) : 1;
+      Shape shape = t.shape();
+      shape[0] = n;
+      Tensor w(shape);
+      std::copy(t.data() + r0 * width, t.data() + (r0 + n) * width, w.data());
+      part[name] = w;
+    }
+  }
+  return part;
 }
 
 }  // namespace mha::dist

@@ -842,8 +842,16 @@ def _torch_dist_call(what):
         mtd.SequenceParallel(mt.MultiHeadAttention(8, 2, 0.0, rotary=True))(x, x, x)
     elif what == "ring_sizes":
         import mha
-        mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], torch.ones(2).numpy(), False, None, True, False,
-                                       0.0, 0, False)
+        mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], lens=torch.ones(2).numpy())
+    elif what == "ring_option":
+        import mha
+        mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], bogus=1)
+    elif what == "ring_window":
+        mtd.SequenceParallel(chapter)(x, x, x, window=(-2, 0))
+    elif what == "ring_alibi":
+        mtd.SequenceParallel(chapter)(x, x, x, alibi_slopes=[1.0])
+    elif what == "gather_positions":
+        mtd.SequenceParallel(chapter, method="all_gather")(x, x, x, window=(1, 0))
     elif what == "rank":
         mtd.SequenceParallel(chapter)(torch.ones(4, 8), x, x)
     elif what == "blocks":
@@ -869,4 +877,4 @@ def _torch_dist_call(what):
 PY.update({f"torch_dist.{w}": (lambda t, w=w: _torch_dist_call(w)) for w in (
     "zigzag_length", "dropout", "rank", "blocks", "valid_lens", "zigzag_blocks", "attn_mask", "need_weights",
     "drop_in_rank", "drop_in_blocks", "head_mask", "head_weights", "method", "padding_dtype", "ring_gates",
-    "ring_drop_in", "ring_rotary", "ring_sizes")})
+    "ring_drop_in", "ring_rotary", "ring_sizes", "ring_option", "ring_window", "ring_alibi", "gather_positions")})

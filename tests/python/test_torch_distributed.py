@@ -197,6 +197,69 @@ def _ring_fully_masked_case(rank, P):
             torch.testing.assert_close(g, full[n], **TOL, msg=n)
 
 
+def _ring_options_case(rank, P, drop_in, zigzag):
+    """The ring's window (bottom right over GLOBAL positions), softcap, ALiBi (distances over global
+    positions) and attention sinks (a learned Parameter: its gradient, summed over the ranks, is one
+    process's), with causal masking and padding: as one process's module call with the same options,
+    forward and backward."""
+    torch.manual_seed(51 + 2 * drop_in + zigzag)
+    B, L = 2, 6 * P
+    m = _module(drop_in)
+    H = m.num_heads
+    ring = copy.deepcopy(m)
+    x = torch.randn(B, L, 8, requires_grad=True)
+    w = torch.randn(B, L, 8)
+    slopes = torch.rand(H) * 0.5
+    for window, causal, softcap, alibi, with_sinks in (((3, 1), False, 2.0, True, True),
+                                                       ((4, 0), True, None, False, True),
+                                                       ((-1, 2), False, 1.5, True, False),
+                                                       (None, True, 3.0, True, True)):
+        x.grad = None
+        m.zero_grad()
+        ring.zero_grad()
+        s1 = torch.nn.Parameter(torch.randn(H)) if with_sinks else None
+        s2 = torch.nn.Parameter(s1.detach().clone()) if with_sinks else None
+        opts = dict(window=window, softcap=softcap, alibi_slopes=slopes if alibi else None)
+        xs = mtd.shard(x.detach(), 1, rank, P, zigzag).requires_grad_()
+        sp = mtd.SequenceParallel(ring, zigzag=zigzag)
+        if drop_in:
+            valid = torch.tensor([L, L - 3])
+            kpm = torch.arange(L)[None, :] >= valid[:, None]
+            am = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if causal else None
+            want, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False, attn_mask=am, sinks=s1, **opts)
+            got, _ = sp(xs, xs, xs, key_padding_mask=mtd.shard(kpm, 1, rank, P, zigzag), is_causal=causal,
+                        sinks=s2, **opts)
+        else:
+            valid = torch.tensor([L, L - 3])
+            q_lens = valid.float()[:, None].expand(B, L)
+            if causal:
+                q_lens = torch.minimum(q_lens, torch.arange(1, L + 1, dtype=torch.float32).expand(B, L))
+            want = m(x, x, x, q_lens.contiguous(), sinks=s1, **opts)
+            got = sp(xs, xs, xs, valid, causal=causal, sinks=s2, **opts)
+        (want * w).sum().backward()
+        _rows_as_one_process(got, want, w, xs, x, m, ring, rank, P, zigzag)
+        if with_sinks:
+            g = s2.grad.clone()
+            dist.all_reduce(g)
+            torch.testing.assert_close(g, s1.grad, rtol=0, atol=1e-5)
+
+
+def _ring_option_refusals(rank, P):
+    """Bad window and score options are refused on every rank in the modules' words; all_gather
+    refuses the position-dependent ones."""
+    m = _module(False)
+    xs = torch.randn(1, 2, 8)
+    for kw, msg in ((dict(window=(-2, 0)), r"window: \(-2, 0\); wanted each side >= -1"),
+                    (dict(window=3), r"window: got int, wanted None or a \(left, right\) pair"),
+                    (dict(softcap=-1.0), "softcap: -1; wanted a finite number >= 0"),
+                    (dict(alibi_slopes=[1.0]), "alibi_slopes: 1 values for 4 heads; wanted one finite slope per head"),
+                    (dict(sinks=torch.tensor([0.0, float("nan"), 0.0, 0.0])), "sinks: .*wanted a finite logit per head")):
+        with pytest.raises(ValueError, match=msg):
+            mtd.SequenceParallel(m)(xs, xs, xs, **kw)
+    with pytest.raises(ValueError, match="window: given with method='all_gather'"):
+        mtd.SequenceParallel(m, method="all_gather")(xs, xs, xs, window=(1, 0))
+
+
 def _same_as_one_process(want, got, w, x, x2, m, hp):
     """HeadParallel's output, input gradient and all-reduced parameter gradients against one process's."""
     (want * w).sum().backward()
@@ -381,6 +444,10 @@ def worker(rank, P, port, result_dir):
             _ring_dropout_case(rank, P, drop_in, zigzag)
         _ring_bf16_case(rank, P, drop_in)
     _ring_fully_masked_case(rank, P)
+    for drop_in in (False, True):
+        for zigzag in (False, True):
+            _ring_options_case(rank, P, drop_in, zigzag)
+    _ring_option_refusals(rank, P)
     if P == 4:
         _subgroup_case(rank, P)
     _sequence_first_and_empty_case(rank, P)
