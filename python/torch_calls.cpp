@@ -5,7 +5,10 @@
 //
 //   calls = _core._torch_calls
 //   packs = calls._WeightPacks()                   # one per torch module
-//   out, w, ctx = calls._torch_mha_forward(packs, layers, query, key, value, ...)
+//   masks = calls.call_masks(op, key_padding_mask=..., is_causal=..., window=..., softcap=...)
+//   settings = calls.call_settings(op, kernel=..., precision=..., for_backward=..., ...)
+//   out, w, ctx = calls._torch_mha_forward(packs, layers, query, key, value, E, h, batch_first,
+//                                          masks, settings, need_weights, average)
 //   (gq, gk, gv), grads, d_bias_k, d_bias_v, d_gates = calls._engine_backward(ctx, layers, grad_out)
 //
 // layers: ((W, b|None, version) x 4 for q, k, v, o, bias_k|None, bias_v|None,
@@ -214,29 +217,63 @@ void bind_torch_calls(py::module_& core) {
   m.def("_next_param_version", [] { return ParamVersion().get(); },
         "A parameter version never used before in this process (for _torch_mha_forward's layers).");
 
+  // The calls' values, each made once at the Python edge by one
+  // keyword-only converter (checked there, in the caller's words) and
+  // carried whole: what a call masks and scores with (mha::CallMasks), and
+  // how it runs (nn::CallSettings).
+  py::class_<CallMasks>(m, "CallMasks",
+                        "One call's masks and score options, checked (made by call_masks).");
+  m.def(
+      "call_masks",
+      [](const std::string& op, const py::object& key_padding_mask, const py::object& attn_mask,
+         const py::object& is_causal, const py::object& window, const py::object& softcap,
+         const py::object& alibi_slopes, const py::object& sinks, FullyMaskedRows fully_masked_rows) {
+        CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, window, op.c_str());
+        masks.scores = to_scores(softcap, alibi_slopes, op.c_str(), sinks);
+        masks.fully_masked_rows = fully_masked_rows;
+        return masks;
+      },
+      py::arg("op"), py::kw_only(), py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
+      py::arg("is_causal") = false, py::arg("window") = py::none(), py::arg("softcap") = py::none(),
+      py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+      py::arg("fully_masked_rows") = FullyMaskedRows::Uniform,
+      "A call's masks (nn.MultiheadAttention's convention: True = masked out), causal masking, window\n"
+      "and score options, converted and checked once, errors naming `op` -> CallMasks.");
+  py::class_<nn::CallSettings>(m, "CallSettings", "How one call runs (made by call_settings).");
+  m.def(
+      "call_settings",
+      [](const std::string& op, AttentionKernel kernel, const std::string& precision, bool for_backward,
+         float dropout_p, uint64_t dropout_key, bool keep_context, const std::optional<mha::Rotary>& rotary) {
+        nn::CallSettings s =
+            settings_of(kernel, parse_precision(op.c_str(), precision), for_backward, dropout_p, dropout_key, keep_context);
+        if (rotary) {
+          check_rotary(op.c_str(), *rotary);
+          s.rotary = *rotary;
+        }
+        return s;
+      },
+      py::arg("op"), py::kw_only(), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
+      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("rotary") = py::none(),
+      "A call's kernel, number format, what its context keeps (for_backward: training; keep_context:\n"
+      "the weights later), dropout and rotary embedding -> CallSettings.");
+
   m.def(
       "_torch_mha_forward",
       [](const std::shared_ptr<CallState>& state, const py::tuple& layers_t, const py::object& query,
-         const py::object& key,
-         const py::object& value, int64_t embed_dim, int64_t num_heads, bool batch_first,
-         const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-         bool average_attn_weights, const py::object& is_causal, AttentionKernel kernel, const std::string& precision,
-         FullyMaskedRows fully_masked, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
-         const py::object& window, const std::optional<mha::Rotary>& rotary, const py::object& softcap,
-         const py::object& alibi_slopes, const py::object& sinks) {
+         const py::object& key, const py::object& value, int64_t embed_dim, int64_t num_heads, bool batch_first,
+         const CallMasks& masks, const nn::CallSettings& s, bool need_weights, bool average_attn_weights) {
         static const char* op = "mha.torch.MultiheadAttention";
         static const char* names[3] = {"query", "key", "value"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
         std::vector<Tensor> spare = state->take();
         Inputs in;
         read_inputs(in, query, key, value, op, names, &spare);
-        const CallMasks masks = to_call_masks(key_padding_mask, attn_mask, is_causal, window, op);
         TorchMhaCall call;
         call.key_padding_mask = masks.key_padding_mask;
         call.attn_mask = masks.attn_mask;
         call.causal = masks.causal;
         call.window = masks.window;
-        call.scores = to_scores(softcap, alibi_slopes, op, sinks);
+        call.scores = masks.scores;
         call.need_weights = need_weights;
         call.average_attn_weights = average_attn_weights;
         if (num_heads <= 0 || embed_dim % num_heads != 0)
@@ -244,12 +281,8 @@ void bind_torch_calls(py::module_& core) {
         const int64_t d = embed_dim / num_heads;
         const int64_t H = c.layers.q.out_features() / d;
         const int64_t Hkv = c.layers.k.out_features() / d;
-        nn::TorchMhaShape shape{embed_dim, H, Hkv, d, batch_first, fully_masked};
-        nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
-        if (rotary) {  // per head of width d (mha/rotary.h)
-          check_rotary(op, *rotary, d);
-          s.rotary = *rotary;
-        }
+        nn::TorchMhaShape shape{embed_dim, H, Hkv, d, batch_first, masks.fully_masked_rows};
+        if (s.rotary.enabled()) check_rotary(op, s.rotary, d);  // per head of width d (mha/rotary.h)
         nn::TorchMhaForward f;
         {
           py::gil_scoped_release release;
@@ -259,8 +292,9 @@ void bind_torch_calls(py::module_& core) {
           state->give(std::move(spare));
         }
         py::object w = f.result.weights ? py::object(hand_to_numpy(std::move(*f.result.weights))) : py::object(py::none());
-        py::object ctx = keep_context || for_backward ? py::cast(ForwardContext(pooled(std::move(f.context), state)))
-                                                      : py::object(py::none());
+        py::object ctx = s.keep_for_weights || s.keep_for_backward
+                             ? py::cast(ForwardContext(pooled(std::move(f.context), state)))
+                             : py::object(py::none());
         if (ctx.is_none()) {
           py::gil_scoped_release release;
           pooled(std::move(f.context), state).reset();
@@ -268,22 +302,16 @@ void bind_torch_calls(py::module_& core) {
         return py::make_tuple(hand_to_numpy(std::move(f.result.output)), w, ctx);
       },
       py::arg("state"), py::arg("layers"), py::arg("query"), py::arg("key"), py::arg("value"),
-      py::arg("embed_dim"), py::arg("num_heads"), py::arg("batch_first"), py::arg("key_padding_mask"),
-      py::arg("need_weights"), py::arg("attn_mask"), py::arg("average_attn_weights"), py::arg("is_causal"),
-      py::arg("kernel"), py::arg("precision"), py::arg("fully_masked_rows"), py::arg("for_backward"),
-      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("window") = py::none(),
-      py::arg("rotary") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
-      py::arg("sinks") = py::none(),
-      "nn.MultiheadAttention's forward on the weights given -> (output, weights or None, context or None)");
+      py::arg("embed_dim"), py::arg("num_heads"), py::arg("batch_first"), py::arg("masks"), py::arg("settings"),
+      py::arg("need_weights"), py::arg("average_attn_weights"),
+      "nn.MultiheadAttention's forward on the weights given, with the call's masks (call_masks) and\n"
+      "settings (call_settings) -> (output, weights or None, context or None)");
 
   m.def(
       "_chapter_forward",
       [](const std::shared_ptr<CallState>& state, const py::tuple& layers_t, const py::object& queries,
-         const py::object& keys,
-         const py::object& values, const py::object& valid_lens, int64_t num_heads, AttentionKernel kernel,
-         const std::string& precision, bool for_backward, float dropout_p, uint64_t dropout_key, bool keep_context,
-         const std::optional<mha::Rotary>& rotary, const py::object& window, const py::object& softcap,
-         const py::object& alibi_slopes, const py::object& sinks) {
+         const py::object& keys, const py::object& values, const py::object& valid_lens, int64_t num_heads,
+         const CallMasks& masks, const nn::CallSettings& s) {
         static const char* op = "mha.torch.MultiHeadAttention";
         static const char* names[3] = {"queries", "keys", "values"};
         CallLayers c = layers_of(layers_t, &state->packs, op);
@@ -291,17 +319,10 @@ void bind_torch_calls(py::module_& core) {
         Inputs in;
         read_inputs(in, queries, keys, values, op, names, &spare);
         const ValidLens lens = to_valid_lens(valid_lens, op);
-        CallMasks masks;  // the score options and the window beside the chapter's lengths
-        masks.window = to_window(window, op);
-        masks.scores = to_scores(softcap, alibi_slopes, op, sinks);
         const int64_t inner = c.layers.q.out_features();
         if (num_heads <= 0 || inner % num_heads != 0)
           fail(op, "num_heads: ", num_heads, " does not divide W_q's ", inner, " outputs");
-        nn::CallSettings s = settings_of(kernel, parse_precision(op, precision), for_backward, dropout_p, dropout_key, keep_context);
-        if (rotary) {  // per head of width inner / num_heads (mha/rotary.h)
-          check_rotary(op, *rotary, inner / num_heads);
-          s.rotary = *rotary;
-        }
+        if (s.rotary.enabled()) check_rotary(op, s.rotary, inner / num_heads);  // per head (mha/rotary.h)
         nn::EngineOutput r;
         {
           py::gil_scoped_release release;
@@ -316,8 +337,9 @@ void bind_torch_calls(py::module_& core) {
             if (!t->empty()) spare.push_back(std::move(*t));
           state->give(std::move(spare));
         }
-        py::object ctx = keep_context || for_backward ? py::cast(ForwardContext(pooled(std::move(r.context), state)))
-                                                      : py::object(py::none());
+        py::object ctx = s.keep_for_weights || s.keep_for_backward
+                             ? py::cast(ForwardContext(pooled(std::move(r.context), state)))
+                             : py::object(py::none());
         if (ctx.is_none()) {
           py::gil_scoped_release release;
           pooled(std::move(r.context), state).reset();
@@ -325,11 +347,9 @@ void bind_torch_calls(py::module_& core) {
         return py::make_tuple(hand_to_numpy(std::move(r.output)), ctx);
       },
       py::arg("state"), py::arg("layers"), py::arg("queries"), py::arg("keys"), py::arg("values"),
-      py::arg("valid_lens"), py::arg("num_heads"), py::arg("kernel"), py::arg("precision"), py::arg("for_backward"),
-      py::arg("dropout_p"), py::arg("dropout_key"), py::arg("keep_context"), py::arg("rotary") = py::none(),
-      py::arg("window") = py::none(), py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(),
-      py::arg("sinks") = py::none(),
-      "The d2l chapter's forward on the weights given -> (output, context or None)");
+      py::arg("valid_lens"), py::arg("num_heads"), py::arg("masks"), py::arg("settings"),
+      "The d2l chapter's forward on the weights given, with the call's window and score options\n"
+      "(call_masks; the chapter's lengths beside them) and settings (call_settings) -> (output, context or None)");
 
   m.def(
       "_engine_backward",

@@ -2,7 +2,9 @@
 python/mha/torch_drop_in.py): input checks in torch's words, the Parameters
 read in place and packed once per version (_Weights), the call's autograd
 Function that keeps the C++ context (_AttentionFunction), dropout keys from
-torch's generator, and the per-call options (head gates, sinks, ALiBi)."""
+torch's generator, the per-call options (head gates, sinks, ALiBi) and the value that carries a
+call's masks and score options (_CallMasks)."""
+import dataclasses
 import numbers
 import threading
 
@@ -12,9 +14,25 @@ import torch
 from . import _checks, _core
 from ._torch_cache import TensorKVCache, _cache_dtype
 
-
-
 _calls = _core._torch_calls
+
+
+@dataclasses.dataclass
+class _CallMasks:
+    """What one module call masks and scores with, gathered once at its edge (a module's forward or
+    the functional form): the masks as the caller gave them (the traced calls and the differentiable
+    weights read them), their arrays, is_causal, the window, the score options and the fully-masked
+    policy (the chapter's module: the window and score options only). The eager calls convert them
+    for mha once (_calls.call_masks, which checks them)."""
+    given: tuple = (None, None)  # (key_padding_mask, attn_mask) as given
+    kpm: object = None           # their arrays (_mask_numpy)
+    am: object = None
+    is_causal: object = False
+    window: object = None
+    softcap: object = None
+    alibi_slopes: object = None
+    sinks: object = None         # (num_heads,) tensor or None: its gradient flows
+    fully_masked: object = _core.FullyMaskedRows.ZEROS
 
 
 def _not_on_cpu(op, name, device):

@@ -10,9 +10,13 @@ function to float32 rounding, forward and gradients
 (tests/python/test_torch2_library.py compares it with the eager call).
 Options this form does not cover are refused by name.
 
-    drop_in(module, query, key, value, key_padding_mask, need_weights, attn_mask, average,
-            is_causal, window, softcap, sinks) -> (out, weights or None)
-    chapter(module, queries, keys, values, valid_lens, window, softcap, sinks) -> out
+    drop_in(module, query, key, value, masks, need_weights, average, head_mask, precision)
+        -> (out, weights or None)
+    chapter(module, queries, keys, values, valid_lens, masks, head_mask, precision) -> out
+
+masks: the call's _torch_call._CallMasks (masks as given, is_causal, window, score options). The
+modules' cached calls over a TensorKVCache (drop_in_cached, chapter_cached) run the same way,
+eagerly or traced.
 """
 import math
 
@@ -122,12 +126,39 @@ def _check_common(op, module, head_mask, precision):
         _refuse(op, f"precision {precision!r} (bfloat16 and float16 inputs, or precision='bfloat16')")
 
 
-def drop_in(module, query, key, value, key_padding_mask, need_weights, attn_mask, average, is_causal, window,
-            softcap, sinks, head_mask, precision, alibi_slopes):
+def _drop_in_projections(module, query, key, value):
+    """nn.MultiheadAttention's inputs as (B, L, E) batch-first and projected: (batched, q, k, v)."""
+    batched = query.dim() == 3
+    if not batched:
+        query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+    elif not module.batch_first:
+        query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+    if module.in_proj_weight is not None:
+        wq, wk, wv = module.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+    bq = bk = bv = None
+    if module.in_proj_bias is not None:
+        bq, bk, bv = module.in_proj_bias.chunk(3)
+    return batched, F.linear(query.float(), wq, bq), F.linear(key.float(), wk, bk), F.linear(value.float(), wv, bv)
+
+
+def _drop_in_output(module, heads, batched, dtype):
+    """out_proj of the heads' concatenation (B, L, E), in the caller's layout and dtype."""
+    out = F.linear(heads, module.out_proj.weight, module.out_proj.bias).to(dtype)
+    if not batched:
+        return out.squeeze(0)
+    return out if module.batch_first else out.transpose(0, 1)
+
+
+def drop_in(module, query, key, value, masks, need_weights, average, head_mask, precision):
     """mha.torch.MultiheadAttention's call (no cache) as traced: nn.MultiheadAttention's projections,
-    bias_k / bias_v and add_zero_attn, its masks, mha's attention operator, out_proj."""
+    bias_k / bias_v and add_zero_attn, its masks (masks: _torch_call._CallMasks), mha's attention
+    operator, out_proj."""
     op = "mha.torch.MultiheadAttention"
     _check_common(op, module, head_mask, precision)
+    key_padding_mask, attn_mask = masks.given
+    alibi_slopes, softcap, sinks = masks.alibi_slopes, masks.softcap, masks.sinks
     if module._kept() is not None:
         _refuse(op, "a module with pruned heads")
     if alibi_slopes is not None:
@@ -141,20 +172,7 @@ def drop_in(module, query, key, value, key_padding_mask, need_weights, attn_mask
         _refuse(op, "need_weights=True with dropout in training")
     E, H = module.embed_dim, module.num_heads
     d = E // H
-    batched = query.dim() == 3
-    q_in, k_in, v_in = query, key, value
-    if not batched:
-        q_in, k_in, v_in = (x.unsqueeze(0) for x in (q_in, k_in, v_in))
-    elif not module.batch_first:
-        q_in, k_in, v_in = (x.transpose(0, 1) for x in (q_in, k_in, v_in))
-    if module.in_proj_weight is not None:
-        wq, wk, wv = module.in_proj_weight.chunk(3)
-    else:
-        wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-    bq = bk = bv = None
-    if module.in_proj_bias is not None:
-        bq, bk, bv = module.in_proj_bias.chunk(3)
-    q, k, v = F.linear(q_in, wq, bq), F.linear(k_in, wk, bk), F.linear(v_in, wv, bv)
+    batched, q, k, v = _drop_in_projections(module, query, key, value)
     B, L, S = q.shape[0], q.shape[1], k.shape[1]
     if module.bias_k is not None:
         k = torch.cat([k, module.bias_k.reshape(1, 1, E).expand(B, 1, E)], 1)
@@ -168,31 +186,28 @@ def drop_in(module, query, key, value, key_padding_mask, need_weights, attn_mask
     am = None if attn_mask is None else torch.as_tensor(attn_mask)
     if kpm is not None and not batched:
         kpm = kpm.unsqueeze(0)
-    masked, additive = score_masks(B, H, L, S, Kt, kpm, am, causal_kind(is_causal), window)
+    masked, additive = score_masks(B, H, L, S, Kt, kpm, am, causal_kind(masks.is_causal), masks.window)
     mask = _sdpa_mask(masked, additive)
     scale = 1.0 / math.sqrt(d)
     softcap = 0.0 if softcap is None else float(softcap)
     sinks = None if sinks is None else sinks.float().contiguous()
     out = _torch_ops.sdpa(q, k, v, mask, sinks, _torch_ops.dropout_key(p), False, scale, softcap, p)
-    out = F.linear(out.transpose(1, 2).reshape(B, L, E), module.out_proj.weight, module.out_proj.bias)
+    out = _drop_in_output(module, out.transpose(1, 2).reshape(B, L, E), batched, query.dtype)
     w = None
     if need_weights:
         w = _weights(q, k, mask, softcap, sinks, scale)
         w = w.mean(1) if average else w
         w = w if batched else w.squeeze(0)
-    if not batched:
-        out = out.squeeze(0)
-    elif not module.batch_first:
-        out = out.transpose(0, 1)
     return out, w
 
 
-def chapter(module, queries, keys, values, valid_lens, window, softcap, sinks, head_mask, precision, alibi_slopes):
+def chapter(module, queries, keys, values, valid_lens, masks, head_mask, precision):
     """The d2l chapter's module as traced: W_q, W_k, W_v, the chapter's masked softmax (keys past a
     row's valid length out; a row with length 0 averages every value, as the -1e6 fill gives), dropout
-    on the weights, W_o."""
+    on the weights, W_o. masks: _torch_call._CallMasks (its window and score options)."""
     op = "mha.torch.MultiHeadAttention"
     _check_common(op, module, head_mask, precision)
+    window, softcap, sinks, alibi_slopes = masks.window, masks.softcap, masks.sinks, masks.alibi_slopes
     if module.kept_heads != list(range(module.original_num_heads)):
         _refuse(op, "a module with pruned heads")
     if alibi_slopes is not None:
@@ -221,10 +236,11 @@ def chapter(module, queries, keys, values, valid_lens, window, softcap, sinks, h
 
 # ---- cached calls over a TensorKVCache (python/mha/_torch_cache.py), eager or traced --------------
 
-def _cached_attention(op, module, q, k, v, cache, window, softcap, sinks, alibi_slopes):
+def _cached_attention(op, module, q, k, v, cache, masks):
     """q, k, v (B, n, E) projected -> (B, n, E): the new keys and values written at each row's length,
-    the queries over the row's keys (causal over the new positions, a window over each row's keys),
-    the lengths advanced by n."""
+    the queries over the row's keys (causal over the new positions, a window over each row's keys,
+    masks: _torch_call._CallMasks), the lengths advanced by n."""
+    window = masks.window
     from .torch_kv_cache import attention_with_kv_cache  # (it imports this module)
     if module.training:
         raise ValueError(f"[{op}] cache: cached calls run in evaluation mode only (this module is in training "
@@ -241,47 +257,30 @@ def _cached_attention(op, module, q, k, v, cache, window, softcap, sinks, alibi_
         window = (left, 0 if right < 0 else min(right, 0))
     q, k, v = (x.reshape(B, n, H, d) for x in (q, k, v))
     out = attention_with_kv_cache(q, cache.key, cache.value, k, v, cache_seqlens=cache.lengths, causal=True,
-                                  window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes)
+                                  window=window, softcap=masks.softcap, sinks=masks.sinks,
+                                  alibi_slopes=masks.alibi_slopes)
     cache.lengths.add_(n)
     return out.reshape(B, n, E)
 
 
-def drop_in_cached(module, query, key, value, cache, key_padding_mask, attn_mask, window, softcap, sinks,
-                   head_mask, precision, alibi_slopes):
+def drop_in_cached(module, query, key, value, cache, masks, head_mask, precision):
     """mha.torch.MultiheadAttention's cached call over a TensorKVCache: nn.MultiheadAttention's
     projections, mha's cached operator, out_proj -> attn_output (the weights are None, as every
     cached call's)."""
     op = "mha.torch.MultiheadAttention"
     _check_common(op, module, head_mask, precision)
+    key_padding_mask, attn_mask = masks.given
     for name, given in (("key_padding_mask", key_padding_mask is not None), ("attn_mask", attn_mask is not None),
                         ("a module with pruned heads", module._kept() is not None),
                         ("bias_k / add_zero_attn", module.bias_k is not None or module.add_zero_attn)):
         if given:
             raise NotImplementedError(f"[{op}] {name} in a cached call over an mha.torch.TensorKVCache; use "
                                       "an mha.KVCache (kv_cache()) for it, eagerly")
-    batched = query.dim() == 3
-    q_in, k_in, v_in = query, key, value
-    if not batched:
-        q_in, k_in, v_in = (x.unsqueeze(0) for x in (q_in, k_in, v_in))
-    elif not module.batch_first:
-        q_in, k_in, v_in = (x.transpose(0, 1) for x in (q_in, k_in, v_in))
-    if module.in_proj_weight is not None:
-        wq, wk, wv = module.in_proj_weight.chunk(3)
-    else:
-        wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-    bq = bk = bv = None
-    if module.in_proj_bias is not None:
-        bq, bk, bv = module.in_proj_bias.chunk(3)
-    y = _cached_attention(op, module, F.linear(q_in.float(), wq, bq), F.linear(k_in.float(), wk, bk),
-                          F.linear(v_in.float(), wv, bv), cache, window, softcap, sinks, alibi_slopes)
-    out = F.linear(y, module.out_proj.weight, module.out_proj.bias).to(query.dtype)
-    if not batched:
-        return out.squeeze(0)
-    return out if module.batch_first else out.transpose(0, 1)
+    batched, q, k, v = _drop_in_projections(module, query, key, value)
+    return _drop_in_output(module, _cached_attention(op, module, q, k, v, cache, masks), batched, query.dtype)
 
 
-def chapter_cached(module, queries, keys, values, valid_lens, cache, window, softcap, sinks, head_mask,
-                   precision, alibi_slopes):
+def chapter_cached(module, queries, keys, values, valid_lens, cache, masks, head_mask, precision):
     """The d2l chapter's module's cached call over a TensorKVCache: W_q, W_k, W_v, mha's cached
     operator, W_o."""
     op = "mha.torch.MultiHeadAttention"
@@ -291,5 +290,5 @@ def chapter_cached(module, queries, keys, values, valid_lens, cache, window, sof
         raise NotImplementedError(f"[{op}] {name} in a cached call over an mha.torch.TensorKVCache; use an "
                                   "mha.KVCache (kv_cache()) for it, eagerly")
     y = _cached_attention(op, module, module.W_q(queries.float()), module.W_k(keys.float()),
-                          module.W_v(values.float()), cache, window, softcap, sinks, alibi_slopes)
+                          module.W_v(values.float()), cache, masks)
     return module.W_o(y).to(queries.dtype)

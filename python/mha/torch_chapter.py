@@ -10,7 +10,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _not_on_cpu, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -248,16 +248,17 @@ class MultiHeadAttention(_SharedModule, nn.Module):
         self._materialise(queries, keys, values)
         if isinstance(cache, TensorKVCache):  # torch's ops around mha's cached operator, eager or traced
             _, mode = _call_dtype(op, (queries, keys, values))
-            return _traced.chapter_cached(self, queries, keys, values, valid_lens, cache, window, softcap, sinks,
-                                          head_mask, mode or self._precision, alibi_slopes)
+            masks = _CallMasks(window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+            return _traced.chapter_cached(self, queries, keys, values, valid_lens, cache, masks, head_mask,
+                                          mode or self._precision)
         if _traced.tracing(queries, keys, values):  # torch.compile / torch.export: torch's ops around mha's
             if cache is not None:
                 _traced._refuse(op, "cache")
             if window is not None or sinks is not None:
                 _traced._refuse(op, "window / sinks")
             _, mode = _call_dtype(op, (queries, keys, values))
-            return _traced.chapter(self, queries, keys, values, valid_lens, window, softcap, sinks, head_mask,
-                                   mode or self._precision, alibi_slopes)
+            masks = _CallMasks(window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+            return _traced.chapter(self, queries, keys, values, valid_lens, masks, head_mask, mode or self._precision)
         named = self._params()
         params = [t for _, t in named]
         out_dtype, mode = _call_dtype(op, (queries, keys, values))
@@ -291,14 +292,16 @@ class MultiHeadAttention(_SharedModule, nn.Module):
         kernel, num_heads, rotary = self._kernel, self.num_heads, self._rotary
         weights = self._weights
         module = self
+        # The window and score options beside the chapter's lengths: one value, checked here.
+        masks = _calls.call_masks(op, window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks_np)
 
         def forward(q, k, v, ps, for_backward, gates):
             nq, nk, nv = _inputs_numpy(q, k, v)
             layers = _with_gates(weights.layers(ps, lambda ps: module._call_layers(ps, weights)), gates)
-            out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv,
-                                                 lens, num_heads, kernel, precision, for_backward, p, key, True,
-                                                 rotary, window=window, softcap=softcap,
-                                                 alibi_slopes=alibi_slopes, sinks=sinks_np)
+            settings = _calls.call_settings(op, kernel=kernel, precision=precision, for_backward=for_backward,
+                                            dropout_p=p, dropout_key=key, keep_context=True, rotary=rotary)
+            out, context = _calls._chapter_forward(weights.state, layers, nq, nk, nv, lens, num_heads, masks,
+                                                   settings)
             object.__setattr__(module, "_last_context", context)  # a plain attribute: skip nn.Module's
             return out, None, context
 

@@ -3,6 +3,7 @@ parameters, state-dict names, forward signature and (output, weights)
 return values, computed and differentiated by mha; the functional
 multi_head_attention_forward; replace_attention; the weights' differentiable
 form (_differentiable_weights). The package's overview: python/mha/torch.py."""
+import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _mask_numpy, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -276,16 +277,19 @@ class MultiheadAttention(_SharedModule, nn.Module):
             _check_input(x, op, n, (2, 3))
         if isinstance(cache, TensorKVCache):  # torch's ops around mha's cached operator, eager or traced
             _, mode = _call_dtype(op, (query, key, value))
-            return _traced.drop_in_cached(self, query, key, value, cache, key_padding_mask, attn_mask, window,
-                                          softcap, sinks, head_mask, mode or self._precision, alibi_slopes), None
+            masks = _CallMasks(given=(key_padding_mask, attn_mask), window=window, softcap=softcap,
+                               alibi_slopes=alibi_slopes, sinks=sinks)
+            return _traced.drop_in_cached(self, query, key, value, cache, masks, head_mask,
+                                          mode or self._precision), None
         if _traced.tracing(query, key, value):  # torch.compile / torch.export: torch's ops around mha's
             if cache is not None:
                 _traced._refuse(op, "cache")
             _, mode = _call_dtype(op, (query, key, value))
-            return _traced.drop_in(self, query, key, value, key_padding_mask,
-                                   _checks.flag(need_weights, op, "need_weights"), attn_mask,
-                                   _checks.flag(average_attn_weights, op, "average_attn_weights"), is_causal,
-                                   window, softcap, sinks, head_mask, mode or self._precision, alibi_slopes)
+            masks = _CallMasks(given=(key_padding_mask, attn_mask), is_causal=is_causal, window=window,
+                               softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+            return _traced.drop_in(self, query, key, value, masks, _checks.flag(need_weights, op, "need_weights"),
+                                   _checks.flag(average_attn_weights, op, "average_attn_weights"), head_mask,
+                                   mode or self._precision)
         named = self._named_params()
         params = [p for _, p in named]
         out_dtype, mode = _call_dtype(op, (query, key, value))
@@ -331,14 +335,15 @@ class MultiheadAttention(_SharedModule, nn.Module):
         need_weights = _checks.flag(need_weights, op, "need_weights")
         average = _checks.flag(average_attn_weights, op, "average_attn_weights")
         p = _dropout_p(op, "dropout", self.dropout) if self.training else 0.0
-        return _drop_in_run(op, named, query, key, value, embed_dim=self.embed_dim, num_heads=self.num_heads,
-                            batch_first=batch_first, add_zero_attn=bool(self.add_zero_attn), kpm=kpm, am=am,
-                            need_weights=need_weights, average=average, is_causal=is_causal,
-                            kernel=self._kernel, precision=precision, fully_masked=self._fully_masked_rows,
-                            p=p, weights=self._weights, out_dtype=out_dtype, module=self,
-                            gates=_call_gates(op, self.head_gates, head_mask, self.num_heads),
-                            kept=self._kept(), masks=(key_padding_mask, attn_mask), window=window,
-                            rotary=self._rotary, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+        masks = _CallMasks(given=(key_padding_mask, attn_mask), kpm=kpm, am=am, is_causal=is_causal, window=window,
+                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                             fully_masked=self._fully_masked_rows)
+        return _drop_in_run(op, named, query, key, value, _DropInCall(
+            embed_dim=self.embed_dim, num_heads=self.num_heads, batch_first=batch_first,
+            add_zero_attn=bool(self.add_zero_attn), masks=masks, need_weights=need_weights, average=average,
+            kernel=self._kernel, precision=precision, p=p, weights=self._weights, out_dtype=out_dtype, module=self,
+            gates=_call_gates(op, self.head_gates, head_mask, self.num_heads), kept=self._kept(),
+            rotary=self._rotary))
 
     def extra_repr(self):
         # nn.MultiheadAttention prints only its submodules; so does this one.
@@ -442,61 +447,83 @@ def _kept_mask_slices(op, am, kept, num_heads):
     return np.ascontiguousarray(a.reshape(-1, num_heads, L, S)[:, kept].reshape(-1, L, S))
 
 
-def _drop_in_run(op, named, query, key, value, *, embed_dim, num_heads, batch_first, add_zero_attn, kpm, am,
-                 need_weights, average, is_causal, kernel, precision, fully_masked, p, weights, out_dtype,
-                 module=None, gates=None, kept=None, masks=None, window=None, rotary=None, softcap=None,
-                 alibi_slopes=None, sinks=None):
+@dataclasses.dataclass
+class _DropInCall:
+    """One nn.MultiheadAttention call beside its inputs and parameters: the layout, the mask value,
+    what it returns and how it runs. weights: the module's _Weights, or None (a functional call)."""
+    embed_dim: int
+    num_heads: int
+    batch_first: bool
+    add_zero_attn: bool
+    masks: _CallMasks
+    need_weights: bool
+    average: bool
+    kernel: object
+    precision: str
+    p: float
+    weights: object
+    out_dtype: object
+    module: object = None
+    gates: object = None
+    kept: object = None
+    rotary: object = None
+
+
+def _drop_in_run(op, named, query, key, value, call):
     """nn.MultiheadAttention's call on the parameters `named` ((name, tensor) in its order), through
-    autograd when a gradient is wanted. weights: the module's _Weights, or None (a functional call)."""
+    autograd when a gradient is wanted."""
     names = [n for n, _ in named]
     params = [t for _, t in named]
+    weights, kept, masks, embed_dim = call.weights, call.kept, call.masks, call.embed_dim
     state = weights.state if weights is not None else _FUNCTIONAL_STATE
-    drop_key = _dropout_key(p)
+    drop_key = _dropout_key(call.p)
 
-    d = embed_dim // num_heads
+    d = embed_dim // call.num_heads
     last = [None]  # the call's context (its dropout mask for differentiable weights)
+    gates, am, sinks = call.gates, masks.am, masks.sinks
     if kept is not None:
         if gates is not None:
             gates = gates[torch.tensor(kept, dtype=torch.long)]
-        am = _kept_mask_slices(op, am, kept, num_heads)
+        am = _kept_mask_slices(op, am, kept, call.num_heads)
         if sinks is not None:  # the kept heads' sinks (the others get a zero gradient through the gather)
             sinks = sinks[torch.tensor(kept, dtype=torch.long)]
-    sinks_np = _sinks_numpy(sinks)
+    mask_value = _calls.call_masks(op, key_padding_mask=masks.kpm, attn_mask=am, is_causal=masks.is_causal,
+                                   window=masks.window, softcap=masks.softcap, alibi_slopes=masks.alibi_slopes,
+                                   sinks=_sinks_numpy(sinks), fully_masked_rows=masks.fully_masked)
 
     def build(ps):
-        return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, add_zero_attn, op, kept, d)
+        return _drop_in_layers(list(zip(names, ps)), weights, embed_dim, call.add_zero_attn, op, kept, d)
 
     def forward(q, k, v, ps, for_backward, gates):
         nq, nk, nv = _inputs_numpy(q, k, v)
         layers = _with_gates(build(ps) if weights is None else weights.layers(ps, build), gates)
-        out, w, context = _calls._torch_mha_forward(
-            state, layers, nq, nk, nv,
-            embed_dim, num_heads, batch_first, kpm, need_weights, am, average, is_causal, kernel, precision,
-            fully_masked, for_backward, p, drop_key, p > 0.0, window, rotary, softcap=softcap,
-            alibi_slopes=alibi_slopes, sinks=sinks_np)
-        if context is not None and module is not None:
-            object.__setattr__(module, "_last_context", context)  # a plain attribute: skip nn.Module's
+        settings = _calls.call_settings(op, kernel=call.kernel, precision=call.precision, for_backward=for_backward,
+                                        dropout_p=call.p, dropout_key=drop_key, keep_context=call.p > 0.0,
+                                        rotary=call.rotary)
+        out, w, context = _calls._torch_mha_forward(state, layers, nq, nk, nv, embed_dim, call.num_heads,
+                                                    call.batch_first, mask_value, settings, call.need_weights,
+                                                    call.average)
+        if context is not None and call.module is not None:
+            object.__setattr__(call.module, "_last_context", context)  # a plain attribute: skip nn.Module's
         last[0] = context
         return out, w, context
 
     def layers(ps, w):
-        return _drop_in_layers(list(zip(names, ps)), w, embed_dim, add_zero_attn, op, kept, d)
+        return _drop_in_layers(list(zip(names, ps)), w, embed_dim, call.add_zero_attn, op, kept, d)
 
-    call = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates,
-                 sinks)
-    out, w = _run(call, query, key, value, params, need_weights)
-    if w is not None and masks is not None and torch.is_grad_enabled() and (
+    fn = _Call(state, forward, layers, lambda ps, rest: _drop_in_grads(names, ps, rest, kept, d, embed_dim), gates,
+               sinks)
+    out, w = _run(fn, query, key, value, params, call.need_weights)
+    if w is not None and torch.is_grad_enabled() and (
             query.requires_grad or key.requires_grad or any(t.requires_grad for t in params)
             or (sinks is not None and sinks.requires_grad)) \
-            and not any(isinstance(m, _core.Mask) for m in masks):
+            and not any(isinstance(m, _core.Mask) for m in masks.given):
         # The weights as a function of query, key and the projections, by torch's ops (their
         # values equal mha's to float32 rounding), so that a loss on them has gradients.
-        w = _differentiable_weights(named, query, key, embed_dim, num_heads, batch_first, add_zero_attn,
-                                    masks, is_causal, fully_masked, p, last[0], average, kept, window, rotary,
-                                    softcap, alibi_slopes, sinks)
-    if out_dtype != torch.float32:
-        out = out.to(out_dtype)
-        w = None if w is None else w.to(out_dtype)
+        w = _differentiable_weights(named, query, key, call, sinks, last[0])
+    if call.out_dtype != torch.float32:
+        out = out.to(call.out_dtype)
+        w = None if w is None else w.to(call.out_dtype)
     return out, w
 
 
@@ -572,14 +599,12 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     out_dtype, mode = _call_dtype(op, (query, key, value))
     query, key, value = _as_float32(query, key, value)
     p = _dropout_p(op, "dropout_p", dropout_p) if training else 0.0
-    return _drop_in_run(op, named, query, key, value, embed_dim=embed_dim, num_heads=num_heads,
-                        batch_first=False, add_zero_attn=bool(add_zero_attn),
-                        kpm=_mask_numpy(key_padding_mask, "key_padding_mask"),
-                        am=_mask_numpy(attn_mask, "attn_mask"),
-                        need_weights=need_weights, average=average_attn_weights,
-                        is_causal=is_causal, kernel=_core.Kernel.FUSED, precision=mode or "float32",
-                        fully_masked=_core.FullyMaskedRows.ZEROS, p=p, weights=None, out_dtype=out_dtype,
-                        masks=(key_padding_mask, attn_mask))
+    masks = _CallMasks(given=(key_padding_mask, attn_mask), kpm=_mask_numpy(key_padding_mask, "key_padding_mask"),
+                         am=_mask_numpy(attn_mask, "attn_mask"), is_causal=is_causal)
+    return _drop_in_run(op, named, query, key, value, _DropInCall(
+        embed_dim=embed_dim, num_heads=num_heads, batch_first=False, add_zero_attn=bool(add_zero_attn), masks=masks,
+        need_weights=need_weights, average=average_attn_weights, kernel=_core.Kernel.FUSED,
+        precision=mode or "float32", p=p, weights=None, out_dtype=out_dtype))
 
 
 def replace_attention(model, **kwargs):
@@ -621,14 +646,16 @@ def replace_attention(model, **kwargs):
     return replaced
 
 
-def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn, masks, is_causal, fully_masked,
-                            p, context, average, kept, window=None, rotary=None, softcap=None, alibi_slopes=None,
-                            sinks=None):
+def _differentiable_weights(named, query, key, call, sinks, context):
     """nn.MultiheadAttention's returned weights (after dropout, averaged or per head) recomputed with
-    torch's ops from the call's query, key and parameters, with the call's masks, fully masked
-    policy and mha's dropout mask: what mha returned, now differentiable."""
-    kpm, am = (torch.from_numpy(np.asarray(m)) if m is not None and not isinstance(m, torch.Tensor) else m
-               for m in masks)
+    torch's ops from the call's query, key and parameters (call: _DropInCall; sinks: the kept
+    heads'), with the call's masks, fully masked policy and mha's dropout mask: what mha returned,
+    now differentiable."""
+    E, H, batch_first, kept, rotary = call.embed_dim, call.num_heads, call.batch_first, call.kept, call.rotary
+    m = call.masks
+    is_causal, window, softcap, alibi_slopes = m.is_causal, m.window, m.softcap, m.alibi_slopes
+    kpm, am = (torch.from_numpy(np.asarray(x)) if x is not None and not isinstance(x, torch.Tensor) else x
+               for x in m.given)
     batched = query.dim() == 3
     qx, kx = query, key
     if not batched:
@@ -650,7 +677,7 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
     B, L, S = q.shape[0], q.shape[1], k.shape[1]
     if bias_k is not None:
         k = torch.cat([k, bias_k.reshape(1, 1, -1).expand(B, 1, -1)], 1)
-    if add_zero_attn:
+    if call.add_zero_attn:
         k = torch.cat([k, k.new_zeros(B, 1, k.shape[2])], 1)
     Kt = k.shape[1]
     q = q.reshape(B, L, h, d).transpose(1, 2)
@@ -681,11 +708,11 @@ def _differentiable_weights(named, query, key, E, H, batch_first, add_zero_attn,
     else:
         dead = torch.isneginf(s).all(-1, keepdim=True)
         w = torch.softmax(s.masked_fill(dead, 0.0), -1)
-        fill = 0.0 if fully_masked == _core.FullyMaskedRows.ZEROS else 1.0 / Kt
+        fill = 0.0 if m.fully_masked == _core.FullyMaskedRows.ZEROS else 1.0 / Kt
         w = torch.where(dead, torch.full_like(w, fill), w)
-    if p > 0.0 and context is not None:
+    if call.p > 0.0 and context is not None:
         w = w * torch.from_numpy(context.dropout_mask)
-    if average:
+    if call.average:
         w = w.mean(1)
     return w if batched else w.squeeze(0)
 
