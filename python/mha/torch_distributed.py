@@ -50,8 +50,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _core
-from ._torch_call import _dropout_key
+from . import _checks, _core
+from ._torch_call import _check_input, _dropout_key
 from .torch_chapter import MultiHeadAttention
 from .torch_drop_in import MultiheadAttention
 from . import torch_ring as _ring
@@ -77,6 +77,18 @@ def shard(x, dim, rank, world_size, zigzag=False):
     """This rank's block of x (the whole sequence along dim): positions tensor_split gives rank
     `rank`, or with zigzag chunks rank and 2P-1-rank of 2P equal chunks (length divisible by 2P)."""
     op = "mha.torch.distributed.shard"
+    if not isinstance(x, torch.Tensor):
+        raise _checks.wrong_kind(op, "x", x, "a torch.Tensor")
+    world_size = _checks.integer(world_size, op, "world_size")
+    rank = _checks.integer(rank, op, "rank")
+    dim = _checks.integer(dim, op, "dim")
+    if world_size < 1:
+        raise ValueError(f"[{op}] world_size: {world_size}; wanted the group's size, at least 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"[{op}] rank: {rank}; wanted a rank of the group, 0 to {world_size - 1}")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"[{op}] dim: {dim} for a tensor of {x.dim()} dimensions; wanted the sequence's "
+                         f"dimension, -{x.dim()} to {x.dim() - 1}")
     length = x.shape[dim]
     if zigzag and length % (2 * world_size):
         raise ValueError(f"[{op}] zigzag: length {length} is not divisible by 2 * world_size "
@@ -171,6 +183,53 @@ def _what(t):
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _check_widths(op, a, named):
+    """The inputs' last dimension against the module's input widths (the drop-in's embed_dim, kdim,
+    vdim; the chapter's built W_q, W_k, W_v), in the modules' words: not torch's 'mat1 and mat2
+    shapes cannot be multiplied' from a projection."""
+    if isinstance(a, MultiHeadAttention):
+        layers = (a.W_q, a.W_k, a.W_v)
+        wanted = [None if isinstance(l, nn.modules.lazy.LazyModuleMixin) and l.has_uninitialized_params()
+                  else l.weight.shape[1] for l in layers]
+        owner = ("W_q", "W_k", "W_v")
+    else:
+        wanted = [a.embed_dim, a.kdim, a.vdim]
+        owner = ("embed_dim", "kdim", "vdim")
+    for (name, t), w, o in zip(named, wanted, owner):
+        if w is not None and t.shape[-1] != w:
+            raise ValueError(f"[{op}] {name}: width {t.shape[-1]} (shape {tuple(t.shape)}); the module's {o} "
+                             f"takes {w}")
+
+
+def _check_lengths(op, valid_lens, B):
+    """valid_lens None or (B,) numbers >= 0 over global key positions, as the modules check them."""
+    if valid_lens is None:
+        return
+    if not isinstance(valid_lens, torch.Tensor) or valid_lens.dim() != 1 or valid_lens.shape[0] != B:
+        raise ValueError(f"[{op}] valid_lens: got {_what(valid_lens)}; wanted None "
+                         "or (B,) lengths over global key positions")
+    if valid_lens.dtype == torch.bool or valid_lens.is_complex():
+        raise TypeError(f"[{op}] valid_lens: dtype {valid_lens.dtype}; wanted integer or floating lengths")
+    lens = valid_lens.detach().double()
+    for i, n in enumerate(lens.tolist()):
+        if n != n:
+            raise ValueError(f"[{op}] valid_lens: entry {i} is NaN; lengths must be numbers >= 0")
+        if n < 0:
+            raise ValueError(f"[{op}] valid_lens: entry {i} is {n:g}; lengths must be >= 0")
+
+
+def _call_digest(*values):
+    """A CRC32 of what every rank must pass alike (global lengths, options, sinks): compared by _layout."""
+    crc = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            data = v.detach().cpu().contiguous().numpy().tobytes() + str(v.dtype).encode()
+        else:
+            data = repr(v).encode()
+        crc = zlib.crc32(data, crc)
+    return crc
+
+
 def _refuse_dropout(op, attention):
     p = attention.attention.dropout.p if isinstance(attention, MultiHeadAttention) else attention.dropout
     if attention.training and p > 0:
@@ -210,14 +269,20 @@ class SequenceParallel(nn.Module):
         self.zigzag = bool(zigzag)
         self.method = method
 
-    def _layout(self, op, local_len, local_error, extra=(), key=0):
+    def _layout(self, op, local_len, local_error, extra=(), key=0, same=0):
         """Every rank's block length, this rank's global positions and the gather order; key: this
-        rank's dropout key, of which every rank takes rank 0's (self.key)."""
+        rank's dropout key, of which every rank takes rank 0's (self.key); same: the digest of what
+        every rank must pass alike (_call_digest)."""
         rank, P = _world(self.group)
-        facts = _agree(op, self.group, rank, P, local_error, (local_len, key) + tuple(extra))
+        facts = _agree(op, self.group, rank, P, local_error, (local_len, key, same) + tuple(extra))
         sizes = [int(s) for s in facts[:, 0]]
         call_key = int(facts[0, 1])
-        facts = torch.cat([facts[:, :1], facts[:, 2:]], 1)
+        digests = facts[:, 2].tolist()
+        if len(set(digests)) != 1:
+            raise ValueError(f"[{op}] valid_lens / options: ranks {[r for r in range(P) if digests[r] != digests[0]]} "
+                             "passed other values than rank 0; wanted the same global lengths, window, softcap, "
+                             "alibi_slopes and sinks on every rank")
+        facts = torch.cat([facts[:, :1], facts[:, 3:]], 1)
         for j in range(1, facts.shape[1]):
             if len(set(facts[:, j].tolist())) != 1:
                 raise ValueError(f"[{op}] the ranks' blocks disagree: {facts[:, j].tolist()} "
@@ -247,22 +312,23 @@ class SequenceParallel(nn.Module):
         ring = {}
         try:
             ring = self._call_options(op, self.attention, window, softcap, alibi_slopes, sinks)
-            for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+            named = (("queries", queries), ("keys", keys), ("values", values))
+            for name, t in named:
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
                     raise ValueError(f"[{op}] {name}: got {_what(t)}; "
                                      "wanted a tensor (B, L_rank, D)")
+                _check_input(t, op, name, (3,))  # the modules' dtype and device checks
             if queries.shape[1] != keys.shape[1] or keys.shape[:2] != values.shape[:2]:
                 raise ValueError(f"[{op}] queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
                                  f"{tuple(values.shape)}: wanted this rank's block of the same positions in all three")
-            if valid_lens is not None and (not isinstance(valid_lens, torch.Tensor) or valid_lens.dim() != 1
-                                           or valid_lens.shape[0] != queries.shape[0]):
-                raise ValueError(f"[{op}] valid_lens: got {_what(valid_lens)}; wanted None "
-                                 "or (B,) lengths over global key positions")
+            _check_widths(op, self.attention, named)
+            _check_lengths(op, valid_lens, queries.shape[0])
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (queries.shape[0], queries.shape[2], keys.shape[2], values.shape[2])
+        same = 0 if err else _call_digest(valid_lens, bool(causal), window, softcap, alibi_slopes, sinks)
         rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else queries.shape[1], err, shape,
-                                                        ring.get("dropout_key", 0))
+                                                        ring.get("dropout_key", 0), same)
         if self.method == "ring":
             ring["dropout_key"] = dkey
             return self._ring_chapter(queries, keys, values, valid_lens, causal, (rank, P, sizes), ring)
@@ -314,18 +380,25 @@ class SequenceParallel(nn.Module):
                                  "a mask over this rank's rows and all keys is not split here)")
             if need_weights:
                 raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has only its rows' weights)")
-            for name, t in (("query", query), ("key", key), ("value", value)):
+            named = (("query", query), ("key", key), ("value", value))
+            for name, t in named:
                 if not isinstance(t, torch.Tensor) or t.dim() != 3:
                     raise ValueError(f"[{op}] {name}: got {_what(t)}; "
                                      "wanted a batched tensor (3 dimensions)")
+                _check_input(t, op, name, (3,))  # the modules' dtype and device checks
             if query.shape[sd] != key.shape[sd] or key.shape[:2] != value.shape[:2]:
                 raise ValueError(f"[{op}] query {tuple(query.shape)}, key {tuple(key.shape)}, value "
                                  f"{tuple(value.shape)}: wanted this rank's block of the same positions in all three")
+            _check_widths(op, a, named)
+            if key_padding_mask is not None and tuple(key_padding_mask.shape) != (key.shape[1 - sd], key.shape[sd]):
+                raise ValueError(f"[{op}] key_padding_mask: shape {tuple(key_padding_mask.shape)}; wanted "
+                                 f"(B, L_rank) = {(key.shape[1 - sd], key.shape[sd])}, this rank's keys")
         except (ValueError, TypeError) as e:
             err = e
         shape = (0, 0, 0, 0) if err else (query.shape[1 - sd], query.shape[2], key.shape[2], value.shape[2])
+        same = 0 if err else _call_digest(bool(is_causal), window, softcap, alibi_slopes, sinks)
         rank, P, sizes, pos, order, dkey = self._layout(op, 0 if err else query.shape[sd], err, shape,
-                                                        ring.get("dropout_key", 0))
+                                                        ring.get("dropout_key", 0), same)
         if self.method == "ring":
             ring["dropout_key"] = dkey
             return self._ring_drop_in(query, key, value, key_padding_mask, is_causal, (rank, P, sizes, order), ring)
@@ -425,14 +498,16 @@ def _sliced_heads(a, rank, P, args, kwargs):
     chapter = isinstance(a, MultiHeadAttention)
     if a._rotary is not None:
         return None
-    tensors = lambda ts: all(isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_floating_point() for t in ts)
+    # float32/bfloat16/float16 (3-D) only: other dtypes go to the module's call, which refuses them
+    tensors = lambda ts: all(isinstance(t, torch.Tensor) and t.dim() == 3
+                             and t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in ts)
     if chapter:
         if a.head_gates is not None or kwargs or not 3 <= len(args) <= 4 or not tensors(args[:3]):
             return None
         lens = args[3] if len(args) == 4 else None
         if lens is not None and (not isinstance(lens, torch.Tensor) or lens.dim() != 1
-                                 or lens.shape[0] != args[0].shape[0]):
-            return None
+                                 or lens.shape[0] != args[0].shape[0] or not bool((lens >= 0).all())):
+            return None  # the module's call checks (and refuses) them
         first = lambda t: t
         x = list(args[:3])
         a._materialise(*x)
@@ -448,8 +523,10 @@ def _sliced_heads(a, rank, P, args, kwargs):
             return None
         if (a.bias_k is not None or a.add_zero_attn or a._kept() is not None or attn_mask is not None
                 or not tensors((query, key, value))
-                or kpm is not None and (not isinstance(kpm, torch.Tensor) or kpm.dtype != torch.bool)):
-            return None
+                or kpm is not None and (not isinstance(kpm, torch.Tensor) or kpm.dtype != torch.bool
+                                        or tuple(kpm.shape) != ((key.shape[0], key.shape[1]) if a.batch_first
+                                                                else (key.shape[1], key.shape[0])))):
+            return None  # the module's call runs (and checks) them
         first = (lambda t: t) if a.batch_first else (lambda t: t.transpose(0, 1))
         x = [first(t) for t in (query, key, value)]
         layers = _ring.drop_in_layers(a)
@@ -458,6 +535,10 @@ def _sliced_heads(a, rank, P, args, kwargs):
         masks = dict(lens=None, causal=bool(is_causal), key_keep=keep, seed_fill=False,
                      zeros=a._fully_masked_rows == _core.FullyMaskedRows.ZEROS)
         p = a.dropout
+    try:
+        _check_widths("", a, list(zip(("query", "key", "value"), x)))
+    except ValueError:
+        return None  # the module's call refuses them in its words
     H = layers[0][0].shape[0] // d
     B, Lq, Lk = x[0].shape[0], x[0].shape[1], x[1].shape[1]
     p = float(p) if a.training else 0.0

@@ -843,6 +843,15 @@ def _torch_dist_call(what):
     elif what == "ring_sizes":
         import mha
         mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], lens=torch.ones(2).numpy())
+    elif what == "shard_world":
+        mtd.shard(torch.ones(1, 8), 1, 0, 0)
+    elif what == "shard_rank":
+        mtd.shard(torch.ones(1, 8), 1, -1, 2)
+    elif what == "shard_dim":
+        mtd.shard(torch.ones(1, 8), 2, 0, 2)
+    elif what == "width":
+        chapter(x, x, x)  # built
+        mtd.SequenceParallel(chapter)(x, torch.ones(1, 4, 6), torch.ones(1, 4, 6))
     elif what == "ring_option":
         import mha
         mha._core._ring_calls.RingCall(1, 1, 2, 4, 4, [(0, 4)], bogus=1)
@@ -877,4 +886,5 @@ def _torch_dist_call(what):
 PY.update({f"torch_dist.{w}": (lambda t, w=w: _torch_dist_call(w)) for w in (
     "zigzag_length", "dropout", "rank", "blocks", "valid_lens", "zigzag_blocks", "attn_mask", "need_weights",
     "drop_in_rank", "drop_in_blocks", "head_mask", "head_weights", "method", "padding_dtype", "ring_gates",
-    "ring_drop_in", "ring_rotary", "ring_sizes", "ring_option", "ring_window", "ring_alibi", "gather_positions")})
+    "ring_drop_in", "ring_rotary", "ring_sizes", "ring_option", "ring_window", "ring_alibi", "gather_positions", "shard_world", "shard_rank", "shard_dim",
+    "width")})

@@ -406,7 +406,10 @@ def _failures(rank, P, result_dir):
     for what, call in (("disagree", lambda: mtd.SequenceParallel(m)(*[torch.randn(1 + rank, 4, 8)] * 3)),
                        ("share", lambda: mtd.HeadParallel(mha.torch.MultiHeadAttention(6, 3, 0.0))(x[..., :6], x[..., :6], x[..., :6])),
                        ("rng", lambda: (torch.manual_seed(rank),
-                                        mtd.HeadParallel(_module(False, 0.5))(*[torch.ones(1, 3, 8)] * 3)))):
+                                        mtd.HeadParallel(_module(False, 0.5))(*[torch.ones(1, 3, 8)] * 3))),
+                       # ranks passing other global lengths or options than rank 0
+                       ("lens", lambda: mtd.SequenceParallel(m)(x, x, x, torch.tensor([3.0 + rank]))),
+                       ("window", lambda: mtd.SequenceParallel(m)(x, x, x, window=(1 + rank, 0)))):
         with pytest.raises(ValueError) as e:
             call()
         with open(os.path.join(result_dir, f"{what}{rank}"), "w") as f:
@@ -478,6 +481,9 @@ def test_sequence_and_head_parallel_equal_one_process(world_size, tmp_path):
         assert "the ranks' blocks disagree: [1, 2]" in (tmp_path / f"disagree{r}").read_text()
         assert "num_heads: 3 is not divisible by the group's 2 ranks" in (tmp_path / f"share{r}").read_text()
         assert "dropout: the ranks' torch generators differ" in (tmp_path / f"rng{r}").read_text()
+        for what in ("lens", "window"):
+            assert "valid_lens / options: ranks [1] passed other values than rank 0" in \
+                (tmp_path / f"{what}{r}").read_text()
     seconds, _, err = (tmp_path / "absent0").read_text().partition(" ")
     assert err and err != "error", err
     assert float(seconds) < 30
