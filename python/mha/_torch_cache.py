@@ -4,6 +4,7 @@ buffers get a copy of each Parameter that changed since the last cached call,
 and the KV cache's checks. (A cache of tensors for compiled decoders:
 python/mha/torch_kv_cache.py.)"""
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -70,6 +71,20 @@ def _cache_gates(impl, gates, num_heads):
 
 
 
+_CACHE_LOCKS = weakref.WeakKeyDictionary()  # TensorKVCache -> its lock (a Module attribute would not pickle)
+_CACHE_LOCKS_LOCK = threading.Lock()
+
+
+def tensor_cache_lock(cache):
+    """The lock that serialises the eager cached calls on one TensorKVCache, so that threads sharing
+    it append in turn (each call reads the lengths, writes its keys there and advances them)."""
+    with _CACHE_LOCKS_LOCK:
+        lock = _CACHE_LOCKS.get(cache)
+        if lock is None:
+            lock = _CACHE_LOCKS[cache] = threading.Lock()
+        return lock
+
+
 class TensorKVCache(torch.nn.Module):
     """A key/value cache held as torch tensors, for the modules' cached calls under torch.compile
     and torch.export (an mha.KVCache is a C++ object no graph can hold): buffers key and value
@@ -77,7 +92,10 @@ class TensorKVCache(torch.nn.Module):
     int64, the positions each row holds. Made by a module's tensor_kv_cache(); a cached call
     m(x, x, x, cache=c) writes the new keys and values at each row's length, attends through
     mha.torch.attention_with_kv_cache (causal over the new positions) and advances lengths. Being a
-    Module, it can be an attribute of the model, so torch.export keeps it as mutated buffers."""
+    Module, it can be an attribute of the model, so torch.export keeps it as mutated buffers.
+    Threads may share one: its eager cached calls run one at a time (each appends its positions
+    after the previous call's); a compiled or exported graph that writes it is the caller's to run
+    from one thread at a time, as any graph that mutates a buffer."""
 
     def __init__(self, batch_size, max_len, num_kv_heads, head_dim, dtype=torch.float32):
         super().__init__()

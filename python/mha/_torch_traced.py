@@ -24,6 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from . import _core, _torch_ops
+from ._torch_cache import tensor_cache_lock
 
 
 def tracing(*tensors):
@@ -256,11 +257,20 @@ def _cached_attention(op, module, q, k, v, cache, masks):
         left, right = window
         window = (left, 0 if right < 0 else min(right, 0))
     q, k, v = (x.reshape(B, n, H, d) for x in (q, k, v))
+    if not tracing(q):  # threads sharing the cache append in turn (_torch_cache.tensor_cache_lock)
+        with tensor_cache_lock(cache):
+            return _append_and_attend(attention_with_kv_cache, q, k, v, cache, window, masks)
+    return _append_and_attend(attention_with_kv_cache, q, k, v, cache, window, masks)
+
+
+def _append_and_attend(attention_with_kv_cache, q, k, v, cache, window, masks):
+    """q, k, v (B, n, H, d) -> (B, n, H*d): the cached call and the lengths' advance, one step."""
+    B, n, H, d = q.shape
     out = attention_with_kv_cache(q, cache.key, cache.value, k, v, cache_seqlens=cache.lengths, causal=True,
                                   window=window, softcap=masks.softcap, sinks=masks.sinks,
                                   alibi_slopes=masks.alibi_slopes)
     cache.lengths.add_(n)
-    return out.reshape(B, n, E)
+    return out.reshape(B, n, H * d)
 
 
 def drop_in_cached(module, query, key, value, cache, masks, head_mask, precision):

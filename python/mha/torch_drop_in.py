@@ -153,6 +153,11 @@ class MultiheadAttention(_SharedModule, nn.Module):
         # The registries themselves (what assignment and load_state_dict change), not getattr:
         # nn.Module.__getattr__ costs about a microsecond a name on every call.
         ps = self._parameters
+        # torch.nn.utils.parametrize moves a parametrized tensor out of _parameters: read it as the
+        # property it becomes (computed now, so its gradient reaches the original).
+        reparam = self._modules.get("parametrizations")
+        if reparam is not None:
+            ps = dict(ps, **{name: getattr(self, name) for name in reparam.keys()})
         out = [(name, ps[name]) for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
                                              "in_proj_bias") if ps.get(name) is not None]
         out_proj = self._modules["out_proj"]

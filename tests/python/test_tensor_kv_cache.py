@@ -79,3 +79,34 @@ def test_what_the_tensor_cache_does_not_take_is_refused_by_name():
         plain(x, x, x, cache=plain.tensor_kv_cache(1, 4))
     with pytest.raises(ValueError, match=r"\[mha\.torch\.TensorKVCache\] dtype"):
         mt.TensorKVCache(1, 4, 2, 4, dtype=torch.float16)
+
+
+def test_threads_sharing_a_cache_append_in_turn():
+    """Threads decoding into one TensorKVCache: each call appends after the previous one, so the
+    lengths count every call and every slot holds the key of the one token all threads feed (a lost
+    update would leave a slot of zeros and a length short)."""
+    import threading
+    torch.manual_seed(6)
+    m = mt.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(1, 1, 16)
+    threads, steps = 4, 12
+    cache = m.tensor_kv_cache(1, threads * steps)
+    errors = []
+
+    def work():
+        try:
+            with torch.no_grad():
+                for _ in range(steps):
+                    m(x, x, x, cache=cache)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    assert cache.lengths.tolist() == [threads * steps]
+    with torch.no_grad():
+        k = torch.nn.functional.linear(x, m.in_proj_weight[16:32], m.in_proj_bias[16:32]).reshape(4, 4)
+    torch.testing.assert_close(cache.key[0], k.expand(threads * steps, 4, 4), rtol=0, atol=1e-6)

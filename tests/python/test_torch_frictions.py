@@ -4,7 +4,9 @@
 - FlashAttention-style windows take numpy integers, as torch takes them for sizes, and still refuse
   bools;
 - a key padding or attention mask of an integer dtype is refused in torch's words (mask.bool()), as
-  torch.nn.MultiheadAttention refuses it, naming the public class."""
+  torch.nn.MultiheadAttention refuses it, naming the public class;
+- torch.nn.utils.parametrize on the drop-in's and the chapter's weights: the call reads the
+  parametrized tensors and their originals get the gradients torch's own module gives them."""
 import numpy as np
 import pytest
 import torch
@@ -73,3 +75,61 @@ def test_module_windows_take_numpy_integers():
     assert torch.equal(got, want)
     with pytest.raises(TypeError, match=r"window"):
         m(x, x, x, window=(True, 0), need_weights=False)
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+
+    def forward(self, w):
+        return w * self.s
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_parametrized_weights_equal_torch(separate):
+    from torch.nn.utils import parametrize
+    torch.manual_seed(3)
+    kw = dict(kdim=6, vdim=5) if separate else {}
+    ours = mt.MultiheadAttention(8, 2, batch_first=True, **kw)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True, **kw)
+    ref.load_state_dict(ours.state_dict())
+    names = ["q_proj_weight", "v_proj_weight"] if separate else ["in_proj_weight"]
+    for m in (ours, ref):
+        for n in names:
+            parametrize.register_parametrization(m, n, _Scale(1.5))
+        parametrize.register_parametrization(m.out_proj, "weight", _Scale(-0.5))
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(2, 4, 8)
+    k, v = (torch.randn(2, 4, 6), torch.randn(2, 4, 5)) if separate else (x, x)
+    got, gw = ours(x, k, v)
+    want, ww = ref(x, k, v)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(gw, ww, rtol=0, atol=1e-5)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    theirs = dict(ref.named_parameters())
+    assert sum("original" in n for n, _ in ours.named_parameters()) == len(names) + 1
+    for n, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[n].grad, rtol=0, atol=1e-4, msg=n)
+
+
+def test_parametrized_chapter_weights():
+    from torch.nn.utils import parametrize
+    torch.manual_seed(4)
+    m = mt.MultiHeadAttention(8, 2, 0.0)
+    x = torch.randn(2, 3, 8)
+    m(x, x, x)  # built
+    before = m(x, x, x).detach()
+    parametrize.register_parametrization(m.W_q, "weight", _Scale(2.0))
+    after = m(x, x, x)
+    with torch.no_grad():
+        plain = mt.MultiHeadAttention(8, 2, 0.0)
+        plain(x, x, x)
+        plain.load_state_dict({n.replace("parametrizations.weight.original", "weight"): t
+                               for n, t in m.state_dict().items()})
+        plain.W_q.weight.mul_(2.0)
+    torch.testing.assert_close(after, plain(x, x, x), rtol=0, atol=1e-6)
+    assert not torch.allclose(after, before)
+    after.sum().backward()
+    assert m.W_q.parametrizations.weight.original.grad.abs().sum() > 0
