@@ -35,6 +35,30 @@ class _CallMasks:
     fully_masked: object = _core.FullyMaskedRows.ZEROS
 
 
+# The two modules' names are one letter apart; each takes arguments the other does not.
+_DROP_IN_NAMES = frozenset(("embed_dim", "batch_first", "kdim", "vdim", "add_bias_kv", "add_zero_attn", "device",
+                            "dtype", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+                            "is_causal"))
+_CHAPTER_NAMES = frozenset(("num_hiddens", "valid_lens"))
+
+
+def _unexpected_keywords(op, names):
+    """The TypeError for keywords a module does not take, with the other module's name when they are
+    its arguments (mha.torch.MultiHeadAttention: the d2l chapter's; MultiheadAttention: the drop-in)."""
+    names = sorted(names)
+    msg = f"[{op}] unexpected keyword arguments: {', '.join(names)}"
+    chapter = op.endswith("MultiHeadAttention")
+    if chapter and _DROP_IN_NAMES.intersection(names):
+        msg += ("; they are nn.MultiheadAttention's: its drop-in is mha.torch.MultiheadAttention (lower-case "
+                "h); this is the d2l chapter's module, MultiHeadAttention(num_hiddens, num_heads, dropout, "
+                "bias=False), called as (queries, keys, values, valid_lens)")
+    elif not chapter and _CHAPTER_NAMES.intersection(names):
+        msg += ("; they are the d2l chapter's module's: mha.torch.MultiHeadAttention (capital H); this is the "
+                "drop-in for torch.nn.MultiheadAttention, whose padding is key_padding_mask (B, S), True = "
+                "masked")
+    return TypeError(msg)
+
+
 def _not_on_cpu(op, name, device):
     """The error for a tensor on another device (docs/errors.md, torch.device)."""
     return ValueError(f"[{op}] {name}: a tensor on {device}; mha.torch computes on the CPU "

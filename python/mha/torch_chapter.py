@@ -10,7 +10,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _CallMasks, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _gates_property, _unexpected_keywords, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _not_on_cpu, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -93,7 +93,7 @@ class MultiHeadAttention(_SharedModule, nn.Module):
         precision = _checks.precision(kwargs.pop("precision", "float32"), op)
         rotary = kwargs.pop("rotary", None)
         if kwargs:
-            raise TypeError(f"[{op}] unexpected keyword arguments: {', '.join(sorted(kwargs))}")
+            raise _unexpected_keywords(op, kwargs)
         # mha's own module checks the sizes (positive, divisible) with its messages.
         _core.MultiHeadAttention(num_hiddens, num_heads, 0.0, bias)
         self._rotary = _core._to_rotary(rotary, op, num_hiddens // num_heads)
@@ -224,7 +224,7 @@ class MultiHeadAttention(_SharedModule, nn.Module):
         return self._cache_impl
 
     def forward(self, queries, keys, values, valid_lens=None, *, cache=None, head_mask=None, window=None,
-                softcap=None, alibi_slopes=None, sinks=None):
+                softcap=None, alibi_slopes=None, sinks=None, **unexpected):
         """(B, Q, Dq), (B, K, Dk), (B, K, Dv), valid_lens None|(B,)|(B, Q) -> (B, Q, num_hiddens);
         with cache= (an mha.KVCache of kv_cache()): the cached call of the n new positions,
         queries, keys, values (B, n, D*), in eval mode without gradients (class docstring).
@@ -234,6 +234,8 @@ class MultiHeadAttention(_SharedModule, nn.Module):
         call), the others get none. In cached calls: window over each row's keys, ALiBi from each
         new query's position."""
         op = "mha.torch.MultiHeadAttention"
+        if unexpected:
+            raise _unexpected_keywords(op, unexpected)
         _refuse_tracing(op)
         for x, n in ((queries, "queries"), (keys, "keys"), (values, "values")):
             _check_input(x, op, n, (3,))

@@ -13,7 +13,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _CallMasks, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _unexpected_keywords, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _mask_numpy, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -72,9 +72,11 @@ class MultiheadAttention(_SharedModule, nn.Module):
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
-                 dtype=None, *, fully_masked_rows=None, kernel=None, precision="float32", rotary=None):
+                 dtype=None, *, fully_masked_rows=None, kernel=None, precision="float32", rotary=None, **unexpected):
         super().__init__()
         op = "mha.torch.MultiheadAttention"
+        if unexpected:
+            raise _unexpected_keywords(op, unexpected)
         embed_dim = _checks.integer(embed_dim, op, "embed_dim")
         num_heads = _checks.integer(num_heads, op, "num_heads")
         dropout = _checks.real(dropout, op, "dropout")
@@ -253,7 +255,7 @@ class MultiheadAttention(_SharedModule, nn.Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, cache=None, head_mask=None, window=None,
-                softcap=None, alibi_slopes=None, sinks=None):
+                softcap=None, alibi_slopes=None, sinks=None, **unexpected):
         """(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
         average_attn_weights=True, is_causal=False, *, cache=None, window=None, softcap=None,
         alibi_slopes=None, sinks=None) -> (attn_output, attn_weights or None); shapes in the class
@@ -277,9 +279,16 @@ class MultiheadAttention(_SharedModule, nn.Module):
         key_padding_mask over the cached and new keys; window over each row's keys),
         -> (attn_output, None)."""
         op = "mha.torch.MultiheadAttention"
+        if unexpected:
+            raise _unexpected_keywords(op, unexpected)
         _refuse_tracing(op)
         for x, n in ((query, "query"), (key, "key"), (value, "value")):
             _check_input(x, op, n, (2, 3))
+        if (query.dim() == 3 and isinstance(key_padding_mask, torch.Tensor) and key_padding_mask.dim() == 1
+                and key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"[{op}] key_padding_mask: shape {tuple(key_padding_mask.shape)} of "
+                             f"{key_padding_mask.dtype} for a batched call; wanted (B, S), True = masked (valid "
+                             "lengths (B,) are the d2l chapter's module's: mha.torch.MultiHeadAttention, capital H)")
         if isinstance(cache, TensorKVCache):  # torch's ops around mha's cached operator, eager or traced
             _, mode = _call_dtype(op, (query, key, value))
             masks = _CallMasks(given=(key_padding_mask, attn_mask), window=window, softcap=softcap,

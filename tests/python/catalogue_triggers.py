@@ -420,6 +420,7 @@ PY = {
     "attention.max_seqlen_huge": lambda t: _attention_call("max_seqlen_huge"),
     "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
     "torch.mask_dtype": lambda t: _numerics_call("mask_dtype"),
+    "torch.kpm_lengths": lambda t: _kpm_lengths(),
     "numerics.overflow": lambda t: _numerics_call("overflow"),
     "numerics.mask": lambda t: _numerics_call("mask"),
     "numerics.float32": lambda t: _numerics_call("float32"),
@@ -811,6 +812,13 @@ CLI_USAGE = {
     "cli.command": lambda t: ["bogus"],
     "cli.parser": lambda t: ["run"],
 }
+
+
+def _kpm_lengths():
+    import torch
+    import mha.torch as mt
+    x = torch.ones(2, 3, 8)
+    mt.MultiheadAttention(8, 2, batch_first=True)(x, x, x, torch.tensor([2.0, 3.0]))
 
 
 def _torch_dist_call(what):

@@ -133,3 +133,35 @@ def test_parametrized_chapter_weights():
     assert not torch.allclose(after, before)
     after.sum().backward()
     assert m.W_q.parametrizations.weight.original.grad.abs().sum() > 0
+
+
+def test_the_one_letter_apart_classes_point_at_each_other():
+    """mha.torch.MultiHeadAttention (the d2l chapter's) and MultiheadAttention (the drop-in) are one
+    letter apart: the other's arguments are refused with the other's name (torch refuses unknown
+    keywords with TypeError, and so do these)."""
+    x = torch.randn(2, 3, 8)
+    chapter = mt.MultiHeadAttention(8, 2, 0.0)
+    drop_in = mt.MultiheadAttention(8, 2, batch_first=True)
+    hint_drop_in = r"its drop-in is mha\.torch\.MultiheadAttention \(lower-case h\)"
+    hint_chapter = r"mha\.torch\.MultiHeadAttention \(capital H\)"
+    with pytest.raises(TypeError, match=r"\[mha\.torch\.MultiHeadAttention\] unexpected keyword arguments: "
+                                        r"batch_first; .*" + hint_drop_in):
+        mt.MultiHeadAttention(8, 2, 0.0, batch_first=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: key_padding_mask, need_weights; .*"
+                                        + hint_drop_in):
+        chapter(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool), need_weights=False)
+    with pytest.raises(TypeError, match=r"\[mha\.torch\.MultiheadAttention\] unexpected keyword arguments: "
+                                        r"valid_lens; .*" + hint_chapter):
+        drop_in(x, x, x, valid_lens=torch.tensor([2.0, 3.0]))
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: num_hiddens; .*" + hint_chapter):
+        mt.MultiheadAttention(8, 2, num_hiddens=8)
+    with pytest.raises(ValueError, match=r"key_padding_mask: shape \(2,\) of torch\.float32 for a batched call; "
+                                         r"wanted \(B, S\), True = masked \(valid lengths \(B,\) are the d2l "
+                                         r"chapter's module's: mha\.torch\.MultiHeadAttention, capital H\)"):
+        drop_in(x, x, x, torch.tensor([2.0, 3.0]))
+    # keywords neither takes: no hint, still a TypeError naming them
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments: bogus$"):
+        chapter(x, x, x, bogus=1)
+    # unbatched calls keep their 1-D key_padding_mask
+    out, _ = drop_in(x[0], x[0], x[0], torch.tensor([False, False, True]))
+    assert out.shape == (3, 8)
