@@ -59,6 +59,43 @@ def _unexpected_keywords(op, names):
     return TypeError(msg)
 
 
+def _kept_slopes(op, alibi_slopes, kept, num_heads):
+    """ALiBi slopes of a drop-in with pruned heads: one per head as built (the rule sinks and head_mask
+    follow: heads keep their numbers after prune_heads), the kept heads' taken; as given otherwise."""
+    if kept is None or alibi_slopes is None:
+        return alibi_slopes
+    a = _checks.real_array(alibi_slopes, op, "alibi_slopes").astype(np.float32).reshape(-1)
+    if a.size != num_heads:
+        raise ValueError(f"[{op}] alibi_slopes: {a.size} slopes for the module's {num_heads} heads; wanted one per "
+                         "head as built (heads keep their numbers after prune_heads; the pruned heads' slopes "
+                         "are not used)")
+    return np.ascontiguousarray(a[list(kept)])
+
+
+class _public_errors:
+    """Re-raises an mha error of the C++ module behind a torch module under the torch module's name
+    (a cached call runs an internal mha.TorchMultiheadAttention or mha.MultiHeadAttention)."""
+
+    def __init__(self, op, internal):
+        self.op, self.internal = op, internal
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or not isinstance(e, (ValueError, TypeError)):
+            return False
+        text = str(e)
+        for name in self.internal:
+            if text.startswith(f"[{name}"):
+                text = f"[{self.op}" + text[len(name) + 1:]
+                text = text.replace(f"[{self.op}.forward]", f"[{self.op}]", 1)
+                break
+        else:
+            return False
+        raise type(e)(text) from None
+
+
 def _not_on_cpu(op, name, device):
     """The error for a tensor on another device (docs/errors.md, torch.device)."""
     return ValueError(f"[{op}] {name}: a tensor on {device}; mha.torch computes on the CPU "

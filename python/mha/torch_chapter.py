@@ -10,7 +10,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _CallMasks, _gates_property, _unexpected_keywords, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _gates_property, _public_errors, _unexpected_keywords, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _not_on_cpu, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -287,8 +287,10 @@ class MultiHeadAttention(_SharedModule, nn.Module):
             impl.rotary = self._rotary
             _cache_gates(impl, _call_gates(op, self.head_gates, head_mask, self.num_heads), self.num_heads)
             nq, nk, nv = _inputs_numpy(queries, keys, values)
-            return torch.from_numpy(impl(nq, nk, nv, lens, cache=cache, window=window, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks_np)).to(out_dtype)
+            with _public_errors(op, ("MultiHeadAttention",)):
+                out = impl(nq, nk, nv, lens, cache=cache, window=window, softcap=softcap,
+                           alibi_slopes=alibi_slopes, sinks=sinks_np)
+            return torch.from_numpy(out).to(out_dtype)
         p = _dropout_p(op, "attention.dropout.p", self.attention.dropout.p) if self.training else 0.0
         key = _dropout_key(p)
         kernel, num_heads, rotary = self._kernel, self.num_heads, self._rotary

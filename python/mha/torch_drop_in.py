@@ -13,7 +13,7 @@ from torch import nn
 from . import _checks, _core
 from . import _torch_traced as _traced
 from ._torch_call import (
-    _GATES_DOC, _CallMasks, _unexpected_keywords, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
+    _GATES_DOC, _CallMasks, _unexpected_keywords, _kept_slopes, _public_errors, _gates_property, _Call, _SharedModule, _alibi_numpy, _as_float32, _call_dtype, _call_gates,
     _call_sinks, _calls, _check_input, _check_param, _dropout_key, _dropout_p, _float_array, _inputs_numpy,
     _mask_numpy, _refuse_scripting, _refuse_tracing, _run, _sinks_numpy, _with_gates)
 from ._torch_cache import TensorKVCache, _CacheImpl, _cache_gates, _check_cached
@@ -334,13 +334,15 @@ class MultiheadAttention(_SharedModule, nn.Module):
             _cache_gates(impl, gates, self.num_heads if kept is None else len(kept))
             if kept is not None and sinks is not None:
                 sinks = sinks[torch.tensor(kept, dtype=torch.long)]
+            alibi_slopes = _kept_slopes(op, alibi_slopes, kept, self.num_heads)
             seq_first = query.dim() == 3 and not batch_first
             if seq_first:  # the cache's module is batch-first
                 query, key, value = (t.transpose(0, 1) for t in (query, key, value))
             nq, nk, nv = _inputs_numpy(query, key, value)
             mask = _mask_numpy(key_padding_mask, "key_padding_mask")
-            out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window, softcap=softcap,
-                                        alibi_slopes=alibi_slopes, sinks=_sinks_numpy(sinks)))
+            with _public_errors(op, ("TorchMultiheadAttention",)):
+                out = torch.from_numpy(impl(nq, nk, nv, mask, cache=cache, window=window, softcap=softcap,
+                                            alibi_slopes=alibi_slopes, sinks=_sinks_numpy(sinks)))
             if seq_first:
                 out = out.transpose(0, 1)
             return out.to(out_dtype), None
@@ -501,8 +503,11 @@ def _drop_in_run(op, named, query, key, value, call):
         am = _kept_mask_slices(op, am, kept, call.num_heads)
         if sinks is not None:  # the kept heads' sinks (the others get a zero gradient through the gather)
             sinks = sinks[torch.tensor(kept, dtype=torch.long)]
+    alibi = _kept_slopes(op, masks.alibi_slopes, kept, call.num_heads)
+    if alibi is not masks.alibi_slopes:  # the kept heads' slopes, for the differentiable weights too
+        call = dataclasses.replace(call, masks=dataclasses.replace(masks, alibi_slopes=alibi))
     mask_value = _calls.call_masks(op, key_padding_mask=masks.kpm, attn_mask=am, is_causal=masks.is_causal,
-                                   window=masks.window, softcap=masks.softcap, alibi_slopes=masks.alibi_slopes,
+                                   window=masks.window, softcap=masks.softcap, alibi_slopes=alibi,
                                    sinks=_sinks_numpy(sinks), fully_masked_rows=masks.fully_masked)
 
     def build(ps):

@@ -421,6 +421,7 @@ PY = {
     "attention.max_seqlen_negative": lambda t: _attention_call("max_seqlen_negative"),
     "torch.mask_dtype": lambda t: _numerics_call("mask_dtype"),
     "torch.kpm_lengths": lambda t: _kpm_lengths(),
+    "torch.pruned_slopes": lambda t: _pruned_slopes(),
     "numerics.overflow": lambda t: _numerics_call("overflow"),
     "numerics.mask": lambda t: _numerics_call("mask"),
     "numerics.float32": lambda t: _numerics_call("float32"),
@@ -812,6 +813,15 @@ CLI_USAGE = {
     "cli.command": lambda t: ["bogus"],
     "cli.parser": lambda t: ["run"],
 }
+
+
+def _pruned_slopes():
+    import torch
+    import mha.torch as mt
+    m = mt.MultiheadAttention(8, 4, batch_first=True)
+    m.prune_heads([1])
+    x = torch.ones(2, 3, 8)
+    m(x, x, x, alibi_slopes=torch.ones(3))
 
 
 def _kpm_lengths():

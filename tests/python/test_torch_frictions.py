@@ -165,3 +165,45 @@ def test_the_one_letter_apart_classes_point_at_each_other():
     # unbatched calls keep their 1-D key_padding_mask
     out, _ = drop_in(x[0], x[0], x[0], torch.tensor([False, False, True]))
     assert out.shape == (3, 8)
+
+
+def test_pruned_drop_in_numbers_slopes_and_sinks_as_built():
+    """After prune_heads the drop-in keeps heads' numbers (as sinks and head_mask do): ALiBi slopes
+    and sinks are one per head as built, the kept heads' taken; the call equals the unpruned module
+    with the pruned head gated off, and the differentiable weights take the same slopes."""
+    import copy
+    torch.manual_seed(7)
+    m = mt.MultiheadAttention(8, 4, batch_first=True)
+    whole = copy.deepcopy(m)
+    m.prune_heads([1])
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    slopes, sinks = torch.tensor([0.5, 9.0, 0.25, 0.125]), torch.tensor([0.1, 5.0, -0.3, 0.2])
+    got, w = m(x, x, x, alibi_slopes=slopes, sinks=sinks, is_causal=True,
+               attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1))
+    want, _ = whole(x, x, x, alibi_slopes=slopes, sinks=sinks, is_causal=True,
+                    attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1), head_mask=torch.tensor([1.0, 0, 1, 1]))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert w is not None and w.requires_grad  # recomputed by torch's ops with the kept slopes
+    w.sum().backward()
+    with pytest.raises(ValueError, match=r"alibi_slopes: 3 slopes for the module's 4 heads; wanted one per head "
+                                         r"as built \(heads keep their numbers after prune_heads"):
+        m(x, x, x, alibi_slopes=slopes[[0, 2, 3]])
+    with pytest.raises(ValueError, match=r"sinks: 3 logits for 4 heads"):
+        m(x, x, x, sinks=sinks[[0, 2, 3]])
+    m.eval()
+    with torch.no_grad():  # the cached call: the same rule
+        c = m.kv_cache(2, 5)
+        cached, _ = m(x, x, x, cache=c, alibi_slopes=slopes, sinks=sinks)
+        torch.testing.assert_close(cached, got.detach(), rtol=0, atol=1e-5)
+
+
+def test_a_full_cache_names_the_torch_module():
+    x = torch.randn(1, 3, 8)
+    for m, name in ((mt.MultiheadAttention(8, 2, batch_first=True), r"mha\.torch\.MultiheadAttention"),
+                    (mt.MultiHeadAttention(8, 2, 0.0), r"mha\.torch\.MultiHeadAttention")):
+        m.eval()
+        with torch.no_grad():
+            m(x, x, x)
+            with pytest.raises(ValueError, match=rf"^\[{name}\] cache: 3 new positions do not fit row 0 "
+                                                 r"\(length 0, capacity 2\)"):
+                m(x, x, x, cache=m.kv_cache(1, 2))
