@@ -22,15 +22,17 @@
 namespace mha {
 
 // The current limit in bytes. The default is the machine's physical memory
-// (2^40 bytes where it cannot be read): a call that needs more could not
-// complete anyway.
+// (2^40 bytes where it cannot be read), or the process's address-space limit
+// (ulimit -v, RLIMIT_AS) when that is lower: a call that needs more could
+// not complete anyway.
 uint64_t memory_limit();
 
 // Sets the limit to `bytes`; 0 restores the default. Safe to call from any
 // thread; calls that have already checked their sizes are not affected.
 void set_memory_limit(uint64_t bytes);
 
-// The default limit: the machine's physical memory in bytes.
+// The default limit: the machine's physical memory in bytes, or the
+// address-space limit when lower (read once, at the first call).
 uint64_t default_memory_limit();
 
 }  // namespace mha

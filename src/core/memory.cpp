@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,8 +19,15 @@ std::atomic<uint64_t> g_limit{0};
 uint64_t default_memory_limit() {
   static const uint64_t value = [] {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0) return uint64_t{1} << 40;
-    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    uint64_t bytes = pages <= 0 || page <= 0 ? uint64_t{1} << 40
+                                             : static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    // An address-space limit (ulimit -v) below it: what the process can map
+    // at most. Past it an allocation fails, or, for a new thread's
+    // thread-local data, glibc aborts the process: refused before instead.
+    struct rlimit as {};
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur < bytes)
+      bytes = static_cast<uint64_t>(as.rlim_cur);
+    return bytes;
   }();
   return value;
 }

@@ -95,12 +95,15 @@ Plan plan_layout(int64_t R, int64_t C, int64_t Q, int64_t K, const HeatmapOption
   const int side = opt.panel_size > 0 ? opt.panel_size
                                       : std::clamp(static_cast<int>(1300 / C), 150, 400);
   const int64_t longest = std::max(L.cells_q, L.cells_k);
-  const int s = static_cast<int>(std::clamp<int64_t>(side / longest, 1, kMaxCellPixels));
+  // Automatic panels keep cells at most kMaxCellPixels; a panel_size asked
+  // for is honoured (a 3 x 3 matrix at 600 pixels gets 200-pixel cells).
+  const int cell_cap = opt.panel_size > 0 ? std::max(kMaxCellPixels, opt.panel_size) : kMaxCellPixels;
+  const int s = static_cast<int>(std::clamp<int64_t>(side / longest, 1, cell_cap));
   const int min_side = std::max(48, side / 4);
   L.cell_w = std::max<int>(s, static_cast<int>(ceil_div(min_side, L.cells_k)));
   L.cell_h = std::max<int>(s, static_cast<int>(ceil_div(min_side, L.cells_q)));
-  L.cell_w = std::min(L.cell_w, kMaxCellPixels);
-  L.cell_h = std::min(L.cell_h, kMaxCellPixels);
+  L.cell_w = std::min(L.cell_w, cell_cap);
+  L.cell_h = std::min(L.cell_h, cell_cap);
   L.gap = std::min(L.cell_w, L.cell_h) >= 10 ? 1 : 0;  // visible cells when they are big enough
   const int pw = static_cast<int>(L.cells_k) * L.cell_w, ph = static_cast<int>(L.cells_q) * L.cell_h;
 
@@ -203,6 +206,9 @@ void check_options(const Tensor& w, const HeatmapOptions& opt) {
     fail(kOp, "row_labels: ", opt.row_labels.size(), " given, wanted one per row: ", w.size(0));
   if (opt.max_cells < 1) fail(kOp, "max_cells: ", opt.max_cells, ", wanted >= 1");
   if (opt.panel_size < 0) fail(kOp, "panel_size: ", opt.panel_size, ", wanted >= 0 (0: automatic)");
+  if (opt.panel_size > detail::kMaxCanvasSide)
+    fail(kOp, "panel_size: ", opt.panel_size, ", wanted at most ", detail::kMaxCanvasSide,
+         " pixels (a picture's largest side; 0: automatic)");
   if (std::isinf(opt.vmin) || std::isinf(opt.vmax))
     fail(kOp, "vmin / vmax: ", opt.vmin, " / ", opt.vmax, ", wanted finite numbers or kAuto");
   if (!std::isnan(opt.vmin) && !std::isnan(opt.vmax) && opt.vmin > opt.vmax)

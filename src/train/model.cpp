@@ -55,6 +55,7 @@ AttentionModel::AttentionModel(const ModelConfig& c, uint64_t seed)
   plan.add("num_layers x (W_q, W_k, W_v, W_o) and their gradients", {c.num_layers, 8, D, D});
   if (c.bias) plan.add("num_layers x 4 biases and their gradients", {c.num_layers, 8, D});
   plan.add("num_layers x head gates", {c.num_layers, c.num_heads}, 16);
+  plan.add("num_layers x the layers' own objects", {c.num_layers, static_cast<int64_t>(sizeof(MultiHeadAttention))}, 1);
   plan.add("embedding (vocab_size, num_hiddens) and its gradient", {2, c.vocab_size, D});
   plan.add("positions (max_len, num_hiddens) and their gradient", {2, c.max_len, D});
   plan.add("read-out (num_classes, num_hiddens) and its gradient", {2, c.num_classes, D + 1});

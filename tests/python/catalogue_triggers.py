@@ -360,6 +360,7 @@ PY = {
     "heatmap.row_labels": lambda t: mha.show_heatmaps(ones(2, 2, 3, 3), row_labels=["a"]),
     "heatmap.max_cells": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), max_cells=0),
     "heatmap.panel_size": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), panel_size=-1),
+    "heatmap.panel_size_max": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), panel_size=10**6),
     "heatmap.limits": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), vmin=-np.inf),
     "heatmap.order": lambda t: mha.show_heatmaps(ones(1, 1, 3, 3), vmin=1, vmax=0.5),
     "heatmap.size": lambda t: mha.show_heatmaps(ones(1, 500, 1, 1)),

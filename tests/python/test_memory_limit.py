@@ -15,13 +15,45 @@ def default_limit():
     mha.set_memory_limit(0)
 
 
-def test_default_is_physical_memory_and_zero_restores_it():
+def _default_limit():
+    """Physical memory, or the address-space limit (ulimit -v) when lower."""
+    import resource
     phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return phys if soft == resource.RLIM_INFINITY else min(phys, soft)
+
+
+def test_default_is_physical_memory_and_zero_restores_it():
+    phys = _default_limit()
     assert mha.memory_limit() == phys
     mha.set_memory_limit(5000)
     assert mha.memory_limit() == 5000
     mha.set_memory_limit(0)
     assert mha.memory_limit() == phys
+
+
+def test_an_address_space_limit_lowers_the_default_and_huge_models_are_refused():
+    """Under ulimit -v (RLIMIT_AS) the default limit is that limit, so a model of 10^7 layers is
+    refused with mha's message before anything is allocated (it aborted the process in glibc when a
+    thread's local data could not be mapped, or ran into std::bad_alloc); the per-layer objects count."""
+    import resource
+    import sys
+    code = ("import mha\n"
+            "print(mha.memory_limit())\n"
+            "try:\n"
+            "    mha.AttentionModel(9, 4, 8, 8, 2, num_layers=10**7)\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    limit = 8_000_000_000
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=cap, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, message = r.stdout.splitlines()[:2]
+    assert int(first) == min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE"))
+    assert message.startswith("[AttentionModel] needs ") and "above the memory limit of" in message, message
+    assert "num_layers x the layers' own objects" in message or "num_layers x (W_q" in message, message
 
 
 def test_a_refused_call_changes_nothing_and_runs_once_the_limit_allows():

@@ -142,3 +142,16 @@ def test_write_png_accepts_rgb_and_rejects_other_shapes(tmp_path):
     with pytest.raises(ValueError, match=r"wanted \(H, W, 4\)"):
         mha.write_png(str(tmp_path / "b.png"), np.zeros((5, 7), np.uint8))
     assert not (tmp_path / "b.png").exists()
+
+
+def test_a_panel_size_asked_for_is_honoured_or_refused():
+    """panel_size is the longer side of a panel in pixels: honoured for small matrices too (cells grow
+    past the automatic 48 pixels; it was silently capped), refused beyond the largest picture."""
+    w = np.random.default_rng(0).random((1, 1, 3, 3)).astype(np.float32)
+    auto = mha.show_heatmaps(w)
+    big = mha.show_heatmaps(w, panel_size=600)
+    small = mha.show_heatmaps(w, panel_size=300)
+    assert big.shape[0] > small.shape[0] > auto.shape[0] and big.shape[1] > small.shape[1]
+    assert big.shape[0] - small.shape[0] >= 290  # the panel grew by the 300 pixels asked
+    with pytest.raises(ValueError, match=r"panel_size: 1000000, wanted at most 20000 pixels"):
+        mha.show_heatmaps(w, panel_size=10**6)

@@ -83,6 +83,8 @@ Triggers plot_triggers() {
       {"heatmap.row_labels", [] { heatmaps(ones({2, 2, 3, 3}), [](HeatmapOptions& o) { o.row_labels = {"a"}; }); }},
       {"heatmap.max_cells", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.max_cells = 0; }); }},
       {"heatmap.panel_size", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.panel_size = -1; }); }},
+      {"heatmap.panel_size_max",
+       [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.panel_size = 1000000; }); }},
       {"heatmap.limits", [] { heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) { o.vmin = -INFINITY; }); }},
       {"heatmap.order", [] {
          heatmaps(ones({1, 1, 3, 3}), [](HeatmapOptions& o) {
