@@ -59,6 +59,7 @@ set(MHA_LAYER_HEADERS_nn
   context.h
   detail/head_layout.h
   detail/instance_id.h
+  functional.h
   inspect.h
   kv_cache.h
   linear.h

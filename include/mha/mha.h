@@ -9,6 +9,7 @@
 #include "mha/attention.h"
 #include "mha/checkpoint.h"
 #include "mha/error.h"
+#include "mha/functional.h"
 #include "mha/importance.h"
 #include "mha/inspect.h"
 #include "mha/kv_cache.h"

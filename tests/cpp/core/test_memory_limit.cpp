@@ -2,6 +2,7 @@
 // or exceed mha::memory_limit(), are refused with an mha::Error before
 // anything is allocated, by every entry point that allocates.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -35,7 +36,9 @@ std::string error_of(F&& f) {
 }
 
 TEST(MemoryLimit, DefaultIsPhysicalMemoryAndZeroRestoresIt) {
-  const uint64_t phys = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  uint64_t phys = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  struct rlimit as {};  // or the address-space limit (ulimit -v) when lower
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur < phys) phys = as.rlim_cur;
   EXPECT_EQ(mha::default_memory_limit(), phys);
   EXPECT_EQ(mha::memory_limit(), phys);
   {

@@ -150,6 +150,25 @@ std::map<std::string, std::function<void()>> core_triggers() {
          const Tensor x({2, 4, 100}, 1e20f);
          m(x, x, x);
        }},
+      {"attn.rank", [] { attention(ones({4, 3, 8}), ones({1, 2, 5, 8}), ones({1, 2, 5, 6})); }},
+      {"attn.k_shape", [] { attention(ones({1, 4, 3, 8}), ones({1, 2, 5, 7}), ones({1, 2, 5, 6})); }},
+      {"attn.v_shape", [] { attention(ones({1, 4, 3, 8}), ones({1, 2, 5, 8}), ones({1, 2, 4, 6})); }},
+      {"attn.heads", [] { attention(ones({1, 4, 3, 8}), ones({1, 3, 5, 8}), ones({1, 3, 5, 6})); }},
+      {"attn.no_keys", [] { attention(ones({1, 4, 3, 8}), ones({1, 2, 0, 8}), ones({1, 2, 0, 6})); }},
+      {"attn.no_features", [] { attention(ones({1, 4, 3, 0}), ones({1, 2, 5, 0}), ones({1, 2, 5, 6})); }},
+      {"attn.scale", [] {
+         AttentionOptions o;
+         o.scale = -1.0f;
+         attention(ones({1, 4, 3, 8}), ones({1, 2, 5, 8}), ones({1, 2, 5, 6}), o);
+       }},
+      {"attn.scale_range", [] {
+         AttentionOptions o;
+         o.scale = 1e-45f;
+         attention(ones({1, 4, 3, 8}), ones({1, 2, 5, 8}), ones({1, 2, 5, 6}), o);
+       }},
+      {"attn.overflow", [] {
+         attention(Tensor({1, 4, 3, 8}, 1e20f), Tensor({1, 2, 5, 8}, 1e20f), ones({1, 2, 5, 6}));
+       }},
       {"dpa.no_features", [] { DotProductAttention().forward(ones({2, 4, 0}), ones({2, 6, 0}), ones({2, 6, 3})); }},
       {"dpa.overflow", [] {
          DotProductAttention().forward(Tensor({2, 4, 2}, 1e20f), Tensor({2, 6, 2}, 1e20f), ones({2, 6, 3}));
