@@ -183,6 +183,19 @@ def _what(t):
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _check_blocks(op, named, wanted, seq_dim):
+    """This rank's (name, tensor) blocks of queries, keys and values: 3-D tensors of the modules'
+    dtypes and device, the same positions (along seq_dim) in all three."""
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"[{op}] {name}: got {_what(t)}; wanted {wanted}")
+        _check_input(t, op, name, (3,))  # the modules' dtype and device checks
+    (qn, q), (kn, k), (vn, v) = named
+    if q.shape[seq_dim] != k.shape[seq_dim] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"[{op}] {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}: wanted this "
+                         "rank's block of the same positions in all three")
+
+
 def _check_widths(op, a, named):
     """The inputs' last dimension against the module's input widths (the drop-in's embed_dim, kdim,
     vdim; the chapter's built W_q, W_k, W_v), in the modules' words: not torch's 'mat1 and mat2
@@ -313,14 +326,7 @@ class SequenceParallel(nn.Module):
         try:
             ring = self._call_options(op, self.attention, window, softcap, alibi_slopes, sinks)
             named = (("queries", queries), ("keys", keys), ("values", values))
-            for name, t in named:
-                if not isinstance(t, torch.Tensor) or t.dim() != 3:
-                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
-                                     "wanted a tensor (B, L_rank, D)")
-                _check_input(t, op, name, (3,))  # the modules' dtype and device checks
-            if queries.shape[1] != keys.shape[1] or keys.shape[:2] != values.shape[:2]:
-                raise ValueError(f"[{op}] queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
-                                 f"{tuple(values.shape)}: wanted this rank's block of the same positions in all three")
+            _check_blocks(op, named, "a tensor (B, L_rank, D)", 1)
             _check_widths(op, self.attention, named)
             _check_lengths(op, valid_lens, queries.shape[0])
         except (ValueError, TypeError) as e:
@@ -381,14 +387,7 @@ class SequenceParallel(nn.Module):
             if need_weights:
                 raise ValueError(f"[{op}] need_weights: True; wanted False (each rank has only its rows' weights)")
             named = (("query", query), ("key", key), ("value", value))
-            for name, t in named:
-                if not isinstance(t, torch.Tensor) or t.dim() != 3:
-                    raise ValueError(f"[{op}] {name}: got {_what(t)}; "
-                                     "wanted a batched tensor (3 dimensions)")
-                _check_input(t, op, name, (3,))  # the modules' dtype and device checks
-            if query.shape[sd] != key.shape[sd] or key.shape[:2] != value.shape[:2]:
-                raise ValueError(f"[{op}] query {tuple(query.shape)}, key {tuple(key.shape)}, value "
-                                 f"{tuple(value.shape)}: wanted this rank's block of the same positions in all three")
+            _check_blocks(op, named, "a batched tensor (3 dimensions)", sd)
             _check_widths(op, a, named)
             if key_padding_mask is not None and tuple(key_padding_mask.shape) != (key.shape[1 - sd], key.shape[sd]):
                 raise ValueError(f"[{op}] key_padding_mask: shape {tuple(key_padding_mask.shape)}; wanted "
