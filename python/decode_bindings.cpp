@@ -1,8 +1,11 @@
-// python/decode_bindings.cpp: the decode kernel (src/kernels/params.h)
-// as mha._core._decode_attention, private (a leading underscore): bench/bench.py
-// times the kernel alone with it (against ONNX Runtime), below the modules'
-// cached calls (python/cache_bindings.cpp). The caches are used in place (no copy when they are already
-// C-contiguous float32, or uint16 holding bfloat16 bits).
+// python/decode_bindings.cpp: a cached call on its own, as
+// mha._core._decode_attention, private (a leading underscore): bench/bench.py
+// times the decode kernel alone with it (against ONNX Runtime), below the
+// modules' cached calls (python/cache_bindings.cpp), through the dispatch
+// as every binding (kernels::decode_forward: the decode kernel for a few
+// new queries, the fused one for long prefills). The caches are used in
+// place (no copy when they are already C-contiguous float32, or uint16
+// holding bfloat16 bits).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -11,9 +14,8 @@
 
 #include "bindings.h"
 #include "convert.h"
-#include "cpu/decode/decode.h"
+#include "kernels/dispatch.h"
 #include "kernels/params.h"
-#include "kernels/validate.h"
 #include "mha/error.h"
 
 namespace mha::python {
@@ -26,6 +28,21 @@ constexpr const char* kOp = "_decode_attention";
 using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using BF16 = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
 using Lengths = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// A C-contiguous (B, H, L, w) array as the kernels' [B, H, L, w] view
+// (null data: bfloat16 bits, which the cache's own fields point to).
+TensorView heads_view(const float* data, const py::array& a) {
+  TensorView v;
+  v.data = const_cast<float*>(data);
+  v.rank = 4;
+  int64_t stride = 1;
+  for (int x = 3; x >= 0; --x) {
+    v.shape[x] = a.shape(x);
+    v.stride[x] = stride;
+    stride *= a.shape(x);
+  }
+  return v;
+}
 
 void want_rank4(const py::array& a, const char* name, const char* wanted) {
   if (a.ndim() != 4) fail(kOp, name, ": shape ", shape_str(shape_of(a)), "; wanted ", wanted);
@@ -58,23 +75,23 @@ py::array_t<float> decode_attention(const py::object& q_obj, const py::object& k
   // Held here so that the pointers stay valid while the GIL is released.
   py::array k = bf16 ? py::array(BF16::ensure(k_cache)) : py::array(F32::ensure(k_cache));
   py::array v = bf16 ? py::array(BF16::ensure(v_cache)) : py::array(F32::ensure(v_cache));
-  kernels::DecodeParams p;
-  p.B = B, p.Hq = q.shape(1), p.Qn = q.shape(2), p.d = d;
-  p.Hkv = k.shape(1), p.capacity = k.shape(2), p.dv = v.shape(3);
-  p.set_contiguous_strides();
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.dtype = bf16 ? kernels::CacheDtype::BF16 : kernels::CacheDtype::F32;
-  p.lengths = lengths.data();
+  kernels::AttentionForward p;
+  p.q = heads_view(q.data(), q);
+  p.k = heads_view(bf16 ? nullptr : static_cast<const float*>(k.data()), k);
+  p.v = heads_view(bf16 ? nullptr : static_cast<const float*>(v.data()), v);
+  if (bf16) {
+    p.cache.dtype = kernels::CacheDtype::BF16;
+    p.cache.k_bf16 = static_cast<const uint16_t*>(k.data());
+    p.cache.v_bf16 = static_cast<const uint16_t*>(v.data());
+  }
+  p.cache.lengths = lengths.data();
   p.masks.causal = causal ? Causal::BottomRight : Causal::None;
   p.scale_divisor = std::sqrt(static_cast<float>(d));
-  py::array_t<float> out({B, p.Hq, p.Qn, p.dv});
-  p.out = out.mutable_data();
-  kernels::check_decode_params(p, kOp);
+  py::array_t<float> out({B, q.shape(1), q.shape(2), v.shape(3)});
+  p.out = heads_view(out.mutable_data(), out);
   {
     py::gil_scoped_release release;
-    kernels::decode_attention(p);
+    kernels::decode_forward(p, kOp);
   }
   return out;
 }
