@@ -3,7 +3,7 @@
 
 Finds each call that raises an mha::Error (fail(...), throw Error(...), and
 the local helpers bad(...), fail_errno(...), abandon(...)) in src/, tools/
-and the Python bindings (python/*.cpp, python/*.h), and each `raise ValueError(...)` of
+and the Python bindings (python/bindings/*.cpp, *.h), and each `raise ValueError(...)` of
 the Python package (python/mha/*.py), takes the longest string literal of
 its message (of an f-string, the longest text between its {fields}), and
 checks that some catalogue message contains it. A new error therefore fails
@@ -49,7 +49,7 @@ def main():
                 if line.startswith("| `")]
     catalogue = "\n".join(messages)
     files = sorted((ROOT / "src").rglob("*.cpp")) + sorted((ROOT / "tools").rglob("*.cpp")) + \
-        sorted((ROOT / "python").glob("*.cpp")) + sorted((ROOT / "python").glob("*.h")) + \
+        sorted((ROOT / "python" / "bindings").glob("*.cpp")) + sorted((ROOT / "python" / "bindings").glob("*.h")) + \
         sorted((ROOT / "python" / "mha").glob("*.py"))
     missing, sites = [], 0
     for path in files:

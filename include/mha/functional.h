@@ -23,6 +23,8 @@
 
 namespace mha {
 
+// What one mha::attention call masks and scores with, and how it runs; the
+// defaults are the d2l chapter's attention (no mask, 1/sqrt(d), fused kernel).
 struct AttentionOptions {
   // The d2l chapter's lengths: none, (B,) or (B, Q); key j of query i in row
   // b takes part iff j < length.

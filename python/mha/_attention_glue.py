@@ -4,8 +4,8 @@ mha.torch.scaled_dot_product_attention (torch_sdpa.py, PyTorch 2.x's).
 
 Each function checks and shapes its own arguments, then calls its operator
 (python/mha/_torch_ops.py: torch.library operators on torch >= 2.4, an
-autograd Function before), which runs the fused kernels (python/attention_calls.cpp,
-python/sdpa_calls.cpp, both on python/attention_glue.h).
+autograd Function before), which runs the fused kernels (python/bindings/attention_calls.cpp,
+python/bindings/sdpa_calls.cpp, both on python/bindings/attention_glue.h).
 """
 import math
 

@@ -3,7 +3,7 @@
 An argument read as numbers must be numbers: a string, bytes, a dict, None or
 an object is an mha.ArgumentTypeError (a TypeError and a ValueError) that
 names the operation and the argument, as the compiled module's conversions
-(python/convert.h) give; never a silent int("96") or float("2.5").
+(python/bindings/convert.h) give; never a silent int("96") or float("2.5").
 """
 import numbers
 

@@ -1,6 +1,6 @@
 """The operators under mha.torch's attention functions: one forward and one
-backward per function, on the stateless calls of python/sdpa_calls.cpp and
-python/attention_calls.cpp.
+backward per function, on the stateless calls of python/bindings/sdpa_calls.cpp and
+python/bindings/attention_calls.cpp.
 
     sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p) -> out
         q [B,H,L,E], k [B,Hkv,S,E], v [B,Hkv,S,Ev] float32 contiguous; mask None or
@@ -10,6 +10,13 @@ python/attention_calls.cpp.
           max_seqlen) -> out
         q (B,L,H,d), k (B,S,Hkv,d), v (B,S,Hkv,dv); window [left, right]; cu_seqlens
         None or (documents + 1,) int64; max_seqlen 2**31 when not given -> (B,L,H,dv)
+
+The operators take their scalars as one list each, the scales, softcap and dropout
+probability as [scale, softcap, p] (mha::sdpa's and mha::flash's `scalars`), and
+mha::flash takes causal folded into its window (causal_window): mha::sdpa(q, k, v,
+mask, sinks, dropout_key, causal, scalars), mha::flash(q, k, v, alibi, sinks,
+cu_seqlens, dropout_key, window, scalars, max_seqlen), and their backwards the
+gradient, the inputs, out and the statistics before the same options.
     flash_kvcache(q, k_cache!, v_cache!, k, v, cache_seqlens, alibi, sinks, window, causal,
                   scale_softcap) -> out
         q (B,L,H,d) float32 contiguous; k_cache (B,capacity,Hkv,d), v_cache
@@ -64,45 +71,44 @@ def _grad(g, like):
 
 # ---- scaled_dot_product_attention -------------------------------------------
 
-def _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+def _sdpa_options(mask, sinks, dropout_key, causal, scalars):
+    scale, softcap, dropout_p = scalars
     key = int(dropout_key.reshape(-1)[0]) if dropout_p > 0 else 0
     return (_np(mask), bool(causal), float(scale), float(softcap), _np(sinks), float(dropout_p), key)
 
 
 def _sdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  sinks: Optional[torch.Tensor], dropout_key: torch.Tensor, causal: bool, scale: float,
-                  softcap: float, dropout_p: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                  sinks: Optional[torch.Tensor], dropout_key: torch.Tensor, causal: bool,
+                  scalars: List[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     if mask is not None and mask.is_floating_point() and not bool(torch.isfinite(mask).all()) \
             and bool((torch.isnan(mask) | (mask == float("inf"))).any()):
         raise ValueError(f"[{_SDPA_OP}] attn_mask: holds NaN or +inf; wanted finite values, or -inf for a key "
                          "that takes no part (NaN and +inf can only give NaN)")
-    out, stats = _sdpa.forward(_np(q), _np(k), _np(v),
-                               _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p))
+    out, stats = _sdpa.forward(_np(q), _np(k), _np(v), _sdpa_options(mask, sinks, dropout_key, causal, scalars))
     out = torch.from_numpy(out)
     float_mask = mask if mask is not None and mask.is_floating_point() else None
     _glue.check_overflow(_SDPA_OP, out, ((q, "query"), (k, "key"), (v, "value"), (float_mask, "attn_mask"),
-                                         (sinks, "sinks")), scale)
+                                         (sinks, "sinks")), scalars[0])
     return out, _stats_tensor(stats)
 
 
 def _sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    stats: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                   dropout_key: torch.Tensor, causal: bool, scale: float, softcap: float,
-                   dropout_p: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   dropout_key: torch.Tensor, causal: bool,
+                   scalars: List[float]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     gq, gk, gv, gs = _sdpa.backward(_np(grad_out.float().contiguous()), _np(q), _np(k), _np(v), _np(out),
-                                    _stats_array(stats),
-                                    _sdpa_options(mask, sinks, dropout_key, causal, scale, softcap, dropout_p))
+                                    _stats_array(stats), _sdpa_options(mask, sinks, dropout_key, causal, scalars))
     return (torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
             torch.empty(0) if gs is None else torch.from_numpy(gs))
 
 
-def _sdpa_fake(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+def _sdpa_fake(q, k, v, mask, sinks, dropout_key, causal, scalars):
     B, H, L, _ = q.shape
     rows = B * H * L if k.shape[2] <= _MAX_FUSED_KEYS else 0
     return q.new_empty((B, H, L, v.shape[3])), q.new_empty((2, rows) if rows else (0,))
 
 
-def _sdpa_backward_fake(grad_out, q, k, v, out, stats, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
+def _sdpa_backward_fake(grad_out, q, k, v, out, stats, mask, sinks, dropout_key, causal, scalars):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty((0,)) if sinks is None else torch.empty_like(sinks))
 
@@ -129,20 +135,26 @@ def flash_checks(alibi, sinks, cu_seqlens, max_seqlen, T, op=_FLASH_OP):
                          f"({longest} rows); wanted at least {longest}")
 
 
-def _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars):
+def causal_window(window, causal):
+    """FlashAttention's causal mask folded into its window (both bottom right): causal keeps the keys up
+    to each query's diagonal, which is the window's right side 0, so the operator takes one window."""
+    left, right = int(window[0]), int(window[1])
+    return [left, 0 if right < 0 else min(right, 0)] if causal else [left, right]
+
+
+def _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, scalars):
     scale, softcap, dropout_p = scalars
     key = int(dropout_key.reshape(-1)[0]) if dropout_p > 0 else 0
-    return (bool(causal), int(window[0]), int(window[1]), float(softcap), _np(alibi), _np(sinks), _np(cu_seqlens),
+    return (False, int(window[0]), int(window[1]), float(softcap), _np(alibi), _np(sinks), _np(cu_seqlens),
             float(scale), float(dropout_p), key)
 
 
 def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Optional[torch.Tensor],
                    sinks: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dropout_key: torch.Tensor,
-                   window: List[int], causal: bool, scalars: List[float],
-                   max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                   window: List[int], scalars: List[float], max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
     flash_checks(alibi, sinks, cu_seqlens, max_seqlen, q.shape[1])
     out, stats = _flash.forward(_np(q), _np(k), _np(v),
-                                _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars))
+                                _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, scalars))
     out = torch.from_numpy(out)
     _glue.check_overflow(_FLASH_OP, out, ((q, "q"), (k, "k"), (v, "v"), (alibi, "alibi_slopes"), (sinks, "sinks")),
                          scalars[0])
@@ -151,23 +163,22 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: Opt
 
 def _flash_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     stats: torch.Tensor, alibi: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                    cu_seqlens: Optional[torch.Tensor], dropout_key: torch.Tensor, window: List[int], causal: bool,
+                    cu_seqlens: Optional[torch.Tensor], dropout_key: torch.Tensor, window: List[int],
                     scalars: List[float]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     gq, gk, gv, gs = _flash.backward(_np(grad_out.float().contiguous()), _np(q), _np(k), _np(v), _np(out),
                                      _stats_array(stats),
-                                     _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars))
+                                     _flash_options(alibi, sinks, cu_seqlens, dropout_key, window, scalars))
     return (torch.from_numpy(gq), torch.from_numpy(gk), torch.from_numpy(gv),
             torch.empty(0) if gs is None else torch.from_numpy(gs))
 
 
-def _flash_fake(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
+def _flash_fake(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, scalars, max_seqlen):
     B, L, H, _ = q.shape
     rows = B * H * L if k.shape[1] <= _MAX_FUSED_KEYS else 0
     return q.new_empty((B, L, H, v.shape[3])), q.new_empty((2, rows) if rows else (0,))
 
 
-def _flash_backward_fake(grad_out, q, k, v, out, stats, alibi, sinks, cu_seqlens, dropout_key, window, causal,
-                         scalars):
+def _flash_backward_fake(grad_out, q, k, v, out, stats, alibi, sinks, cu_seqlens, dropout_key, window, scalars):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty((0,)) if sinks is None else torch.empty_like(sinks))
 
@@ -262,9 +273,9 @@ if HAS_LIBRARY:
     _flash_backward_op.register_fake(_flash_backward_fake)
 
     def _sdpa_setup(ctx, inputs, output):
-        q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p = inputs
+        q, k, v, mask, sinks, dropout_key, causal, scalars = inputs
         ctx.save_for_backward(q, k, v, output[0], output[1], mask, sinks, dropout_key)
-        ctx.options = (causal, scale, softcap, dropout_p)
+        ctx.options = (causal, scalars)
         ctx.has_sinks = sinks is not None
 
     def _sdpa_grad(ctx, grad_out, _grad_stats):
@@ -272,14 +283,14 @@ if HAS_LIBRARY:
         q, k, v, out, stats, mask, sinks, dropout_key = ctx.saved_tensors
         gq, gk, gv, gs = _sdpa_backward_op(grad_out.contiguous(), q, k, v, out, stats, mask, sinks, dropout_key,
                                            *ctx.options)
-        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None, None, None
+        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None
 
     _sdpa_op.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
 
     def _flash_setup(ctx, inputs, output):
-        q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, _max_seqlen = inputs
+        q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, scalars, _max_seqlen = inputs
         ctx.save_for_backward(q, k, v, output[0], output[1], alibi, sinks, cu_seqlens, dropout_key)
-        ctx.options = (window, causal, scalars)
+        ctx.options = (window, scalars)
         ctx.has_sinks = sinks is not None
 
     def _flash_grad(ctx, grad_out, _grad_stats):
@@ -287,7 +298,7 @@ if HAS_LIBRARY:
         q, k, v, out, stats, alibi, sinks, cu_seqlens, dropout_key = ctx.saved_tensors
         gq, gk, gv, gs = _flash_backward_op(grad_out.contiguous(), q, k, v, out, stats, alibi, sinks, cu_seqlens,
                                             dropout_key, *ctx.options)
-        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None, None, None, None
+        return gq, gk, gv, None, (gs if ctx.has_sinks else None), None, None, None, None, None
 
     _flash_op.register_autograd(_flash_grad, setup_context=_flash_setup)
 
@@ -296,10 +307,11 @@ if HAS_LIBRARY:
     _flash_kvcache_op.register_fake(_flash_kvcache_fake)
 
     def sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
-        return _sdpa_op(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p)[0]
+        return _sdpa_op(q, k, v, mask, sinks, dropout_key, causal, [scale, softcap, dropout_p])[0]
 
     def flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
-        return _flash_op(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen)[0]
+        return _flash_op(q, k, v, alibi, sinks, cu_seqlens, dropout_key, causal_window(window, causal), scalars,
+                         max_seqlen)[0]
 
     def flash_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal, scale_softcap):
         return _flash_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, alibi, sinks, window, causal,
@@ -337,14 +349,15 @@ else:
         return forward(q, k, v, *forward_args(sinks))[0]
 
     def sdpa(q, k, v, mask, sinks, dropout_key, causal, scale, softcap, dropout_p):
-        rest = (causal, scale, softcap, dropout_p)
+        rest = (causal, [scale, softcap, dropout_p])
         return _run("sdpa", q, k, v, sinks, lambda s: (mask, s, dropout_key, *rest),
                     lambda s: (mask, s, dropout_key, *rest))
 
     def flash(q, k, v, alibi, sinks, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen):
+        window = causal_window(window, causal)
         return _run("flash", q, k, v, sinks,
-                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars, max_seqlen),
-                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, causal, scalars))
+                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, scalars, max_seqlen),
+                    lambda s: (alibi, s, cu_seqlens, dropout_key, window, scalars))
 
     flash_kvcache = _flash_kvcache  # no autograd: the caller refuses inputs that require grad
 

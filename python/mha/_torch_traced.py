@@ -1,7 +1,7 @@
 """The modules' calls as torch.compile and torch.export trace them (torch >= 2.4).
 
 Eagerly, mha.torch's modules run projections, attention and backward inside
-mha (python/torch_calls.cpp), through an autograd Function that keeps the
+mha (python/bindings/torch_calls.cpp), through an autograd Function that keeps the
 call's C++ context: nothing a graph can hold. When torch.compile or
 torch.export traces a module, its call is written instead as torch's linear
 layers around mha's attention operator (torch.ops.mha.sdpa,

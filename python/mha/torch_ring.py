@@ -3,7 +3,7 @@
 Each rank projects its own rows (q, k, v with the module's current parameters, torch.nn.functional.linear),
 then the key/value blocks travel round the ring of the group's ranks with torch.distributed's point-to-point
 isend/irecv (rank r sends to r + 1, receives from r - 1) while mha's fused kernel runs this rank's queries on
-the block it holds (python/ring_calls.cpp, src/nn/ring_rows.h); the blocks' softmaxes merge into one over
+the block it holds (python/bindings/ring_calls.cpp, src/nn/ring_rows.h); the blocks' softmaxes merge into one over
 every key. Backward: the blocks travel again, each with the sum of its key and value gradients so far, which
 reaches the block's owner after the last step. A rank holds two key/value blocks at a time (the one computed
 on and the one arriving), never the whole sequence's.

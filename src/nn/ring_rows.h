@@ -2,7 +2,7 @@
 // attention, attending over key/value blocks that arrive one at a time
 // (ring attention's compute, without its transport). Both rings run it:
 // the MPI ring (dist/ring_attention.cpp) and mha.torch.distributed's
-// (python/ring_calls.cpp); each keeps only its transport and projections.
+// (python/bindings/ring_calls.cpp); each keeps only its transport and projections.
 //
 // The caller moves the blocks; this class runs the fused kernel on each
 // (query tile, key piece) pair, merges the blocks' softmaxes into one over

@@ -427,7 +427,7 @@ def split_top(text):
 
 
 def pybind2_type(typ):
-    """A type as pybind11 2 spells it (python/convert.h pybind11_2_type: pybind11 3 writes "T | None",
+    """A type as pybind11 2 spells it (python/bindings/convert.h pybind11_2_type: pybind11 3 writes "T | None",
     "collections.abc.Sequence[T]", "typing.SupportsInt | typing.SupportsIndex", ...)."""
     parts = [p for p in typ.split(" | ")]
     optional = "None" in parts

@@ -1,7 +1,7 @@
 """Objects a Python program shares between threads: a KVCache, a module's
 gradients, an AttentionModel, an optimiser. The bindings release the GIL
 while they compute; each of these objects serialises its own calls
-(python/object_lock.h), so sharing one is safe: every call runs whole, and
+(python/bindings/object_lock.h), so sharing one is safe: every call runs whole, and
 the result is one of the serial orders. Before, eight threads appending to
 one cache overran its capacity and corrupted the heap (glibc abort)."""
 import os

@@ -33,12 +33,12 @@ def _sdpa_samples():
 
     key0 = torch.zeros(1, dtype=torch.int64)
     key1 = torch.tensor([12345], dtype=torch.int64)
-    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 6), None, None, key0, False, 0.35, 0.0, 0.0)
-    yield (r(2, 4, 5, 8), r(2, 2, 7, 8), r(2, 2, 7, 8), None, None, key0, True, 0.35, 0.0, 0.0)
+    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 6), None, None, key0, False, [0.35, 0.0, 0.0])
+    yield (r(2, 4, 5, 8), r(2, 2, 7, 8), r(2, 2, 7, 8), None, None, key0, True, [0.35, 0.0, 0.0])
     keep = torch.rand(1, 4, 5, 7, generator=g) > 0.3
-    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 8), keep, None, key0, False, 0.5, 0.0, 0.0)
-    yield (r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 1, 7, 8), r(2, 1, 5, 7), r(4), key0, False, 0.5, 3.0, 0.0)
-    yield (r(1, 2, 9, 4), r(1, 2, 9, 4), r(1, 2, 9, 4), None, None, key1, True, 0.5, 0.0, 0.25)
+    yield (r(2, 4, 5, 8), r(2, 4, 7, 8), r(2, 4, 7, 8), keep, None, key0, False, [0.5, 0.0, 0.0])
+    yield (r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 1, 7, 8), r(2, 1, 5, 7), r(4), key0, False, [0.5, 3.0, 0.0])
+    yield (r(1, 2, 9, 4), r(1, 2, 9, 4), r(1, 2, 9, 4), None, None, key1, True, [0.5, 0.0, 0.25])
 
 
 def _flash_samples():
@@ -48,12 +48,12 @@ def _flash_samples():
         return torch.randn(*shape, generator=g)
 
     key0 = torch.zeros(1, dtype=torch.int64)
-    yield (r(2, 5, 4, 8), r(2, 7, 2, 8), r(2, 7, 2, 6), None, None, None, key0, [-1, -1], True, [0.35, 0.0, 0.0], 2**31)
-    yield (r(2, 6, 4, 8), r(2, 6, 4, 8), r(2, 6, 4, 8), r(4).abs(), r(4), None, key0, [2, 1], False,
+    yield (r(2, 5, 4, 8), r(2, 7, 2, 8), r(2, 7, 2, 6), None, None, None, key0, [-1, 0], [0.35, 0.0, 0.0], 2**31)
+    yield (r(2, 6, 4, 8), r(2, 6, 4, 8), r(2, 6, 4, 8), r(4).abs(), r(4), None, key0, [2, 1],
            [0.35, 5.0, 0.0], 2**31)
     cu = torch.tensor([0, 3, 3, 10], dtype=torch.int64)
-    yield (r(1, 10, 2, 4), r(1, 10, 1, 4), r(1, 10, 1, 4), None, None, cu, key0, [-1, -1], True, [0.5, 0.0, 0.0], 7)
-    yield (r(1, 8, 2, 4), r(1, 8, 2, 4), r(1, 8, 2, 4), None, None, None, torch.tensor([77]), [-1, -1], False,
+    yield (r(1, 10, 2, 4), r(1, 10, 1, 4), r(1, 10, 1, 4), None, None, cu, key0, [-1, 0], [0.5, 0.0, 0.0], 7)
+    yield (r(1, 8, 2, 4), r(1, 8, 2, 4), r(1, 8, 2, 4), None, None, None, torch.tensor([77]), [-1, -1],
            [0.5, 0.0, 0.3], 2**31)
 
 

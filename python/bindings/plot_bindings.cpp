@@ -1,4 +1,4 @@
-// python/plot_bindings.cpp: mha._core's picture functions, a thin layer over
+// python/bindings/plot_bindings.cpp: mha._core's picture functions, a thin layer over
 // mha/plot.h. The friendly Python entry points (show_heatmaps) are in
 // python/mha/plot.py.
 #include <pybind11/numpy.h>

@@ -1,4 +1,4 @@
-// python/object_lock.h: one lock per C++ object that Python threads may share
+// python/bindings/object_lock.h: one lock per C++ object that Python threads may share
 // but whose C++ type is one thread's business.
 //
 // Python code shares objects between threads freely, and the bindings release

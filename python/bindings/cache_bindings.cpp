@@ -1,4 +1,4 @@
-// python/cache_bindings.cpp: cached decoding (mha/kv_cache.h) in Python:
+// python/bindings/cache_bindings.cpp: cached decoding (mha/kv_cache.h) in Python:
 // mha.KVCache, m.kv_cache(batch_size, max_len, dtype) on both modules, and a
 // `cache=` keyword on their calls:
 //

@@ -1,6 +1,6 @@
-// python/attention_glue.h: what the calls of mha.torch's two attention
-// functions share (python/attention_calls.cpp for mha.torch.attention,
-// python/sdpa_calls.cpp for mha.torch.scaled_dot_product_attention): arrays
+// python/bindings/attention_glue.h: what the calls of mha.torch's two attention
+// functions share (python/bindings/attention_calls.cpp for mha.torch.attention,
+// python/bindings/sdpa_calls.cpp for mha.torch.scaled_dot_product_attention): arrays
 // read in place, the fused forward that writes its row statistics into an
 // array for the backward, and the backward from them.
 //

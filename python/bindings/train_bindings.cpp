@@ -1,4 +1,4 @@
-// python/train_bindings.cpp: training in Python: MultiHeadAttention's
+// python/bindings/train_bindings.cpp: training in Python: MultiHeadAttention's
 // backward and gradients, and the optimisers (mha.optim).
 #include <pybind11/stl.h>
 

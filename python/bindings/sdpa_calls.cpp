@@ -1,4 +1,4 @@
-// python/sdpa_calls.cpp: scaled dot-product attention on mha's kernels, for
+// python/bindings/sdpa_calls.cpp: scaled dot-product attention on mha's kernels, for
 // mha.torch.scaled_dot_product_attention and the Hugging Face backend
 // (python/mha/torch_sdpa.py, python/mha/hf.py, through the operators of
 // python/mha/_torch_ops.py), which check and shape every argument first

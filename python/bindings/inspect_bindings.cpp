@@ -1,4 +1,4 @@
-// python/inspect_bindings.cpp: mha/inspect.h in Python (mha.head_offsets).
+// python/bindings/inspect_bindings.cpp: mha/inspect.h in Python (mha.head_offsets).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -1,4 +1,4 @@
-// python/ring_calls.cpp: the compute of mha.torch.distributed's ring
+// python/bindings/ring_calls.cpp: the compute of mha.torch.distributed's ring
 // (python/mha/torch_ring.py) on mha's fused kernel: one rank's query rows
 // over key/value blocks that Python passes round the ring with
 // torch.distributed (nn/ring_rows.h). Internal: the Python side checks

@@ -1,4 +1,4 @@
-// python/prune_bindings.cpp: head gates, head pruning, pruned files and the
+// python/bindings/prune_bindings.cpp: head gates, head pruning, pruned files and the
 // head importance measures (mha/prune.h, mha/importance.h).
 #include <pybind11/stl.h>
 

@@ -1,4 +1,4 @@
-// python/attention_calls.cpp: FlashAttention-style attention on mha's
+// python/bindings/attention_calls.cpp: FlashAttention-style attention on mha's
 // kernels, for mha.torch.attention (python/mha/torch_attention.py, through
 // the operators of python/mha/_torch_ops.py), which checks and shapes every
 // argument first (flash_attn_func's conventions).

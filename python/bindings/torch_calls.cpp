@@ -1,4 +1,4 @@
-// python/torch_calls.cpp: mha.torch's calls, with the weights passed per
+// python/bindings/torch_calls.cpp: mha.torch's calls, with the weights passed per
 // call (nn/layer_ref.h) and a context per call (mha/context.h), so that no
 // module state is shared between calls: any number of calls, from any
 // threads, forward and backward in any order, each get their own results.

@@ -1,7 +1,7 @@
-// python/decode_bindings.cpp: a cached call on its own, as
+// python/bindings/decode_bindings.cpp: a cached call on its own, as
 // mha._core._decode_attention, private (a leading underscore): bench/bench.py
 // times the decode kernel alone with it (against ONNX Runtime), below the
-// modules' cached calls (python/cache_bindings.cpp), through the dispatch
+// modules' cached calls (python/bindings/cache_bindings.cpp), through the dispatch
 // as every binding (kernels::decode_forward: the decode kernel for a few
 // new queries, the fused one for long prefills). The caches are used in
 // place (no copy when they are already C-contiguous float32, or uint16

@@ -1,4 +1,4 @@
-// python/module.cpp: the mha Python module (mha._core), a thin layer over the
+// python/bindings/module.cpp: the mha Python module (mha._core), a thin layer over the
 // C++ library. Arrays come in as numpy arrays of any real dtype (converted to
 // float32, C order) and go out as new float32 numpy arrays. mha::Error becomes
 // ValueError; an argument of the wrong kind, mha.ArgumentTypeError (a
@@ -406,6 +406,6 @@ torch.nn.Module is: dropout acts on the attention weights until .eval().
   mha::python::bind_ring(m);
   mha::python::bind_caches(m);
   // Last: every function, method and setter above gets the overload that
-  // names an argument pybind11 could not convert (python/convert.h).
+  // names an argument pybind11 could not convert (python/bindings/convert.h).
   mha::python::add_type_help(m);
 }

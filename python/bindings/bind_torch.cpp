@@ -1,4 +1,4 @@
-// python/bind_torch.cpp: the PyTorch drop-in part of mha._core: masks,
+// python/bindings/bind_torch.cpp: the PyTorch drop-in part of mha._core: masks,
 // their enums, and TorchMultiheadAttention. Called from module.cpp.
 //
 // Arrays may be numpy arrays or CPU torch tensors (read through .numpy()).

@@ -1,4 +1,4 @@
-// python/convert.h: Python -> mha conversions for every binding file, and
+// python/bindings/convert.h: Python -> mha conversions for every binding file, and
 // mha::Tensor -> numpy.
 //
 // Every value a binding reads as numbers goes through real_array(): numpy

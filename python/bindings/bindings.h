@@ -1,7 +1,7 @@
-// python/bindings.h: what the binding files of mha._core share. module.cpp
+// python/bindings/bindings.h: what the binding files of mha._core share. module.cpp
 // defines the module and calls each file's bind_* function once; the
-// conversions every binding uses are in python/convert.h, the lock of
-// objects that Python threads share in python/object_lock.h.
+// conversions every binding uses are in python/bindings/convert.h, the lock of
+// objects that Python threads share in python/bindings/object_lock.h.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -13,7 +13,7 @@ namespace mha::python {
 
 namespace py = pybind11;
 
-// nn.MultiheadAttention's mask arguments (python/bind_torch.cpp): boolean
+// nn.MultiheadAttention's mask arguments (python/bindings/bind_torch.cpp): boolean
 // arrays read as PyTorch reads them (True = masked out), floats as additive,
 // is_causal as True/False or an mha.Causal, window as None or (left, right).
 CallMasks to_call_masks(const py::object& key_padding_mask, const py::object& attn_mask, const py::object& is_causal,

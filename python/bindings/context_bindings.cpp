@@ -1,4 +1,4 @@
-// python/context_bindings.cpp: mha.ForwardContext (mha/context.h) and the
+// python/bindings/context_bindings.cpp: mha.ForwardContext (mha/context.h) and the
 // modules' backward(context, grad_output).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
